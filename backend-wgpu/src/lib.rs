@@ -1,0 +1,1 @@
+//! wgpu backend (in progress)

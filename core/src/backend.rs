@@ -1,0 +1,253 @@
+//! The `Backend` trait: device memory and one method per fused kernel of the
+//! manifest (`crate::kernels`). The forward pass calls nothing else, so a new
+//! backend is exactly an implementation of this trait.
+//!
+//! Shapes are not carried by the buffers; each kernel takes a small parameter
+//! struct with the sizes it needs. Activations are f32 row-major
+//! `[rows, width]` matrices. A GPU backend may record kernels into a queue and
+//! run them later: only the `download*` methods must wait for results.
+
+use crate::quant::{WeightFormat, WeightView};
+use crate::Result;
+
+/// What a backend says about itself (for `inspect`, `bench` and logs).
+#[derive(Clone, Debug, Default)]
+pub struct BackendInfo {
+    /// Short name used on the command line: `cpu`, `wgpu`, `cuda`.
+    pub name: String,
+    /// The device in words, e.g. "2 threads" or an adapter name.
+    pub device: String,
+}
+
+/// Element type of the paged KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn bytes_per_elem(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+/// Shape of one layer's paged KV storage. Both K and V are
+/// `[num_blocks, block_size, kv_heads, head_dim]`: a token's K (or V) for all
+/// heads is one contiguous row of `kv_heads * head_dim` elements at slot
+/// `block * block_size + offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheLayout {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub dtype: KvDtype,
+}
+
+impl KvCacheLayout {
+    pub fn row_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Bytes of K plus V for one token in one layer.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.row_width() * self.dtype.bytes_per_elem()
+    }
+}
+
+/// How RoPE pairs the dimensions it rotates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files (their Q/K rows are permuted for it).
+    Interleaved,
+    /// Halves `(i, i + rotary_dim/2)`: Hugging Face checkpoints, Qwen2, GPT-NeoX.
+    NeoX,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormParams {
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulParams {
+    /// Rows of the activation matrix (tokens).
+    pub rows: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub rows: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Leading dimensions of each head that are rotated (`<= head_dim`, even).
+    pub rotary_dim: usize,
+    pub style: RopeStyle,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    /// Query rows (tokens of all sequences in the batch, flattened).
+    pub rows: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Width of each row of the block-table matrix.
+    pub max_blocks_per_seq: usize,
+    pub scale: f32,
+    /// Mistral-style sliding window: a query at position p sees keys at
+    /// positions `> p - window`. `None` sees the whole prefix.
+    pub sliding_window: Option<usize>,
+}
+
+/// The per-token and per-sequence index data of one batch, on the device.
+pub struct AttentionIndices<'a, B: Backend + ?Sized> {
+    /// Per query row: index of its sequence in the block-table matrix.
+    pub row_seq: &'a B::Indices,
+    /// Per query row: its absolute position; it attends to positions `0..=pos`.
+    pub positions: &'a B::Indices,
+    /// `[num_seqs, max_blocks_per_seq]` physical block ids (unused tail entries are 0).
+    pub block_tables: &'a B::Indices,
+}
+
+/// A compute device. Implementations: `tandem-cpu`, `tandem-wgpu`, `tandem-cuda`.
+pub trait Backend {
+    /// f32 activations on the device.
+    type Tensor;
+    /// u32 indices (tokens, positions, block tables) on the device.
+    type Indices;
+    /// A weight matrix (or vector) in its storage format.
+    type Weight;
+    /// One layer's paged K and V storage.
+    type KvCache;
+
+    fn info(&self) -> BackendInfo;
+
+    // ---- memory ----
+    fn alloc(&self, len: usize) -> Result<Self::Tensor>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Tensor>;
+    fn download(&self, t: &Self::Tensor, len: usize) -> Result<Vec<f32>>;
+    fn upload_indices(&self, data: &[u32]) -> Result<Self::Indices>;
+    fn download_indices(&self, t: &Self::Indices, len: usize) -> Result<Vec<u32>>;
+    fn upload_weight(&self, w: WeightView<'_>) -> Result<Self::Weight>;
+    fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
+    /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
+    fn copy_kv_blocks(&self, cache: &mut Self::KvCache, pairs: &[(u32, u32)]) -> Result<()>;
+
+    /// Weight formats `matmul` accepts; the loader refuses others with a clear error.
+    fn supports_format(&self, format: WeightFormat) -> bool;
+
+    // ---- fused kernels (one per manifest entry) ----
+
+    /// `out[t] = table[tokens[t]]` as f32; `table` is `[vocab, dim]` in any format.
+    fn embedding(
+        &self,
+        table: &Self::Weight,
+        tokens: &Self::Indices,
+        rows: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `out = x / rms(x) * weight`, per row.
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Weight,
+        p: RmsNormParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `residual += delta; out = residual / rms(residual) * weight`, per row.
+    fn rms_norm_residual(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: &Self::Tensor,
+        weight: &Self::Weight,
+        p: RmsNormParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r])`; `x` is `[rows, w.cols]`.
+    fn matmul(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// Rotates each head of `x` (`[rows, heads * head_dim]`) in place by the
+    /// angle `positions[t] * inv_freq[i]` for pair `i`; `inv_freq` has
+    /// `rotary_dim / 2` entries (any rope scaling is folded into it).
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        positions: &Self::Indices,
+        inv_freq: &Self::Tensor,
+        p: RopeParams,
+    ) -> Result<()>;
+
+    /// Writes row `t` of `k` and `v` (`[rows, kv_heads * head_dim]`) to slot `slots[t]`.
+    fn paged_kv_write(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        slots: &Self::Indices,
+        rows: usize,
+        cache: &mut Self::KvCache,
+    ) -> Result<()>;
+
+    /// Causal attention of each query row over its sequence's cached K/V, read
+    /// through the block table; grouped-query heads share KV heads.
+    /// `q` and `out` are `[rows, heads * head_dim]`.
+    fn paged_attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `out = silu(gate) * up`, elementwise over `len` elements.
+    fn swiglu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        len: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `out[i] = x[rows[i]]` for rows of width `width`.
+    fn gather_rows(
+        &self,
+        x: &Self::Tensor,
+        rows: &Self::Indices,
+        n: usize,
+        width: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// Index of the largest value of each of `rows` rows of width `width`
+    /// (the lowest index among equal maxima).
+    fn argmax(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Indices,
+    ) -> Result<()>;
+}

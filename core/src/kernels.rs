@@ -1,0 +1,146 @@
+//! The kernel manifest: every fused kernel Tandem runs, once.
+//!
+//! Each entry exists three times under the same name: a method of the CPU
+//! reference backend, `shaders/NAME.wgsl` and `kernels/NAME.cu`. The
+//! manifest test in `tests/` checks that no implementation is missing and no
+//! file is stray; the cross-backend tests compare every backend present with
+//! the CPU reference within `tolerance`.
+
+/// One fused kernel.
+#[derive(Debug)]
+pub struct KernelSpec {
+    /// File stem in `shaders/` and `kernels/`, and the `Backend` method it implements.
+    pub name: &'static str,
+    /// The `Backend` method this entry is (several entries may share one
+    /// method, e.g. `matmul` dispatches on the weight format).
+    pub method: &'static str,
+    pub inputs: &'static str,
+    pub outputs: &'static str,
+    /// Largest allowed `|x - ref| / (1 + |ref|)` against the CPU reference.
+    pub tolerance: f32,
+}
+
+pub const MANIFEST: &[KernelSpec] = &[
+    KernelSpec {
+        name: "embedding",
+        method: "embedding",
+        inputs: "table [vocab, dim] any weight format; tokens [rows] u32",
+        outputs: "out [rows, dim] f32",
+        tolerance: 1e-5,
+    },
+    KernelSpec {
+        name: "rms_norm",
+        method: "rms_norm",
+        inputs: "x [rows, dim] f32; weight [dim] f32",
+        outputs: "out [rows, dim] f32",
+        tolerance: 1e-4,
+    },
+    KernelSpec {
+        name: "rms_norm_residual",
+        method: "rms_norm_residual",
+        inputs: "residual [rows, dim] f32 (updated); delta [rows, dim] f32; weight [dim] f32",
+        outputs: "residual += delta; out [rows, dim] f32",
+        tolerance: 1e-4,
+    },
+    KernelSpec {
+        name: "matmul_f32",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] F32; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-3,
+    },
+    KernelSpec {
+        name: "matmul_f16",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] F16; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 2e-3,
+    },
+    KernelSpec {
+        name: "matmul_bf16",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] BF16; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 2e-3,
+    },
+    KernelSpec {
+        name: "matmul_q8_0",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] Q8_0 blocks; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_q4_0",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] Q4_0 blocks; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_q4_1",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] Q4_1 blocks; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "rope",
+        method: "rope",
+        inputs: "x [rows, heads*head_dim] f32 (in place); positions [rows] u32; inv_freq [rotary_dim/2] f32",
+        outputs: "x rotated",
+        tolerance: 1e-4,
+    },
+    KernelSpec {
+        name: "paged_kv_write",
+        method: "paged_kv_write",
+        inputs: "k, v [rows, kv_heads*head_dim] f32; slots [rows] u32",
+        outputs: "K/V cache rows at the given slots",
+        tolerance: 1e-3,
+    },
+    KernelSpec {
+        name: "paged_attention",
+        method: "paged_attention",
+        inputs: "q [rows, heads*head_dim]; K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
+        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax)",
+        tolerance: 2e-3,
+    },
+    KernelSpec {
+        name: "swiglu",
+        method: "swiglu",
+        inputs: "gate, up [len] f32",
+        outputs: "out = silu(gate) * up",
+        tolerance: 1e-5,
+    },
+    KernelSpec {
+        name: "gather_rows",
+        method: "gather_rows",
+        inputs: "x [*, width] f32; rows [n] u32",
+        outputs: "out [n, width] f32",
+        tolerance: 0.0,
+    },
+    KernelSpec {
+        name: "argmax",
+        method: "argmax",
+        inputs: "x [rows, width] f32",
+        outputs: "out [rows] u32 (lowest index among ties)",
+        tolerance: 0.0,
+    },
+];
+
+/// The manifest entry of `matmul` for a weight format.
+pub fn matmul_kernel_name(format: crate::quant::WeightFormat) -> &'static str {
+    use crate::quant::WeightFormat::*;
+    match format {
+        F32 => "matmul_f32",
+        F16 => "matmul_f16",
+        BF16 => "matmul_bf16",
+        Q8_0 => "matmul_q8_0",
+        Q4_0 => "matmul_q4_0",
+        Q4_1 => "matmul_q4_1",
+    }
+}
+
+pub fn spec(name: &str) -> Option<&'static KernelSpec> {
+    MANIFEST.iter().find(|k| k.name == name)
+}

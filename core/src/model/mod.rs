@@ -1,0 +1,161 @@
+//! Model files and the forward pass.
+//!
+//! Loading produces a host-side [`ModelFiles`]: a [`ModelConfig`], a
+//! [`TensorStore`] of weights under GGUF's canonical names (memory-mapped, not
+//! copied), the tokenizer and the metadata `inspect` shows. `forward` uploads
+//! the weights to a backend and runs batches.
+//!
+//! Canonical tensor names (GGUF's): `token_embd.weight`, `output_norm.weight`,
+//! `output.weight` (absent with tied embeddings), and per layer `blk.N.` +
+//! `attn_norm`, `attn_q`, `attn_k`, `attn_v` (each `.weight`, and `.bias` for
+//! Qwen2), `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down`.
+
+pub mod config;
+pub mod forward;
+pub mod gguf;
+pub mod safetensors;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use config::{ModelConfig, RopeScaling};
+
+use crate::quant::{WeightFormat, WeightView};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// Bytes of a model file: memory-mapped natively, owned in the browser.
+pub enum Bytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            Bytes::Mmap(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+impl Bytes {
+    /// Maps `path` read-only.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn map(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: the map is read-only; a file truncated underneath us is the
+        // user's doing and is the same hazard every mmap-based loader accepts.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Bytes::Mmap(map))
+    }
+}
+
+/// Where one tensor lives: a byte range of one file, already checked to be in bounds.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    pub format: WeightFormat,
+    /// Dimensions innermost first (GGUF order): `[cols, rows]` for a matrix.
+    pub shape: Vec<usize>,
+    pub file: usize,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl TensorInfo {
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn cols(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1)
+    }
+    pub fn rows(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+}
+
+/// The weights of a model, by canonical name, over one or more mapped files.
+#[derive(Default)]
+pub struct TensorStore {
+    files: Vec<Arc<Bytes>>,
+    tensors: Vec<TensorInfo>,
+    index: HashMap<String, usize>,
+}
+
+impl TensorStore {
+    pub fn add_file(&mut self, bytes: Arc<Bytes>) -> usize {
+        self.files.push(bytes);
+        self.files.len() - 1
+    }
+
+    /// Adds a tensor; the caller has checked that its range lies inside its file.
+    pub fn insert(&mut self, info: TensorInfo) {
+        debug_assert!(info.offset + info.len <= self.files[info.file].len());
+        self.index.insert(info.name.clone(), self.tensors.len());
+        self.tensors.push(info);
+    }
+
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn bytes(&self, info: &TensorInfo) -> &[u8] {
+        &self.files[info.file][info.offset..info.offset + info.len]
+    }
+
+    /// The tensor as a `rows × cols` matrix (a vector is one row).
+    pub fn view(&self, name: &str) -> Option<WeightView<'_>> {
+        let info = self.info(name)?;
+        Some(WeightView {
+            format: info.format,
+            rows: info.rows(),
+            cols: info.cols(),
+            data: self.bytes(info),
+        })
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.iter().map(|t| t.len).sum()
+    }
+}
+
+/// A model as read from disk, before it is put on a backend.
+pub struct ModelFiles {
+    /// The file or directory it came from, for messages.
+    pub path: PathBuf,
+    pub config: ModelConfig,
+    pub tensors: TensorStore,
+    pub tokenizer: Tokenizer,
+    /// Key/value pairs worth showing in `inspect` (metadata of the file).
+    pub metadata: Vec<(String, String)>,
+}
+
+/// Loads a GGUF file or a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load(path: &Path) -> Result<ModelFiles> {
+    if path.is_dir() {
+        safetensors::load_hf_dir(path)
+    } else if path.exists() {
+        gguf::load_gguf(path)
+    } else {
+        Err(Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        })
+    }
+}
