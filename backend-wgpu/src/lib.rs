@@ -1,1 +1,722 @@
-//! wgpu backend (in progress)
+//! Tandem's WebGPU backend: the fused kernels of `shaders/` run through wgpu,
+//! natively on Vulkan, Metal, DX12 or GL, and in the browser on WebGPU.
+//!
+//! Every kernel call records one or more dispatches into a pending command
+//! encoder; the work is submitted once per step, when something is read back
+//! (`download*`) or [`WgpuBackend::flush`] is called. Nothing else waits.
+//! Weights are uploaded in their storage format, bit for bit (GGML blocks as
+//! flat `u32` arrays), split by rows into several buffers where a matrix is
+//! larger than the adapter's storage binding limit. Vectors (norm weights,
+//! biases) are stored as f32 whatever their format.
+//!
+//! Shader variants: `shader-f16` and subgroup operations are used where the
+//! adapter has them (each can be turned off in [`WgpuOptions`]); see
+//! [`shader`] for how the variants are generated from one source per kernel.
+
+mod adapter;
+mod gpu;
+pub mod shader;
+
+pub use adapter::{
+    list_adapters_async, AdapterPreference, AdapterReport, GraphicsApi, WgpuOptions,
+};
+#[cfg(not(target_arch = "wasm32"))]
+pub use adapter::list_adapters;
+
+use tandem_core::backend::{
+    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype,
+    MatmulParams, RmsNormParams, RopeParams, RopeStyle,
+};
+use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::quant::{WeightFormat, WeightView};
+use tandem_core::{Error, Result};
+
+use gpu::{backend_error, Access, Dispatch, Gpu, GpuBuffer};
+use shader::{ShaderTarget, ShaderVariant};
+
+/// f32 activations on the device.
+pub struct WgpuTensor {
+    buf: GpuBuffer,
+    len: usize,
+}
+
+/// u32 indices on the device.
+pub struct WgpuIndices {
+    buf: GpuBuffer,
+    len: usize,
+}
+
+/// A weight matrix in its storage format, as one buffer per range of rows.
+pub struct WgpuWeight {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    chunks: Vec<WeightChunk>,
+}
+
+struct WeightChunk {
+    row_start: usize,
+    rows: usize,
+    buf: GpuBuffer,
+}
+
+impl WgpuWeight {
+    /// The f32 vector of a norm weight or bias (stored as one f32 buffer).
+    fn vector(&self, len: usize, what: &str) -> Result<&GpuBuffer> {
+        match self.chunks.as_slice() {
+            [chunk] if self.format == WeightFormat::F32 && self.rows * self.cols >= len => {
+                Ok(&chunk.buf)
+            }
+            _ => Err(backend_error(format!(
+                "{what}: expected a vector of {len} values, got a {}x{} {} matrix",
+                self.rows, self.cols, self.format
+            ))),
+        }
+    }
+}
+
+/// One layer's paged K and V storage (layouts: `shaders/paged_kv_write.wgsl`).
+pub struct WgpuKvCache {
+    layout: KvCacheLayout,
+    k: GpuBuffer,
+    v: GpuBuffer,
+    /// Storage units (f32 values, or u32 words holding two halves) per slot.
+    slot_units: usize,
+}
+
+/// Activation rows up to which `matmul` takes the GEMV path (`wgsl/matmul.wgsl`).
+const GEMV_MAX_ROWS: usize = 8;
+/// Largest head the attention kernel holds (`shaders/paged_attention.wgsl`).
+const MAX_HEAD_DIM: usize = 256;
+
+const READ: Access = Access::Read;
+const WRITE: Access = Access::ReadWrite;
+
+/// The wgpu backend. Construct it with [`WgpuBackend::new`] (native) or
+/// [`WgpuBackend::new_async`] (anywhere, the browser included).
+pub struct WgpuBackend {
+    gpu: Gpu,
+    adapter: AdapterReport,
+    /// Bound as the bias of matmuls without one.
+    no_bias: GpuBuffer,
+    /// Rows of a weight chunk are limited to this many bytes.
+    max_chunk_bytes: u64,
+}
+
+impl WgpuBackend {
+    /// Opens the best adapter allowed by `options` (blocking).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(options: WgpuOptions) -> Result<Self> {
+        pollster::block_on(Self::new_async(options))
+    }
+
+    pub async fn new_async(options: WgpuOptions) -> Result<Self> {
+        let open = adapter::open(&options).await?;
+        let target = ShaderTarget {
+            f16: open.f16,
+            subgroups: open.subgroups,
+            browser: cfg!(target_arch = "wasm32"),
+        };
+        let gpu = Gpu::new(open.device, open.queue, target);
+        let no_bias = gpu.dedicated(16, "no bias")?;
+        let binding_limit = gpu.limits.max_storage_buffer_binding_size;
+        let max_chunk_bytes = options
+            .max_weight_chunk_bytes
+            .map_or(binding_limit, |cap| cap.min(binding_limit));
+        Ok(WgpuBackend {
+            gpu,
+            adapter: open.report,
+            no_bias,
+            max_chunk_bytes,
+        })
+    }
+
+    /// The adapter in use.
+    pub fn adapter(&self) -> &AdapterReport {
+        &self.adapter
+    }
+
+    /// Whether the shaders use `f16` (the adapter has it and it was not disabled).
+    pub fn uses_f16(&self) -> bool {
+        self.gpu.target.f16
+    }
+
+    /// Whether the shaders use subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.gpu.target.subgroups
+    }
+
+    /// Submits the work recorded so far without waiting for it.
+    pub fn flush(&self) -> Result<()> {
+        self.gpu.submit()
+    }
+
+    /// [`Backend::download`] without blocking (the form the browser needs).
+    pub async fn download_async(&self, t: &WgpuTensor, len: usize) -> Result<Vec<f32>> {
+        check_len("download", t.len, len)?;
+        let bytes = self.gpu.read(&t.buf, 4 * len as u64).await?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// [`Backend::download_indices`] without blocking.
+    pub async fn download_indices_async(&self, t: &WgpuIndices, len: usize) -> Result<Vec<u32>> {
+        check_len("download_indices", t.len, len)?;
+        let bytes = self.gpu.read(&t.buf, 4 * len as u64).await?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    fn dispatch(
+        &self,
+        variant: ShaderVariant,
+        entry: &'static str,
+        access: &'static [Access],
+        buffers: &[&GpuBuffer],
+        params: &[u32],
+        workgroups: usize,
+    ) -> Result<()> {
+        let workgroups = u32::try_from(workgroups).map_err(|_| {
+            backend_error(format!("{}: {workgroups} workgroups is too many", variant.kernel))
+        })?;
+        self.gpu.dispatch(Dispatch {
+            variant,
+            entry,
+            access,
+            buffers,
+            params,
+            workgroups,
+        })
+    }
+
+    fn upload_vector(&self, values: &[f32]) -> Result<WgpuWeight> {
+        let buf = self.gpu.dedicated(4 * values.len() as u64, "vector weight")?;
+        self.gpu.write(&buf, bytes_of_f32(values));
+        Ok(WgpuWeight {
+            format: WeightFormat::F32,
+            rows: 1,
+            cols: values.len(),
+            chunks: vec![WeightChunk {
+                row_start: 0,
+                rows: 1,
+                buf,
+            }],
+        })
+    }
+}
+
+fn simple(kernel: &'static str) -> ShaderVariant {
+    ShaderVariant {
+        kernel,
+        format: None,
+        kv_f16: false,
+    }
+}
+
+fn bytes_of_f32(values: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(values)
+}
+
+fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| backend_error(format!("{what} = {n} does not fit the kernels' 32-bit indices")))
+}
+
+/// `have >= need` elements, or an error naming the operand.
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(Error::backend(
+            "wgpu",
+            format!("{what}: needs {need} elements, the buffer holds {have}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Indices = WgpuIndices;
+    type Weight = WgpuWeight;
+    type KvCache = WgpuKvCache;
+
+    fn info(&self) -> BackendInfo {
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        BackendInfo {
+            name: "wgpu".into(),
+            device: format!(
+                "{} ({}, f16 {}, subgroups {})",
+                self.adapter.name,
+                self.adapter.backend,
+                on_off(self.uses_f16()),
+                on_off(self.uses_subgroups())
+            ),
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<WgpuTensor> {
+        let buf = self.gpu.pooled(4 * len as u64)?;
+        self.gpu.clear(&buf, 4 * len as u64);
+        Ok(WgpuTensor { buf, len })
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<WgpuTensor> {
+        let buf = self.gpu.pooled(4 * data.len() as u64)?;
+        self.gpu.write(&buf, bytes_of_f32(data));
+        Ok(WgpuTensor {
+            buf,
+            len: data.len(),
+        })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn download(&self, t: &WgpuTensor, len: usize) -> Result<Vec<f32>> {
+        pollster::block_on(self.download_async(t, len))
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn download(&self, _t: &WgpuTensor, _len: usize) -> Result<Vec<f32>> {
+        Err(backend_error(
+            "the browser cannot wait for the GPU: use WgpuBackend::download_async",
+        ))
+    }
+
+    fn upload_indices(&self, data: &[u32]) -> Result<WgpuIndices> {
+        let buf = self.gpu.pooled(4 * data.len() as u64)?;
+        self.gpu.write(&buf, bytemuck::cast_slice(data));
+        Ok(WgpuIndices {
+            buf,
+            len: data.len(),
+        })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn download_indices(&self, t: &WgpuIndices, len: usize) -> Result<Vec<u32>> {
+        pollster::block_on(self.download_indices_async(t, len))
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn download_indices(&self, _t: &WgpuIndices, _len: usize) -> Result<Vec<u32>> {
+        Err(backend_error(
+            "the browser cannot wait for the GPU: use WgpuBackend::download_indices_async",
+        ))
+    }
+
+    fn upload_weight(&self, w: WeightView<'_>) -> Result<WgpuWeight> {
+        let format = w.format;
+        if w.cols % format.block_elems() != 0 {
+            return Err(backend_error(format!(
+                "a {format} weight needs columns in multiples of {}, got {}",
+                format.block_elems(),
+                w.cols
+            )));
+        }
+        let row_bytes = w.row_bytes();
+        if w.data.len() < w.rows * row_bytes {
+            return Err(backend_error(format!(
+                "a {}x{} {format} weight needs {} bytes, got {}",
+                w.rows,
+                w.cols,
+                w.rows * row_bytes,
+                w.data.len()
+            )));
+        }
+        if w.rows == 1 || w.cols == 1 {
+            return self.upload_vector(&w.to_f32());
+        }
+        let rows_per_chunk = (self.max_chunk_bytes / row_bytes.max(1) as u64) as usize;
+        if rows_per_chunk == 0 {
+            return Err(backend_error(format!(
+                "one row of a {format} weight ({row_bytes} bytes) exceeds the storage binding limit"
+            )));
+        }
+        let mut chunks = Vec::new();
+        for row_start in (0..w.rows).step_by(rows_per_chunk) {
+            let rows = rows_per_chunk.min(w.rows - row_start);
+            let bytes = &w.data[row_start * row_bytes..(row_start + rows) * row_bytes];
+            let buf = self.gpu.dedicated(bytes.len() as u64, "weight")?;
+            self.gpu.write(&buf, bytes);
+            chunks.push(WeightChunk {
+                row_start,
+                rows,
+                buf,
+            });
+        }
+        Ok(WgpuWeight {
+            format,
+            rows: w.rows,
+            cols: w.cols,
+            chunks,
+        })
+    }
+
+    fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<WgpuKvCache> {
+        let slot_units = match layout.dtype {
+            KvDtype::F32 => layout.row_width(),
+            KvDtype::F16 => layout.row_width().div_ceil(2),
+        };
+        let bytes = 4 * (layout.num_slots() * slot_units) as u64;
+        Ok(WgpuKvCache {
+            layout,
+            k: self.gpu.dedicated(bytes, "K cache")?,
+            v: self.gpu.dedicated(bytes, "V cache")?,
+            slot_units,
+        })
+    }
+
+    fn copy_kv_blocks(&self, cache: &mut WgpuKvCache, pairs: &[(u32, u32)]) -> Result<()> {
+        let blocks = cache.layout.num_blocks;
+        let block_bytes = 4 * (cache.layout.block_size * cache.slot_units) as u64;
+        if let Some(&(src, dst)) = pairs
+            .iter()
+            .find(|&&(src, dst)| src as usize >= blocks || dst as usize >= blocks)
+        {
+            return Err(backend_error(format!(
+                "copy_kv_blocks: block pair ({src}, {dst}) outside a cache of {blocks} blocks"
+            )));
+        }
+        if pairs.is_empty() || block_bytes == 0 {
+            return Ok(());
+        }
+        // WebGPU forbids copies within one buffer: each block goes through a
+        // scratch buffer, pair after pair, so chained pairs copy in order.
+        let scratch = self.gpu.pooled(block_bytes)?;
+        for &(src, dst) in pairs {
+            for buf in [&cache.k, &cache.v] {
+                self.gpu.copy(buf, src as u64 * block_bytes, &scratch, 0, block_bytes);
+                self.gpu.copy(&scratch, 0, buf, dst as u64 * block_bytes, block_bytes);
+            }
+        }
+        Ok(())
+    }
+
+    fn supports_format(&self, _format: WeightFormat) -> bool {
+        true
+    }
+
+    fn embedding(
+        &self,
+        table: &WgpuWeight,
+        tokens: &WgpuIndices,
+        rows: usize,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("embedding tokens", tokens.len, rows)?;
+        check_len("embedding out", out.len, rows * table.cols)?;
+        let pieces = table.cols.div_ceil(4);
+        for chunk in &table.chunks {
+            let params = [
+                u32_of(rows, "rows")?,
+                u32_of(table.cols, "cols")?,
+                u32_of(chunk.row_start, "row")?,
+                u32_of(chunk.rows, "rows")?,
+            ];
+            self.dispatch(
+                ShaderVariant {
+                    kernel: "embedding",
+                    format: Some(table.format),
+                    kv_f16: false,
+                },
+                "main",
+                &[READ, READ, WRITE],
+                &[&chunk.buf, &tokens.buf, &out.buf],
+                &params,
+                (rows * pieces).div_ceil(64),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuWeight,
+        p: RmsNormParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        let n = p.rows * p.dim;
+        check_len("rms_norm x", x.len, n)?;
+        check_len("rms_norm out", out.len, n)?;
+        let w = weight.vector(p.dim, "rms_norm weight")?;
+        let params = [u32_of(p.rows, "rows")?, u32_of(p.dim, "dim")?, p.eps.to_bits()];
+        self.dispatch(
+            simple("rms_norm"),
+            "main",
+            &[READ, READ, WRITE],
+            &[&x.buf, w, &out.buf],
+            &params,
+            p.rows,
+        )
+    }
+
+    fn rms_norm_residual(
+        &self,
+        residual: &mut WgpuTensor,
+        delta: &WgpuTensor,
+        weight: &WgpuWeight,
+        p: RmsNormParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        let n = p.rows * p.dim;
+        check_len("rms_norm_residual residual", residual.len, n)?;
+        check_len("rms_norm_residual delta", delta.len, n)?;
+        check_len("rms_norm_residual out", out.len, n)?;
+        let w = weight.vector(p.dim, "rms_norm_residual weight")?;
+        let params = [u32_of(p.rows, "rows")?, u32_of(p.dim, "dim")?, p.eps.to_bits()];
+        self.dispatch(
+            simple("rms_norm_residual"),
+            "main",
+            &[WRITE, READ, READ, WRITE],
+            &[&residual.buf, &delta.buf, w, &out.buf],
+            &params,
+            p.rows,
+        )
+    }
+
+    fn matmul(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        bias: Option<&WgpuWeight>,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("matmul x", x.len, p.rows * w.cols)?;
+        check_len("matmul out", out.len, p.rows * w.rows)?;
+        let bias_buf = match bias {
+            Some(b) => b.vector(w.rows, "matmul bias")?,
+            None => &self.no_bias,
+        };
+        let variant = simple(matmul_kernel_name(w.format));
+        for chunk in &w.chunks {
+            let params = [
+                u32_of(p.rows, "rows")?,
+                u32_of(w.cols, "cols")?,
+                u32_of(w.rows, "n")?,
+                u32_of(chunk.row_start, "row")?,
+                u32_of(chunk.rows, "rows")?,
+                u32::from(bias.is_some()),
+            ];
+            let (entry, workgroups) = if p.rows <= GEMV_MAX_ROWS {
+                ("gemv", chunk.rows)
+            } else {
+                ("tiled", p.rows.div_ceil(32) * chunk.rows.div_ceil(64))
+            };
+            self.dispatch(
+                variant,
+                entry,
+                &[READ, READ, READ, WRITE],
+                &[&chunk.buf, &x.buf, bias_buf, &out.buf],
+                &params,
+                workgroups,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut WgpuTensor,
+        positions: &WgpuIndices,
+        inv_freq: &WgpuTensor,
+        p: RopeParams,
+    ) -> Result<()> {
+        if p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim {
+            return Err(backend_error(format!(
+                "rope: rotary_dim {} must be even and at most head_dim {}",
+                p.rotary_dim, p.head_dim
+            )));
+        }
+        check_len("rope x", x.len, p.rows * p.heads * p.head_dim)?;
+        check_len("rope positions", positions.len, p.rows)?;
+        check_len("rope inv_freq", inv_freq.len, p.rotary_dim / 2)?;
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.heads, "heads")?,
+            u32_of(p.head_dim, "head_dim")?,
+            u32_of(p.rotary_dim, "rotary_dim")?,
+            u32::from(p.style == RopeStyle::NeoX),
+        ];
+        self.dispatch(
+            simple("rope"),
+            "main",
+            &[WRITE, READ, READ],
+            &[&x.buf, &positions.buf, &inv_freq.buf],
+            &params,
+            (p.rows * p.heads * (p.rotary_dim / 2)).div_ceil(64),
+        )
+    }
+
+    fn paged_kv_write(
+        &self,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        slots: &WgpuIndices,
+        rows: usize,
+        cache: &mut WgpuKvCache,
+    ) -> Result<()> {
+        let width = cache.layout.row_width();
+        check_len("paged_kv_write k", k.len, rows * width)?;
+        check_len("paged_kv_write v", v.len, rows * width)?;
+        check_len("paged_kv_write slots", slots.len, rows)?;
+        let params = [
+            u32_of(rows, "rows")?,
+            u32_of(width, "width")?,
+            u32_of(cache.layout.num_slots(), "slots")?,
+            u32_of(cache.slot_units, "slot width")?,
+        ];
+        self.dispatch(
+            ShaderVariant {
+                kernel: "paged_kv_write",
+                format: None,
+                kv_f16: cache.layout.dtype == KvDtype::F16,
+            },
+            "main",
+            &[READ, READ, READ, WRITE, WRITE],
+            &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
+            &params,
+            (rows * cache.slot_units).div_ceil(256),
+        )
+    }
+
+    fn paged_attention(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        let layout = &cache.layout;
+        if p.kv_heads == 0
+            || p.heads % p.kv_heads != 0
+            || p.kv_heads != layout.kv_heads
+            || p.head_dim != layout.head_dim
+            || p.block_size != layout.block_size
+        {
+            return Err(backend_error(format!(
+                "paged_attention: {} heads over {} KV heads of {} dims in blocks of {} do not \
+                 fit a cache of {} KV heads of {} dims in blocks of {}",
+                p.heads, p.kv_heads, p.head_dim, p.block_size, layout.kv_heads, layout.head_dim,
+                layout.block_size
+            )));
+        }
+        if p.head_dim > MAX_HEAD_DIM {
+            return Err(backend_error(format!(
+                "paged_attention: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
+                p.head_dim
+            )));
+        }
+        let window = match p.sliding_window {
+            None => 0,
+            Some(0) => {
+                return Err(backend_error("paged_attention: a sliding window of 0 sees nothing"))
+            }
+            Some(w) => u32_of(w, "sliding window")?,
+        };
+        let n = p.rows * p.heads * p.head_dim;
+        check_len("paged_attention q", q.len, n)?;
+        check_len("paged_attention out", out.len, n)?;
+        check_len("paged_attention row_seq", idx.row_seq.len, p.rows)?;
+        check_len("paged_attention positions", idx.positions.len, p.rows)?;
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.heads, "heads")?,
+            u32_of(p.kv_heads, "kv_heads")?,
+            u32_of(p.head_dim, "head_dim")?,
+            u32_of(p.block_size, "block_size")?,
+            u32_of(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            u32_of(layout.num_blocks, "num_blocks")?,
+            window,
+            u32_of(cache.slot_units, "slot width")?,
+            p.scale.to_bits(),
+        ];
+        self.dispatch(
+            ShaderVariant {
+                kernel: "paged_attention",
+                format: None,
+                kv_f16: layout.dtype == KvDtype::F16,
+            },
+            "main",
+            &[READ, READ, READ, READ, READ, READ, WRITE],
+            &[
+                &q.buf,
+                &cache.k,
+                &cache.v,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &out.buf,
+            ],
+            &params,
+            p.rows * p.heads,
+        )
+    }
+
+    fn swiglu(
+        &self,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        len: usize,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("swiglu gate", gate.len, len)?;
+        check_len("swiglu up", up.len, len)?;
+        check_len("swiglu out", out.len, len)?;
+        self.dispatch(
+            simple("swiglu"),
+            "main",
+            &[READ, READ, WRITE],
+            &[&gate.buf, &up.buf, &out.buf],
+            &[u32_of(len, "len")?],
+            len.div_ceil(256),
+        )
+    }
+
+    fn gather_rows(
+        &self,
+        x: &WgpuTensor,
+        rows: &WgpuIndices,
+        n: usize,
+        width: usize,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("gather_rows rows", rows.len, n)?;
+        check_len("gather_rows out", out.len, n * width)?;
+        let src_rows = if width == 0 { 0 } else { x.len / width };
+        let params = [
+            u32_of(n, "n")?,
+            u32_of(width, "width")?,
+            u32_of(src_rows, "rows")?,
+        ];
+        self.dispatch(
+            simple("gather_rows"),
+            "main",
+            &[READ, READ, WRITE],
+            &[&x.buf, &rows.buf, &out.buf],
+            &params,
+            (n * width).div_ceil(256),
+        )
+    }
+
+    fn argmax(
+        &self,
+        x: &WgpuTensor,
+        rows: usize,
+        width: usize,
+        out: &mut WgpuIndices,
+    ) -> Result<()> {
+        check_len("argmax x", x.len, rows * width)?;
+        check_len("argmax out", out.len, rows)?;
+        self.dispatch(
+            simple("argmax"),
+            "main",
+            &[READ, WRITE],
+            &[&x.buf, &out.buf],
+            &[u32_of(rows, "rows")?, u32_of(width, "width")?],
+            rows,
+        )
+    }
+}

@@ -1,1 +1,672 @@
-//! (in progress)
+//! `Engine<B>`: a model on a backend, its paged KV cache, and the sequences
+//! being generated. `step()` runs one iteration of continuous batching: the
+//! scheduler (`sched::scheduler`) picks prompt chunks and decode tokens of
+//! many sequences within a token budget, they share one forward pass, and
+//! every sequence whose tokens are all computed samples its next one.
+//!
+//! Requests with several samples (`n > 1`) compute their prompt once: the
+//! extra samples are forked from the first (sharing its KV blocks, copied on
+//! write) when its prompt is done, and draw their first token from the same
+//! logits.
+
+use std::collections::HashMap;
+
+use crate::backend::{Backend, KvCacheLayout, KvDtype};
+use crate::kv::{KvCacheManager, SeqId, DEFAULT_BLOCK_SIZE};
+use crate::model::forward::{ForwardBatch, Model, Progress};
+use crate::model::ModelFiles;
+use crate::sched::{
+    Priority, Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SubmitError,
+};
+use crate::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool (each holds `block_size` tokens of every layer).
+    pub num_blocks: usize,
+    /// Most tokens one step feeds through the model (long prompts are chunked).
+    pub max_batch_tokens: usize,
+    pub kv_dtype: KvDtype,
+    /// Longest sequence accepted; defaults to the model's trained context.
+    pub max_context: Option<usize>,
+    /// Most sequences running at once.
+    pub max_running: usize,
+    /// Most requests waiting for admission; more are refused.
+    pub max_waiting: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: DEFAULT_BLOCK_SIZE,
+            num_blocks: 256,
+            max_batch_tokens: 512,
+            kv_dtype: KvDtype::F32,
+            max_context: None,
+            max_running: 256,
+            max_waiting: 1024,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// A pool that holds `tokens` tokens for one sequence.
+    pub fn with_capacity_tokens(mut self, tokens: usize) -> Self {
+        self.num_blocks = tokens.div_ceil(self.block_size).max(1);
+        self
+    }
+}
+
+/// Why a sequence stopped generating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+}
+
+/// The log-probability of a sampled token under the model (before
+/// temperature and truncation), and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One token produced by a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub seq: SeqId,
+    pub token: u32,
+    pub finished: Option<FinishReason>,
+    /// Present when the request asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A generation request: one prompt, `samples` independent continuations.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Sample `i` draws from seed `params.seed + i`.
+    pub params: SamplingParams,
+    pub max_new_tokens: usize,
+    /// Tokens that end generation (included in the output, like EOS).
+    pub stop_tokens: Vec<u32>,
+    pub priority: Priority,
+    /// How many continuations (OpenAI's `n`); they share the prompt's KV blocks.
+    pub samples: usize,
+    /// Report each token's logprob and this many top alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Request {
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_new_tokens: usize) -> Self {
+        Self {
+            prompt,
+            params,
+            max_new_tokens,
+            stop_tokens: Vec::new(),
+            priority: 0,
+            samples: 1,
+            logprobs: None,
+        }
+    }
+}
+
+/// Counters and gauges for monitoring.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_free: usize,
+    /// Free blocks that still hold reusable prefix content.
+    pub kv_blocks_cached: usize,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Tokens fed through the model (prompt chunks, recomputes and decodes).
+    pub computed_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+}
+
+/// Where a sampled sequence's next token comes from.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    /// Its logits row, read back to the host.
+    Logits(&'a [f32]),
+    /// The device's argmax (greedy, no logprobs).
+    Argmax(u32),
+}
+
+/// What the engine keeps per sequence beside its tokens.
+#[derive(Debug)]
+struct Generation {
+    sampler: Sampler,
+    max_new_tokens: usize,
+    n_generated: usize,
+    stop_tokens: Vec<u32>,
+    finished: Option<FinishReason>,
+    logprobs: Option<usize>,
+    /// Further samples of this prompt, forked from it (sharing its blocks)
+    /// when its prompt is computed, each with its own sampler.
+    forks: Vec<(SeqId, Sampler)>,
+}
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    kv: Vec<B::KvCache>,
+    kv_manager: KvCacheManager,
+    config: EngineConfig,
+    max_context: usize,
+    scheduler: Scheduler<Generation>,
+    /// Samples waiting for their parent's prompt, and that parent.
+    awaiting_fork: HashMap<SeqId, SeqId>,
+    next_id: SeqId,
+    computed_tokens: u64,
+    generated_tokens: u64,
+    steps: u64,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(
+        backend: B,
+        files: &ModelFiles,
+        config: EngineConfig,
+        progress: Progress<'_>,
+    ) -> Result<Self> {
+        if config.block_size == 0 || config.num_blocks == 0 || config.max_batch_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "block size, KV blocks and batch tokens must all be positive".into(),
+            ));
+        }
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_batch_tokens: config.max_batch_tokens,
+            max_running: config.max_running,
+            max_waiting: config.max_waiting,
+        })?;
+        let model = Model::load(&backend, files, progress)?;
+        let cfg = &model.config;
+        let layout = KvCacheLayout {
+            num_blocks: config.num_blocks,
+            block_size: config.block_size,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            dtype: config.kv_dtype,
+        };
+        let kv = (0..cfg.num_layers)
+            .map(|_| backend.alloc_kv_cache(layout))
+            .collect::<Result<Vec<_>>>()?;
+        let max_context = config
+            .max_context
+            .unwrap_or(cfg.max_context)
+            .min(cfg.max_context);
+        Ok(Self {
+            backend,
+            kv_manager: KvCacheManager::new(config.num_blocks, config.block_size),
+            model,
+            kv,
+            config,
+            max_context,
+            scheduler,
+            awaiting_fork: HashMap::new(),
+            next_id: 0,
+            computed_tokens: 0,
+            generated_tokens: 0,
+            steps: 0,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn kv_manager(&self) -> &KvCacheManager {
+        &self.kv_manager
+    }
+
+    /// KV bytes per token over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.model.config;
+        c.num_layers * 2 * c.kv_dim() * self.config.kv_dtype.bytes_per_elem()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = self.scheduler.stats();
+        EngineStats {
+            running: self.scheduler.num_running(),
+            waiting: self.scheduler.num_waiting() + self.awaiting_fork.len(),
+            kv_blocks_used: self.kv_manager.num_used_blocks(),
+            kv_blocks_free: self.kv_manager.num_free_blocks(),
+            kv_blocks_cached: self.kv_manager.allocator().num_cached(),
+            preemptions: s.preemptions,
+            prompt_tokens: s.prompt_tokens,
+            prefix_hit_tokens: s.prefix_hit_tokens,
+            computed_tokens: self.computed_tokens,
+            generated_tokens: self.generated_tokens,
+            steps: self.steps,
+        }
+    }
+
+    /// Drops the reusable content of free KV blocks (benchmarks start cold with it).
+    pub fn clear_prefix_cache(&mut self) {
+        self.kv_manager.clear_prefix_cache();
+    }
+
+    /// Starts generating after `prompt`; `stop_tokens` end the turn.
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        max_new_tokens: usize,
+        stop_tokens: Vec<u32>,
+    ) -> Result<SeqId> {
+        let request = Request {
+            stop_tokens,
+            ..Request::new(prompt, params, max_new_tokens)
+        };
+        match self.submit(request) {
+            Ok(ids) => Ok(ids[0]),
+            Err(SubmitError::Rejected(e)) => Err(e),
+            Err(e @ SubmitError::QueueFull(_)) => Err(Error::InvalidRequest(e.to_string())),
+        }
+    }
+
+    /// Queues a request; returns one sequence per sample. Refused when the
+    /// waiting queue is full or the request is malformed.
+    pub fn submit(&mut self, request: Request) -> std::result::Result<Vec<SeqId>, SubmitError> {
+        let Request {
+            prompt,
+            params,
+            max_new_tokens,
+            stop_tokens,
+            priority,
+            samples,
+            logprobs,
+        } = request;
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt is empty".into()).into());
+        }
+        if samples == 0 {
+            return Err(Error::InvalidRequest("at least one sample is needed".into()).into());
+        }
+        self.check_tokens(&prompt)?;
+        self.check_fits(prompt.len())?;
+        if self.scheduler.queue_full(1) {
+            return Err(SubmitError::QueueFull(self.scheduler.num_waiting()));
+        }
+        let ids: Vec<SeqId> = (0..samples as u64).map(|i| self.next_id + i).collect();
+        self.next_id += samples as u64;
+        let sampler = |i: usize| {
+            Sampler::new(SamplingParams {
+                seed: params.seed.wrapping_add(i as u64),
+                ..params.clone()
+            })
+        };
+        let generation = Generation {
+            sampler: sampler(0),
+            max_new_tokens,
+            n_generated: 0,
+            stop_tokens,
+            finished: None,
+            logprobs,
+            forks: ids[1..]
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (id, sampler(i + 1)))
+                .collect(),
+        };
+        for &child in &ids[1..] {
+            self.awaiting_fork.insert(child, ids[0]);
+        }
+        self.scheduler.add(ids[0], prompt, priority, generation)?;
+        Ok(ids)
+    }
+
+    /// Continues a finished sequence with more input (the next chat turn),
+    /// reusing the K/V of everything before it.
+    pub fn extend(&mut self, seq: SeqId, tokens: &[u32], max_new_tokens: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidRequest("nothing to continue with".into()));
+        }
+        self.check_tokens(tokens)?;
+        let len = self.sequence(seq)?.tokens.len();
+        self.check_fits(len + tokens.len())?;
+        self.scheduler.resume(seq)?;
+        let s = self.scheduler.get_mut(seq).expect("checked above");
+        s.tokens.extend_from_slice(tokens);
+        s.data.finished = None;
+        s.data.n_generated = 0;
+        s.data.max_new_tokens = max_new_tokens;
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check_fits(&self, len: usize) -> Result<()> {
+        if len >= self.max_context {
+            return Err(Error::InvalidRequest(format!(
+                "the prompt has {len} tokens but the context holds {} (leaving room for at least one new token)",
+                self.max_context
+            )));
+        }
+        let capacity = self.kv_capacity();
+        if len >= capacity {
+            return Err(Error::KvCacheFull(format!(
+                "the prompt has {len} tokens but the KV cache holds {capacity}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tokens the whole KV pool holds: no sequence grows past it, so any
+    /// sequence alone always fits.
+    fn kv_capacity(&self) -> usize {
+        self.kv_manager.num_blocks() * self.kv_manager.block_size()
+    }
+
+    fn sequence(&self, seq: SeqId) -> Result<&SchedSeq<Generation>> {
+        self.scheduler
+            .get(seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))
+    }
+
+    pub fn tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        self.scheduler.get(seq).map(|s| s.tokens.as_slice())
+    }
+
+    pub fn is_finished(&self, seq: SeqId) -> bool {
+        !self.awaiting_fork.contains_key(&seq)
+            && self
+                .scheduler
+                .get(seq)
+                .is_none_or(|s| s.status() == SeqStatus::Finished)
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.scheduler.num_running()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.num_waiting()
+    }
+
+    /// Keeps only the first `n_tokens` tokens of a finished sequence, with
+    /// their K/V, so it can be continued differently (chat history edits).
+    pub fn rewind(&mut self, seq: SeqId, n_tokens: usize) -> Result<()> {
+        self.scheduler.rewind(seq, n_tokens)?;
+        let computed = self.sequence(seq)?.num_computed();
+        self.kv_manager.truncate(seq, computed)
+    }
+
+    /// Forgets `seq` and frees its KV blocks at once. Samples still waiting
+    /// for its prompt become requests of their own.
+    pub fn remove(&mut self, seq: SeqId) {
+        if let Some(parent) = self.awaiting_fork.remove(&seq) {
+            if let Some(p) = self.scheduler.get_mut(parent) {
+                p.data.forks.retain(|(id, _)| *id != seq);
+            }
+            return;
+        }
+        let Some(s) = self.scheduler.remove(seq) else {
+            return;
+        };
+        self.kv_manager.free(seq);
+        let priority = s.priority();
+        for (child, sampler) in s.data.forks {
+            self.awaiting_fork.remove(&child);
+            let generation = Generation {
+                sampler,
+                max_new_tokens: s.data.max_new_tokens,
+                n_generated: 0,
+                stop_tokens: s.data.stop_tokens.clone(),
+                finished: None,
+                logprobs: s.data.logprobs,
+                forks: Vec::new(),
+            };
+            // A parent with pending samples has not sampled yet: its tokens are the prompt.
+            self.scheduler
+                .add(child, s.tokens.clone(), priority, generation)
+                .expect("a fresh id and a non-empty prompt");
+        }
+    }
+
+    /// Runs one iteration: the scheduler picks decode tokens and prompt
+    /// chunks within `max_batch_tokens` (preempting when KV blocks run
+    /// out), they run as one forward pass, and every sequence whose tokens
+    /// are all computed samples its next one. Returns the sampled tokens.
+    pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+        let schedule = self.scheduler.schedule(&mut self.kv_manager)?;
+        if schedule.chunks.is_empty() {
+            if self.scheduler.num_waiting() > 0 && self.scheduler.num_running() == 0 {
+                return Err(Error::KvCacheFull(format!(
+                    "{} requests wait but finished sequences hold all {} KV blocks",
+                    self.scheduler.num_waiting(),
+                    self.kv_manager.num_blocks()
+                )));
+            }
+            return Ok(Vec::new());
+        }
+        self.steps += 1;
+        self.computed_tokens += schedule.num_tokens() as u64;
+        let bs = self.kv_manager.block_size();
+        let max_blocks = schedule
+            .chunks
+            .iter()
+            .map(|c| self.kv_manager.table(c.seq).map_or(0, |t| t.blocks().len()))
+            .max()
+            .unwrap_or(1);
+        let mut batch = ForwardBatch::new(bs, max_blocks);
+        let mut sampled: Vec<SeqId> = Vec::new();
+        for c in &schedule.chunks {
+            if !c.reservation.copies.is_empty() {
+                for cache in &mut self.kv {
+                    self.backend.copy_kv_blocks(cache, &c.reservation.copies)?;
+                }
+            }
+            let tokens = &self.scheduler.get(c.seq).expect("scheduled").tokens;
+            let table = self
+                .kv_manager
+                .table(c.seq)
+                .expect("reserved by the scheduler");
+            batch.push_sequence(
+                &tokens[c.start..c.start + c.len],
+                c.start,
+                &c.reservation.slots,
+                table.blocks(),
+            );
+            if c.start + c.len == tokens.len() {
+                batch.logit_rows.push((batch.rows() - 1) as u32);
+                sampled.push(c.seq);
+            }
+        }
+        let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+        self.scheduler.complete(&schedule, &mut self.kv_manager)?;
+        self.sample(&logits, &sampled)
+    }
+
+    /// Samples the next token of each sequence in `seqs` (one logits row
+    /// each), forks pending samples off parents whose prompt is now
+    /// computed, and applies the stop conditions.
+    fn sample(&mut self, logits: &B::Tensor, seqs: &[SeqId]) -> Result<Vec<TokenEvent>> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = self.model.config.vocab_size;
+        let host_logits = seqs.iter().any(|&id| {
+            let g = &self.scheduler.get(id).expect("sampled").data;
+            !g.sampler.params().is_greedy() || g.logprobs.is_some()
+        });
+        // Greedy batches take the device's argmax: only token ids come back.
+        let (rows, argmax) = if host_logits {
+            (
+                self.backend.download(logits, seqs.len() * vocab)?,
+                Vec::new(),
+            )
+        } else {
+            let mut ids = self.backend.upload_indices(&vec![0; seqs.len()])?;
+            self.backend.argmax(logits, seqs.len(), vocab, &mut ids)?;
+            (Vec::new(), self.backend.download_indices(&ids, seqs.len())?)
+        };
+        let mut events = Vec::with_capacity(seqs.len());
+        for (i, &id) in seqs.iter().enumerate() {
+            let pick = match rows.get(i * vocab..(i + 1) * vocab) {
+                Some(row) => Pick::Logits(row),
+                None => Pick::Argmax(argmax[i]),
+            };
+            let forks =
+                std::mem::take(&mut self.scheduler.get_mut(id).expect("sampled").data.forks);
+            for (child, sampler) in forks {
+                self.awaiting_fork.remove(&child);
+                self.kv_manager.fork(id, child)?;
+                let parent = &self.scheduler.get(id).expect("sampled").data;
+                let generation = Generation {
+                    sampler,
+                    max_new_tokens: parent.max_new_tokens,
+                    n_generated: 0,
+                    stop_tokens: parent.stop_tokens.clone(),
+                    finished: None,
+                    logprobs: parent.logprobs,
+                    forks: Vec::new(),
+                };
+                self.scheduler.fork(id, child, generation)?;
+                events.push(self.take_token(child, pick));
+            }
+            events.push(self.take_token(id, pick));
+        }
+        Ok(events)
+    }
+
+    /// Appends the next token of `seq`, from its logits row or the device's argmax.
+    fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> TokenEvent {
+        let max_len = self.max_context.min(self.kv_capacity());
+        let s = self.scheduler.get_mut(seq).expect("sampled");
+        let g = &mut s.data;
+        let (token, logprobs) = match pick {
+            Pick::Logits(row) => {
+                let token = g.sampler.sample(&mut row.to_vec(), &s.tokens);
+                (token, g.logprobs.map(|top| token_logprobs(row, token, top)))
+            }
+            Pick::Argmax(token) => (token, None),
+        };
+        s.tokens.push(token);
+        g.n_generated += 1;
+        if g.stop_tokens.contains(&token) {
+            g.finished = Some(FinishReason::Stop);
+        } else if g.n_generated >= g.max_new_tokens || s.tokens.len() >= max_len {
+            g.finished = Some(FinishReason::Length);
+        }
+        let finished = g.finished;
+        self.generated_tokens += 1;
+        if finished.is_some() {
+            self.scheduler.finish(seq);
+        }
+        TokenEvent {
+            seq,
+            token,
+            finished,
+            logprobs,
+        }
+    }
+
+    /// Logits of every position from `first_row` on, for `tokens` evaluated
+    /// from scratch (perplexity, reference checks). Uses a temporary sequence
+    /// whose blocks are freed before returning. Returns `[rows, vocab]`.
+    pub fn score(&mut self, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+        if tokens.is_empty() || first_row >= tokens.len() {
+            return Err(Error::InvalidRequest("nothing to score".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.check_fits(tokens.len() - 1)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.kv_manager.add_sequence(id)?;
+        let result = self.score_chunks(id, tokens, first_row);
+        self.kv_manager.free(id);
+        result
+    }
+
+    fn score_chunks(&mut self, id: SeqId, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+        let vocab = self.model.config.vocab_size;
+        let bs = self.kv_manager.block_size();
+        let mut out = Vec::with_capacity((tokens.len() - first_row) * vocab);
+        for (chunk_idx, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
+            let start = chunk_idx * self.config.max_batch_tokens;
+            let res = self.kv_manager.reserve(id, chunk.len())?;
+            let table = self.kv_manager.table(id).expect("added by caller");
+            let mut batch = ForwardBatch::new(bs, table.blocks().len());
+            batch.push_sequence(chunk, start, &res.slots, table.blocks());
+            batch.logit_rows = (first_row.max(start)..start + chunk.len())
+                .map(|p| (p - start) as u32)
+                .collect();
+            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+            if !batch.logit_rows.is_empty() {
+                out.extend(
+                    self.backend
+                        .download(&logits, batch.logit_rows.len() * vocab)?,
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Log-softmax of `row` at `token`, and the `top` most likely tokens.
+fn token_logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = row
+        .iter()
+        .map(|&l| ((l - max) as f64).exp())
+        .sum::<f64>()
+        .ln() as f32
+        + max;
+    let mut best: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l - log_sum))
+        .collect();
+    let by_logprob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let top = top.min(best.len());
+    if top > 0 && top < best.len() {
+        best.select_nth_unstable_by(top - 1, by_logprob);
+    }
+    best.truncate(top);
+    best.sort_unstable_by(by_logprob);
+    TokenLogprobs {
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_sum),
+        top: best,
+    }
+}

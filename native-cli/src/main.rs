@@ -1,1 +1,71 @@
-fn main() {}
+//! `tandem`: run, chat with, benchmark, score and inspect models.
+
+mod backend_select;
+mod commands;
+mod model_path;
+mod progress;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tandem",
+    version,
+    about = "Portable LLM inference: CPU, WebGPU and CUDA backends"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for a prompt, streamed to stdout.
+    Run(commands::run::RunArgs),
+    /// Talk with the model interactively, using its chat template.
+    Chat(commands::chat::ChatArgs),
+    /// Perplexity of a text file, computed the way llama.cpp does.
+    Perplexity(commands::perplexity::PerplexityArgs),
+    /// Show a model's architecture, tensors, tokenizer and chat template.
+    Inspect(commands::inspect::InspectArgs),
+    /// Measure prefill and decode speed (like llama-bench's pp512 / tg128).
+    Bench(commands::bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
+    /// Serving throughput: continuous vs static batching, KV use, prefix-cache hits.
+    BenchServe(commands::serve::BenchServeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Run(a) => commands::run::run(a),
+        Command::Chat(a) => commands::chat::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
+        Command::BenchServe(a) => commands::serve::bench_serve(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {}", one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the
+/// message before it already includes (library errors often embed their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}

@@ -1,1 +1,60 @@
-//! Shared helpers of the test suite (in progress)
+//! Shared helpers of the test suite: where the default model is, tiny random
+//! models written to disk, and an independent dense forward pass (no KV
+//! cache, no paging, no fusion) that the engine is checked against.
+
+pub mod dense_reference;
+
+use std::path::PathBuf;
+
+use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::model::synthetic::SyntheticModel;
+use tandem_core::model::ModelFiles;
+use tandem_core::quant::WeightFormat;
+use tandem_cpu::CpuBackend;
+
+/// The default model, fetched by `make model` (which `make test` runs first).
+pub fn smollm2_path() -> PathBuf {
+    let cache = std::env::var_os("TANDEM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/tandem")
+        });
+    let path = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make model` (or `make test`, which fetches it)",
+        path.display()
+    );
+    path
+}
+
+/// A tiny random model written as GGUF into `dir` and loaded back from disk.
+pub fn tiny_gguf(dir: &std::path::Path, model: &SyntheticModel) -> ModelFiles {
+    let path = dir.join("tiny.gguf");
+    model.write_gguf(&path).expect("write tiny GGUF");
+    tandem_core::model::load(&path).expect("load tiny GGUF")
+}
+
+pub fn tiny(format: WeightFormat, seed: u64) -> SyntheticModel {
+    SyntheticModel::preset("tiny", format, seed).expect("tiny preset")
+}
+
+/// A CPU engine with room for `tokens` tokens, chunking prompts at `max_batch_tokens`.
+pub fn cpu_engine(
+    files: &ModelFiles,
+    tokens: usize,
+    max_batch_tokens: usize,
+) -> Engine<CpuBackend> {
+    let config = EngineConfig {
+        max_batch_tokens,
+        ..EngineConfig::default()
+    }
+    .with_capacity_tokens(tokens);
+    Engine::new(CpuBackend::new(2), files, config, &mut |_, _| {}).expect("engine")
+}
+
+/// Largest `|a - b|` over two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
+}

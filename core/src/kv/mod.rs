@@ -1,1 +1,23 @@
-//! (in progress)
+//! The paged KV cache's bookkeeping (the storage itself lives on the backend).
+//!
+//! The cache is a pool of fixed-size blocks of `block_size` token slots.
+//! Each sequence owns a [`BlockTable`]: the physical blocks holding its
+//! tokens' K/V, in order. Blocks are reference counted so several sequences
+//! can share a prompt's blocks; a sequence about to write into a shared block
+//! gets a private copy first (copy-on-write). Attention reads K/V through the
+//! block tables, so no sequence ever needs contiguous KV memory.
+//!
+//! Full blocks are also remembered by content (the prefix cache): a block
+//! nobody holds any more keeps its K/V until memory is needed, and a new
+//! sequence whose prompt starts with the same tokens shares it.
+
+mod allocator;
+mod block_table;
+mod manager;
+
+pub use allocator::{BlockHash, KvBlockAllocator};
+pub use block_table::BlockTable;
+pub use manager::{block_hash, KvCacheManager, SeqId, SlotReservation};
+
+/// Tokens per KV block unless configured otherwise (vLLM's default too).
+pub const DEFAULT_BLOCK_SIZE: usize = 16;

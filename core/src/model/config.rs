@@ -12,7 +12,9 @@ pub enum RopeScaling {
     /// which llama.cpp's converter writes for Llama 3.1 scaling).
     FreqFactors(Vec<f32>),
     /// Positions divided by `factor` (equivalently, frequencies).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's piecewise frequency scaling.
     Llama3 {
         factor: f32,
@@ -106,7 +108,8 @@ impl ModelConfig {
         let half = self.rotary_dim / 2;
         (0..half)
             .map(|i| {
-                let base = 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.rotary_dim as f64);
+                let base =
+                    1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.rotary_dim as f64);
                 scale_frequency(base, i, &self.rope_scaling) as f32
             })
             .collect()
@@ -124,7 +127,11 @@ fn scale_frequency(freq: f64, pair: usize, scaling: &RopeScaling) -> f64 {
             high_freq_factor,
             original_max_position,
         } => {
-            let (factor, lo, hi) = (factor as f64, low_freq_factor as f64, high_freq_factor as f64);
+            let (factor, lo, hi) = (
+                factor as f64,
+                low_freq_factor as f64,
+                high_freq_factor as f64,
+            );
             let old = original_max_position as f64;
             let wavelen = 2.0 * std::f64::consts::PI / freq;
             let low_freq_wavelen = old / lo;
@@ -172,7 +179,11 @@ mod tests {
         let mut c = smol();
         assert!(c.validate().is_ok());
         c.num_kv_heads = 4;
-        assert!(c.validate().unwrap_err().to_string().contains("num_kv_heads"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("num_kv_heads"));
     }
 
     #[test]

@@ -1,1 +1,320 @@
-//! (in progress)
+//! The forward pass, written once over the [`Backend`] trait.
+//!
+//! A [`ForwardBatch`] flattens the new tokens of several sequences into one
+//! list of rows; each row knows its sequence, its position and the KV slot it
+//! writes. The same call serves a prompt chunk, a single decode token, or the
+//! k+1 rows of a speculative verification, for any mix of sequences.
+//!
+//! Per layer: RMSNorm fused with the residual add → Q/K/V matmuls → RoPE →
+//! paged KV write → paged attention → O matmul → RMSNorm + residual → gate/up
+//! matmuls → SwiGLU → down matmul. Logits are computed only for the rows the
+//! caller asks for.
+
+use std::borrow::Cow;
+
+use super::{ModelConfig, ModelFiles};
+use crate::backend::{
+    AttentionIndices, AttentionParams, Backend, MatmulParams, RmsNormParams, RopeParams,
+};
+use crate::quant::{WeightFormat, WeightView};
+use crate::{Error, Result};
+
+/// The host-side description of one batch.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardBatch {
+    /// New tokens of all sequences, flattened.
+    pub tokens: Vec<u32>,
+    /// Absolute position of each row in its sequence.
+    pub positions: Vec<u32>,
+    /// Index of each row's sequence in `block_tables`.
+    pub row_seq: Vec<u32>,
+    /// KV slot each row writes.
+    pub slots: Vec<u32>,
+    /// `[num_seqs, max_blocks_per_seq]` block ids, row-major, zero-padded.
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Rows whose logits are wanted, in the order they are returned.
+    pub logit_rows: Vec<u32>,
+}
+
+impl ForwardBatch {
+    pub fn new(block_size: usize, max_blocks_per_seq: usize) -> Self {
+        Self {
+            block_size,
+            max_blocks_per_seq,
+            ..Default::default()
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Appends the rows of one sequence; `block_table` is its whole table.
+    pub fn push_sequence(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        slots: &[u32],
+        block_table: &[u32],
+    ) {
+        let seq = (self.block_tables.len() / self.max_blocks_per_seq.max(1)) as u32;
+        debug_assert_eq!(tokens.len(), slots.len());
+        self.tokens.extend_from_slice(tokens);
+        self.positions
+            .extend((start_pos..start_pos + tokens.len()).map(|p| p as u32));
+        self.row_seq.extend(std::iter::repeat_n(seq, tokens.len()));
+        self.slots.extend_from_slice(slots);
+        let mut row = block_table.to_vec();
+        row.resize(self.max_blocks_per_seq, 0);
+        self.block_tables.extend(row);
+    }
+}
+
+struct LayerWeights<B: Backend> {
+    attn_norm: B::Weight,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    bq: Option<B::Weight>,
+    bk: Option<B::Weight>,
+    bv: Option<B::Weight>,
+    wo: B::Weight,
+    ffn_norm: B::Weight,
+    w_gate: B::Weight,
+    w_up: B::Weight,
+    w_down: B::Weight,
+}
+
+/// A model's weights on a backend.
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    embed: B::Weight,
+    /// `None` with tied embeddings: the embedding table is the output matrix.
+    output: Option<B::Weight>,
+    output_norm: B::Weight,
+    layers: Vec<LayerWeights<B>>,
+    inv_freq: B::Tensor,
+    /// Bytes of weights read per decoded token (for bandwidth figures).
+    pub weight_bytes: usize,
+}
+
+/// Weights are uploaded one tensor at a time; the callback sees (done, total) bytes.
+pub type Progress<'a> = &'a mut dyn FnMut(usize, usize);
+
+impl<B: Backend> Model<B> {
+    pub fn load(backend: &B, files: &ModelFiles, progress: Progress<'_>) -> Result<Self> {
+        let cfg = files.config.clone();
+        let total = files.tensors.total_bytes();
+        let mut done = 0usize;
+        let mut weight_bytes = 0usize;
+        let mut get = |name: &str, is_vector: bool| -> Result<B::Weight> {
+            let view = files
+                .tensors
+                .view(name)
+                .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))?;
+            done += view.data.len();
+            weight_bytes += view.data.len();
+            progress(done, total);
+            upload(backend, view, is_vector, name)
+        };
+        let embed = get("token_embd.weight", false)?;
+        let output_norm = get("output_norm.weight", true)?;
+        let output = if cfg.tied_embeddings {
+            None
+        } else {
+            Some(get("output.weight", false)?)
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let bias = |get: &mut dyn FnMut(&str, bool) -> Result<B::Weight>, s: &str| {
+                if cfg.qkv_bias {
+                    get(&n(s), true).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: get(&n("attn_norm.weight"), true)?,
+                wq: get(&n("attn_q.weight"), false)?,
+                wk: get(&n("attn_k.weight"), false)?,
+                wv: get(&n("attn_v.weight"), false)?,
+                bq: bias(&mut get, "attn_q.bias")?,
+                bk: bias(&mut get, "attn_k.bias")?,
+                bv: bias(&mut get, "attn_v.bias")?,
+                wo: get(&n("attn_output.weight"), false)?,
+                ffn_norm: get(&n("ffn_norm.weight"), true)?,
+                w_gate: get(&n("ffn_gate.weight"), false)?,
+                w_up: get(&n("ffn_up.weight"), false)?,
+                w_down: get(&n("ffn_down.weight"), false)?,
+            });
+        }
+        // The embedding table is read one row per token; only as the tied output matrix does all of it count.
+        let embed_bytes = files.tensors.info("token_embd.weight").map_or(0, |t| t.len);
+        if !cfg.tied_embeddings {
+            weight_bytes -= embed_bytes;
+        }
+        let inv_freq = backend.upload(&cfg.inv_freq())?;
+        Ok(Self {
+            config: cfg,
+            embed,
+            output,
+            output_norm,
+            layers,
+            inv_freq,
+            weight_bytes,
+        })
+    }
+
+    /// Runs `batch` through the model, writing its K/V into `kv` (one cache
+    /// per layer), and returns the logits of `batch.logit_rows` as a
+    /// `[logit_rows, vocab]` tensor on the device.
+    pub fn forward(
+        &self,
+        backend: &B,
+        batch: &ForwardBatch,
+        kv: &mut [B::KvCache],
+    ) -> Result<B::Tensor> {
+        let cfg = &self.config;
+        let rows = batch.rows();
+        if rows == 0 {
+            return Err(Error::InvalidRequest("empty batch".into()));
+        }
+        if kv.len() != cfg.num_layers {
+            return Err(Error::InvalidRequest(format!(
+                "{} KV caches for {} layers",
+                kv.len(),
+                cfg.num_layers
+            )));
+        }
+        let (dim, q_dim, kv_dim, ffn) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let tokens = backend.upload_indices(&batch.tokens)?;
+        let positions = backend.upload_indices(&batch.positions)?;
+        let row_seq = backend.upload_indices(&batch.row_seq)?;
+        let slots = backend.upload_indices(&batch.slots)?;
+        let block_tables = backend.upload_indices(&batch.block_tables)?;
+
+        let mut residual = backend.alloc(rows * dim)?;
+        let mut normed = backend.alloc(rows * dim)?;
+        let mut q = backend.alloc(rows * q_dim)?;
+        let mut k = backend.alloc(rows * kv_dim)?;
+        let mut v = backend.alloc(rows * kv_dim)?;
+        let mut attn = backend.alloc(rows * q_dim)?;
+        let mut delta = backend.alloc(rows * dim)?;
+        let mut gate = backend.alloc(rows * ffn)?;
+        let mut up = backend.alloc(rows * ffn)?;
+        let mut act = backend.alloc(rows * ffn)?;
+
+        let norm = RmsNormParams {
+            rows,
+            dim,
+            eps: cfg.rms_eps,
+        };
+        let mm = MatmulParams { rows };
+        let rope = |heads| RopeParams {
+            rows,
+            heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim,
+            style: cfg.rope_style,
+        };
+        let attn_params = AttentionParams {
+            rows,
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            block_size: batch.block_size,
+            max_blocks_per_seq: batch.max_blocks_per_seq,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            sliding_window: cfg.sliding_window,
+        };
+
+        backend.embedding(&self.embed, &tokens, rows, &mut residual)?;
+        for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
+            if i == 0 {
+                backend.rms_norm(&residual, &layer.attn_norm, norm, &mut normed)?;
+            } else {
+                backend.rms_norm_residual(
+                    &mut residual,
+                    &delta,
+                    &layer.attn_norm,
+                    norm,
+                    &mut normed,
+                )?;
+            }
+            backend.matmul(&normed, &layer.wq, layer.bq.as_ref(), mm, &mut q)?;
+            backend.matmul(&normed, &layer.wk, layer.bk.as_ref(), mm, &mut k)?;
+            backend.matmul(&normed, &layer.wv, layer.bv.as_ref(), mm, &mut v)?;
+            backend.rope(&mut q, &positions, &self.inv_freq, rope(cfg.num_heads))?;
+            backend.rope(&mut k, &positions, &self.inv_freq, rope(cfg.num_kv_heads))?;
+            backend.paged_kv_write(&k, &v, &slots, rows, cache)?;
+            let idx = AttentionIndices::<B> {
+                row_seq: &row_seq,
+                positions: &positions,
+                block_tables: &block_tables,
+            };
+            backend.paged_attention(&q, cache, idx, attn_params, &mut attn)?;
+            backend.matmul(&attn, &layer.wo, None, mm, &mut delta)?;
+            backend.rms_norm_residual(&mut residual, &delta, &layer.ffn_norm, norm, &mut normed)?;
+            backend.matmul(&normed, &layer.w_gate, None, mm, &mut gate)?;
+            backend.matmul(&normed, &layer.w_up, None, mm, &mut up)?;
+            backend.swiglu(&gate, &up, rows * ffn, &mut act)?;
+            backend.matmul(&act, &layer.w_down, None, mm, &mut delta)?;
+        }
+        let n_logits = batch.logit_rows.len();
+        let mut final_normed = backend.alloc(n_logits.max(1) * dim)?;
+        backend.rms_norm_residual(&mut residual, &delta, &self.output_norm, norm, &mut normed)?;
+        let logit_rows = backend.upload_indices(&batch.logit_rows)?;
+        backend.gather_rows(&normed, &logit_rows, n_logits, dim, &mut final_normed)?;
+        let mut logits = backend.alloc(n_logits.max(1) * cfg.vocab_size)?;
+        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        backend.matmul(
+            &final_normed,
+            out_w,
+            None,
+            MatmulParams { rows: n_logits },
+            &mut logits,
+        )?;
+        Ok(logits)
+    }
+}
+
+/// Puts a weight on the backend. Norm and bias vectors are converted to F32
+/// on the host (kernels take them as f32); matrices keep their format.
+fn upload<B: Backend>(
+    backend: &B,
+    view: WeightView<'_>,
+    is_vector: bool,
+    name: &str,
+) -> Result<B::Weight> {
+    if is_vector {
+        let data: Cow<[u8]> = if view.format == WeightFormat::F32 {
+            Cow::Borrowed(view.data)
+        } else {
+            Cow::Owned(view.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect())
+        };
+        let cols = view.rows * view.cols;
+        return backend.upload_weight(WeightView {
+            format: WeightFormat::F32,
+            rows: 1,
+            cols,
+            data: &data,
+        });
+    }
+    if !backend.supports_format(view.format) {
+        return Err(Error::Unsupported(format!(
+            "{name}: backend {} cannot multiply {} weights",
+            backend.info().name,
+            view.format
+        )));
+    }
+    backend.upload_weight(view)
+}

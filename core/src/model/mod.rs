@@ -14,6 +14,7 @@ pub mod config;
 pub mod forward;
 pub mod gguf;
 pub mod safetensors;
+pub mod synthetic;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -132,6 +133,74 @@ impl TensorStore {
     pub fn total_bytes(&self) -> usize {
         self.tensors.iter().map(|t| t.len).sum()
     }
+}
+
+/// Checks that every tensor `config` needs is in `tensors`, with the expected
+/// shape (innermost first) and a format the forward pass reads; the error
+/// names the tensor. Both file formats share it.
+pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -> Result<()> {
+    let (hidden, q_dim, kv_dim) = (config.hidden_size, config.q_dim(), config.kv_dim());
+    let (ffn, vocab) = (config.intermediate_size, config.vocab_size);
+    let mut expected = vec![
+        ("token_embd.weight".to_string(), vec![hidden, vocab]),
+        ("output_norm.weight".to_string(), vec![hidden]),
+    ];
+    if !config.tied_embeddings {
+        expected.push(("output.weight".to_string(), vec![hidden, vocab]));
+    }
+    for layer in 0..config.num_layers {
+        let name = |tensor: &str| format!("blk.{layer}.{tensor}");
+        expected.extend([
+            (name("attn_norm.weight"), vec![hidden]),
+            (name("attn_q.weight"), vec![hidden, q_dim]),
+            (name("attn_k.weight"), vec![hidden, kv_dim]),
+            (name("attn_v.weight"), vec![hidden, kv_dim]),
+            (name("attn_output.weight"), vec![q_dim, hidden]),
+            (name("ffn_norm.weight"), vec![hidden]),
+            (name("ffn_gate.weight"), vec![hidden, ffn]),
+            (name("ffn_up.weight"), vec![hidden, ffn]),
+            (name("ffn_down.weight"), vec![ffn, hidden]),
+        ]);
+        if config.qkv_bias {
+            expected.extend([
+                (name("attn_q.bias"), vec![q_dim]),
+                (name("attn_k.bias"), vec![kv_dim]),
+                (name("attn_v.bias"), vec![kv_dim]),
+            ]);
+        }
+    }
+    // A vector stored as `[n, 1]` is the same tensor as `[n]`.
+    let significant = |shape: &[usize]| -> Vec<usize> {
+        let keep = shape.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+        shape[..keep].to_vec()
+    };
+    for (name, shape) in expected {
+        let info = tensors.info(&name).ok_or_else(|| {
+            Error::bad_file(
+                path,
+                format!("missing tensor '{name}' (expected shape {shape:?})"),
+            )
+        })?;
+        if significant(&info.shape) != significant(&shape) {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "tensor '{name}' has shape {:?}, expected {shape:?} (innermost dimension first)",
+                    info.shape
+                ),
+            ));
+        }
+        if shape.len() == 1 && info.format.is_quantized() {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "tensor '{name}' is {}; vectors must be F32, F16 or BF16",
+                    info.format
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A model as read from disk, before it is put on a backend.

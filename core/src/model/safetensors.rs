@@ -1,10 +1,991 @@
-//! Hugging Face directory loader. (Being written: see the helper's task.)
+//! Hugging Face checkpoints: the safetensors reader and writer, and the loader
+//! of a model directory (`config.json`, `model.safetensors` or the shards that
+//! `model.safetensors.index.json` lists, `tokenizer.json`).
+//!
+//! A safetensors file is an 8-byte little-endian header length, that many
+//! bytes of JSON, then the data. The JSON maps each tensor name to `{"dtype",
+//! "shape", "data_offsets": [begin, end]}` (offsets relative to the start of
+//! the data, shape outermost first) and may hold a `__metadata__` map of
+//! strings. As with GGUF, the reader checks the header length and every range
+//! against the file before using it.
+//!
+//! Hugging Face names (`model.layers.N.self_attn.q_proj.weight`) become the
+//! canonical GGUF names (`blk.N.attn_q.weight`) and shapes are reversed to
+//! innermost first. The checkpoints keep Q/K rows in their original order, so
+//! RoPE rotates halves ([`RopeStyle::NeoX`]).
+
+// The directory loader needs a file system; in the browser only the parser,
+// the writer and the name mapping are used.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code, unused_imports))]
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
-use super::ModelFiles;
-use crate::Result;
+use serde::Deserialize;
+use serde_json::Value;
 
+use super::config::{ModelConfig, RopeScaling};
+use super::{check_tensors, Bytes, ModelFiles, TensorInfo, TensorStore};
+use crate::backend::RopeStyle;
+use crate::quant::WeightFormat;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// A parsed safetensors file.
+pub struct SafetensorsFile {
+    /// Names as in the file; shapes innermost first; offsets absolute and in
+    /// bounds; `file` is 0.
+    pub tensors: Vec<TensorInfo>,
+    /// The header's `__metadata__` entries.
+    pub metadata: Vec<(String, String)>,
+    pub bytes: Arc<Bytes>,
+}
+
+/// Builds a safetensors file in memory.
+#[derive(Default)]
+pub struct SafetensorsWriter {
+    tensors: Vec<PendingTensor>,
+    metadata: BTreeMap<String, String>,
+}
+
+struct PendingTensor {
+    name: String,
+    format: WeightFormat,
+    /// Outermost first, as safetensors stores it.
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+/// The fields of `config.json` Tandem reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<HfRopeScaling>,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    sliding_window: Option<usize>,
+    /// Qwen2 configs carry a `sliding_window` size that only applies when this is set.
+    use_sliding_window: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct HfRopeScaling {
+    rope_type: Option<String>,
+    /// Older configs name the kind `type`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct HeaderEntry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: [u64; 2],
+}
+
+const METADATA_KEY: &str = "__metadata__";
+/// The reference implementation's limit; a larger header is corrupt.
+const MAX_HEADER_BYTES: u64 = 100 << 20;
+/// Weight tensors of the models Tandem runs have at most two dimensions; GGUF allows four.
+const MAX_DIMS: usize = 4;
+const CONFIG_FILE: &str = "config.json";
+const SINGLE_FILE: &str = "model.safetensors";
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const TOKENIZER_FILE: &str = "tokenizer.json";
+
+fn dtype_format(dtype: &str) -> Option<WeightFormat> {
+    match dtype {
+        "F32" => Some(WeightFormat::F32),
+        "F16" => Some(WeightFormat::F16),
+        "BF16" => Some(WeightFormat::BF16),
+        _ => None,
+    }
+}
+
+impl SafetensorsFile {
+    /// Memory-maps and parses `path`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::parse(Arc::new(Bytes::map(path)?), path)
+    }
+
+    /// Parses a whole file held in `bytes`; `path` only names it in errors.
+    pub fn parse(bytes: Arc<Bytes>, path: &Path) -> Result<Self> {
+        let bad = |reason: String| Error::bad_file(path, reason);
+        let file_len = bytes.len();
+        let header_len = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| {
+                bad(format!(
+                    "truncated: {file_len} bytes is too short for a safetensors header"
+                ))
+            })?;
+        if header_len > MAX_HEADER_BYTES {
+            return Err(bad(format!(
+                "header length {header_len} exceeds {MAX_HEADER_BYTES} bytes: not a safetensors file"
+            )));
+        }
+        let data_start = 8 + header_len as usize;
+        if data_start > file_len {
+            return Err(bad(format!(
+                "truncated: header length {header_len} runs past the end of the file (size {file_len} bytes)"
+            )));
+        }
+        let header: serde_json::Map<String, Value> = bytes
+            .get(8..data_start)
+            .ok_or_else(|| bad("header lies outside the file".into()))
+            .and_then(|json| {
+                serde_json::from_slice(json)
+                    .map_err(|e| bad(format!("header is not a JSON object: {e}")))
+            })?;
+        let data_len = (file_len - data_start) as u64;
+        let mut tensors = Vec::with_capacity(header.len());
+        let mut metadata = Vec::new();
+        for (name, value) in header {
+            if name == METADATA_KEY {
+                metadata = parse_metadata(value).map_err(&bad)?;
+                continue;
+            }
+            let entry: HeaderEntry = serde_json::from_value(value)
+                .map_err(|e| bad(format!("tensor '{name}': malformed header entry: {e}")))?;
+            tensors.push(check_entry(name, entry, data_start, data_len).map_err(&bad)?);
+        }
+        Ok(SafetensorsFile {
+            tensors,
+            metadata,
+            bytes,
+        })
+    }
+}
+
+fn parse_metadata(value: Value) -> std::result::Result<Vec<(String, String)>, String> {
+    let Value::Object(map) = value else {
+        return Err(format!("{METADATA_KEY} is not a JSON object"));
+    };
+    map.into_iter()
+        .map(|(key, value)| match value {
+            Value::String(s) => Ok((key, s)),
+            other => Err(format!(
+                "{METADATA_KEY} entry '{key}' is {other}, not a string"
+            )),
+        })
+        .collect()
+}
+
+/// Checks one header entry's dtype, shape and data range.
+fn check_entry(
+    name: String,
+    entry: HeaderEntry,
+    data_start: usize,
+    data_len: u64,
+) -> std::result::Result<TensorInfo, String> {
+    let HeaderEntry {
+        dtype,
+        shape,
+        data_offsets: [begin, end],
+    } = entry;
+    let format = dtype_format(&dtype).ok_or_else(|| {
+        format!("tensor '{name}' has dtype {dtype}, which Tandem does not read (F32, F16, BF16)")
+    })?;
+    if shape.len() > MAX_DIMS {
+        return Err(format!(
+            "tensor '{name}' has {} dimensions (at most {MAX_DIMS})",
+            shape.len()
+        ));
+    }
+    // `TensorInfo::rows()` multiplies all but one dimension, so even with a
+    // zero among them the product of the others must fit a usize.
+    let nonzero_product = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
+        .filter(|&p| usize::try_from(p).is_ok());
+    let elems = nonzero_product.map(|p| if shape.contains(&0) { 0 } else { p });
+    let len = elems
+        .and_then(|elems| format.bytes_for(elems))
+        .ok_or_else(|| format!("tensor '{name}' has absurd shape {shape:?}: its size overflows"))?;
+    if begin > end || end > data_len {
+        return Err(format!(
+            "tensor '{name}' data_offsets [{begin}, {end}] run past the end of the data \
+             ({data_len} bytes): the file is truncated or corrupt"
+        ));
+    }
+    if end - begin != len {
+        return Err(format!(
+            "tensor '{name}' ({dtype}, shape {shape:?}) needs {len} bytes, but its data_offsets span {}",
+            end - begin
+        ));
+    }
+    // Each dimension is at most `nonzero_product` and the range lies inside
+    // the file, so all of them fit a usize.
+    Ok(TensorInfo {
+        name,
+        format,
+        shape: shape.iter().rev().map(|&d| d as usize).collect(),
+        file: 0,
+        offset: data_start + begin as usize,
+        len: len as usize,
+    })
+}
+
+impl SafetensorsWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) a `__metadata__` entry.
+    pub fn add_metadata(&mut self, key: &str, value: &str) {
+        self.metadata.insert(key.to_string(), value.to_string());
+    }
+
+    /// Adds a tensor of `shape`, outermost first as safetensors stores it
+    /// (`[rows, cols]` for a matrix), in F32, F16 or BF16.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        format: WeightFormat,
+        shape: &[usize],
+        data: Vec<u8>,
+    ) -> Result<()> {
+        let invalid = |reason: String| {
+            Err(Error::InvalidRequest(format!(
+                "safetensors tensor '{name}': {reason}"
+            )))
+        };
+        if name == METADATA_KEY || self.tensors.iter().any(|t| t.name == name) {
+            return invalid("name is reserved or already used".into());
+        }
+        if format.is_quantized() {
+            return invalid(format!("safetensors cannot hold {format}"));
+        }
+        let expected = shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+            .and_then(|elems| format.bytes_for(elems));
+        if expected != Some(data.len() as u64) {
+            return invalid(format!(
+                "{} bytes of data, but shape {shape:?} in {format} needs {expected:?}",
+                data.len()
+            ));
+        }
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            format,
+            shape: shape.to_vec(),
+            data,
+        });
+        Ok(())
+    }
+
+    /// The whole file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut header = serde_json::Map::new();
+        if !self.metadata.is_empty() {
+            let metadata = self
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            header.insert(METADATA_KEY.to_string(), Value::Object(metadata));
+        }
+        let mut offset = 0usize;
+        for tensor in &self.tensors {
+            let end = offset + tensor.data.len();
+            header.insert(
+                tensor.name.clone(),
+                serde_json::json!({
+                    "dtype": tensor.format.name(),
+                    "shape": tensor.shape,
+                    "data_offsets": [offset, end],
+                }),
+            );
+            offset = end;
+        }
+        let mut json = Value::Object(header).to_string().into_bytes();
+        // The reference writer pads the header with spaces so the data starts 8-byte aligned.
+        json.resize(json.len().next_multiple_of(8), b' ');
+        let mut out = Vec::with_capacity(8 + json.len() + offset);
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&json);
+        for tensor in &self.tensors {
+            out.extend_from_slice(&tensor.data);
+        }
+        out
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_bytes()).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+/// The canonical (GGUF) name of a Hugging Face Llama-family tensor, or `None`
+/// for a tensor the model does not use (such as a stored `rotary_emb.inv_freq`).
+pub fn canonical_name(hf_name: &str) -> Option<String> {
+    if let Some((_, canonical)) = HF_GLOBAL_NAMES.iter().find(|(hf, _)| *hf == hf_name) {
+        return Some(canonical.to_string());
+    }
+    let (layer, rest) = hf_name.strip_prefix("model.layers.")?.split_once('.')?;
+    if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (module, kind) = rest.rsplit_once('.')?;
+    let (_, module) = HF_LAYER_MODULES.iter().find(|(hf, _)| *hf == module)?;
+    matches!(kind, "weight" | "bias").then(|| format!("blk.{layer}.{module}.{kind}"))
+}
+
+/// The Hugging Face name of a canonical tensor name (the inverse of [`canonical_name`]).
+pub fn hf_name(canonical: &str) -> Option<String> {
+    if let Some((hf, _)) = HF_GLOBAL_NAMES.iter().find(|(_, c)| *c == canonical) {
+        return Some(hf.to_string());
+    }
+    let (layer, rest) = canonical.strip_prefix("blk.")?.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let (hf, _) = HF_LAYER_MODULES.iter().find(|(_, c)| *c == module)?;
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
+}
+
+/// `(Hugging Face name, canonical name)` of the tensors outside the layers.
+const HF_GLOBAL_NAMES: [(&str, &str); 3] = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// `(Hugging Face module, canonical module)` inside each layer.
+const HF_LAYER_MODULES: [(&str, &str); 9] = [
+    ("input_layernorm", "attn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+/// Loads a Hugging Face model directory.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn load_hf_dir(dir: &Path) -> Result<ModelFiles> {
-    let _ = dir;
-    todo!()
+    let config_path = dir.join(CONFIG_FILE);
+    if !config_path.is_file() {
+        return Err(Error::bad_file(
+            dir,
+            format!("no {CONFIG_FILE} in the model directory"),
+        ));
+    }
+    let config_text = std::fs::read_to_string(&config_path).map_err(|source| Error::Io {
+        path: config_path.clone(),
+        source,
+    })?;
+    let hf_config: HfConfig = serde_json::from_str(&config_text)
+        .map_err(|e| Error::bad_file(&config_path, e.to_string()))?;
+
+    let mut tensors = TensorStore::default();
+    let mut file_metadata = Vec::new();
+    for shard in weight_files(dir)? {
+        let path = dir.join(&shard);
+        let file = SafetensorsFile::open(&path)?;
+        let index = tensors.add_file(file.bytes.clone());
+        for info in file.tensors {
+            let Some(name) = canonical_name(&info.name) else {
+                continue;
+            };
+            if tensors.info(&name).is_some() {
+                return Err(Error::bad_file(
+                    &path,
+                    format!("tensor '{}' appears in more than one file", info.name),
+                ));
+            }
+            tensors.insert(TensorInfo {
+                name,
+                file: index,
+                ..info
+            });
+        }
+        file_metadata.extend(
+            file.metadata
+                .into_iter()
+                .map(|(k, v)| (format!("{shard}: {k}"), v)),
+        );
+    }
+
+    let config = config_from_hf(&hf_config, &tensors, &config_path)?;
+    config.validate().map_err(|e| match e {
+        Error::Unsupported(reason) => {
+            Error::bad_file(&config_path, format!("bad model configuration: {reason}"))
+        }
+        other => other,
+    })?;
+    check_tensors(&config, &tensors, dir)?;
+    if !dir.join(TOKENIZER_FILE).is_file() {
+        return Err(Error::bad_file(
+            dir,
+            format!("no {TOKENIZER_FILE} in the model directory"),
+        ));
+    }
+    let tokenizer = Tokenizer::from_hf_dir(dir)?;
+    let mut metadata = config_metadata(&config_text);
+    metadata.extend(file_metadata);
+    Ok(ModelFiles {
+        path: dir.to_path_buf(),
+        config,
+        tensors,
+        tokenizer,
+        metadata,
+    })
+}
+
+/// The safetensors files of a directory: the shards its index lists, or `model.safetensors`.
+#[cfg(not(target_arch = "wasm32"))]
+fn weight_files(dir: &Path) -> Result<Vec<String>> {
+    let index_path = dir.join(INDEX_FILE);
+    if !index_path.is_file() {
+        if dir.join(SINGLE_FILE).is_file() {
+            return Ok(vec![SINGLE_FILE.to_string()]);
+        }
+        return Err(Error::bad_file(
+            dir,
+            format!("no {SINGLE_FILE} or {INDEX_FILE} in the model directory"),
+        ));
+    }
+    let text = std::fs::read_to_string(&index_path).map_err(|source| Error::Io {
+        path: index_path.clone(),
+        source,
+    })?;
+    let index: ShardIndex =
+        serde_json::from_str(&text).map_err(|e| Error::bad_file(&index_path, e.to_string()))?;
+    let shards: BTreeSet<String> = index.weight_map.into_values().collect();
+    // A shard name is a file beside the index, never a path out of the directory.
+    if let Some(bad) = shards
+        .iter()
+        .find(|s| s.is_empty() || s.contains(['/', '\\']) || s.as_str() == "..")
+    {
+        return Err(Error::bad_file(
+            &index_path,
+            format!("shard name '{bad}' is not a file name in the model directory"),
+        ));
+    }
+    Ok(shards.into_iter().collect())
+}
+
+fn config_from_hf(hf: &HfConfig, tensors: &TensorStore, config_path: &Path) -> Result<ModelConfig> {
+    let architecture = hf.architectures.first().map(String::as_str);
+    let arch = match architecture {
+        Some("LlamaForCausalLM") => "llama",
+        Some("MistralForCausalLM") => "mistral",
+        Some("Qwen2ForCausalLM") => "qwen2",
+        other => {
+            return Err(Error::Unsupported(format!(
+                "{}: architecture {other:?} (Tandem runs LlamaForCausalLM, \
+                 MistralForCausalLM and Qwen2ForCausalLM)",
+                config_path.display()
+            )))
+        }
+    };
+    let head_dim = match hf.head_dim {
+        Some(d) => d,
+        None => hf
+            .hidden_size
+            .checked_div(hf.num_attention_heads)
+            .unwrap_or(0),
+    };
+    let sliding_window = match hf.use_sliding_window {
+        Some(false) => None,
+        _ => hf.sliding_window,
+    };
+    Ok(ModelConfig {
+        arch: arch.to_string(),
+        vocab_size: hf.vocab_size,
+        hidden_size: hf.hidden_size,
+        intermediate_size: hf.intermediate_size,
+        num_layers: hf.num_hidden_layers,
+        num_heads: hf.num_attention_heads,
+        num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+        head_dim,
+        rotary_dim: head_dim,
+        rms_eps: hf.rms_norm_eps.unwrap_or(1e-6),
+        rope_theta: hf.rope_theta.unwrap_or(10000.0),
+        rope_scaling: rope_scaling(hf.rope_scaling.as_ref(), config_path)?,
+        rope_style: RopeStyle::NeoX,
+        max_context: hf.max_position_embeddings,
+        // Some checkpoints with tied embeddings still ship a copy as `lm_head.weight`; use it then.
+        tied_embeddings: hf.tie_word_embeddings && tensors.info("output.weight").is_none(),
+        qkv_bias: tensors.info("blk.0.attn_q.bias").is_some(),
+        sliding_window,
+    })
+}
+
+fn rope_scaling(scaling: Option<&HfRopeScaling>, config_path: &Path) -> Result<RopeScaling> {
+    let Some(scaling) = scaling else {
+        return Ok(RopeScaling::None);
+    };
+    let field = |name: &str, value: Option<f32>| {
+        value.filter(|v| *v > 0.0).ok_or_else(|| {
+            Error::bad_file(
+                config_path,
+                format!("rope_scaling.{name} is missing or not positive"),
+            )
+        })
+    };
+    match scaling.rope_type.as_deref().or(scaling.kind.as_deref()) {
+        None | Some("default") => Ok(RopeScaling::None),
+        Some("linear") => Ok(RopeScaling::Linear {
+            factor: field("factor", scaling.factor)?,
+        }),
+        Some("llama3") => Ok(RopeScaling::Llama3 {
+            factor: field("factor", scaling.factor)?,
+            low_freq_factor: field("low_freq_factor", scaling.low_freq_factor)?,
+            high_freq_factor: field("high_freq_factor", scaling.high_freq_factor)?,
+            original_max_position: scaling
+                .original_max_position_embeddings
+                .filter(|&p| p > 0)
+                .ok_or_else(|| {
+                    Error::bad_file(
+                        config_path,
+                        "rope_scaling.original_max_position_embeddings is missing or zero",
+                    )
+                })?,
+        }),
+        Some(other) => Err(Error::Unsupported(format!(
+            "{}: rope_scaling type '{other}' (Tandem supports linear and llama3)",
+            config_path.display()
+        ))),
+    }
+}
+
+/// `config.json`'s scalar fields, for `inspect`.
+fn config_metadata(config_text: &str) -> Vec<(String, String)> {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(config_text) else {
+        return Vec::new();
+    };
+    fields
+        .into_iter()
+        .filter_map(|(key, value)| match value {
+            Value::String(s) => Some((key, s)),
+            Value::Number(_) | Value::Bool(_) => Some((key, value.to_string())),
+            Value::Array(items) if items.iter().all(Value::is_string) => {
+                let names: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+                Some((key, names.join(", ")))
+            }
+            Value::Object(_) if key == "rope_scaling" => Some((key, value.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::quant::quantize_row;
+
+    fn parse(bytes: Vec<u8>) -> Result<SafetensorsFile> {
+        SafetensorsFile::parse(Arc::new(Bytes::Owned(bytes)), Path::new("test.safetensors"))
+    }
+
+    fn parse_error(bytes: Vec<u8>) -> String {
+        match parse(bytes) {
+            Err(e @ Error::BadModelFile { .. }) => e.to_string(),
+            Err(other) => panic!("expected a BadModelFile error, got {other}"),
+            Ok(_) => panic!("parsed a bad file"),
+        }
+    }
+
+    /// A file with `header` as its JSON and `data_len` zero bytes of data.
+    fn raw_file(header: &str, data_len: usize) -> Vec<u8> {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data_len, 0);
+        bytes
+    }
+
+    fn test_values(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 5 % 17) as f32 - 8.0) / 4.0).collect()
+    }
+
+    #[test]
+    fn round_trip_keeps_tensors_and_metadata() {
+        let mut w = SafetensorsWriter::new();
+        w.add_metadata("format", "pt");
+        let mut written = Vec::new();
+        for (format, shape) in [
+            (WeightFormat::F32, vec![2, 3]),
+            (WeightFormat::F16, vec![5]),
+            (WeightFormat::BF16, vec![2, 2, 2]),
+        ] {
+            let data = quantize_row(format, &test_values(shape.iter().product()));
+            let name = format!("w.{format}");
+            w.add_tensor(&name, format, &shape, data.clone()).unwrap();
+            written.push((name, format, shape, data));
+        }
+        assert!(w
+            .add_tensor("q", WeightFormat::Q8_0, &[32], vec![0; 34])
+            .is_err());
+        assert!(w
+            .add_tensor("short", WeightFormat::F32, &[2], vec![0; 4])
+            .is_err());
+        let bytes = w.to_bytes();
+        assert_eq!(u64::from_le_bytes(bytes[..8].try_into().unwrap()) % 8, 0);
+        let file = parse(bytes).unwrap();
+        assert_eq!(
+            file.metadata,
+            vec![("format".to_string(), "pt".to_string())]
+        );
+        assert_eq!(file.tensors.len(), 3);
+        for (name, format, shape, data) in written {
+            let info = file.tensors.iter().find(|t| t.name == name).unwrap();
+            assert_eq!(info.format, format);
+            let innermost_first: Vec<usize> = shape.iter().rev().copied().collect();
+            assert_eq!(info.shape, innermost_first);
+            assert_eq!(
+                &file.bytes[info.offset..info.offset + info.len],
+                data.as_slice()
+            );
+        }
+    }
+
+    #[test]
+    fn bad_header_length_is_named() {
+        let message = parse_error(vec![1, 2, 3]);
+        assert!(message.contains("3 bytes is too short"), "{message}");
+        let mut bytes = raw_file("{}", 0);
+        bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let message = parse_error(bytes.clone());
+        assert!(
+            message.contains("header length 18446744073709551615 exceeds"),
+            "{message}"
+        );
+        bytes[..8].copy_from_slice(&1000u64.to_le_bytes());
+        let message = parse_error(bytes);
+        assert!(
+            message.contains(
+                "truncated: header length 1000 runs past the end of the file (size 10 bytes)"
+            ),
+            "{message}"
+        );
+        let message = parse_error(raw_file("[1, 2]", 0));
+        assert!(message.contains("header is not a JSON object"), "{message}");
+    }
+
+    #[test]
+    fn offsets_past_the_end_are_named() {
+        let header = r#"{"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}}"#;
+        assert!(parse(raw_file(header, 32)).is_ok());
+        let message = parse_error(raw_file(header, 31));
+        assert!(
+            message.contains(
+                "tensor 'w' data_offsets [16, 32] run past the end of the data (31 bytes)"
+            ),
+            "{message}"
+        );
+        let header = r#"{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}"#;
+        let message = parse_error(raw_file(header, 8));
+        assert!(
+            message.contains("needs 16 bytes, but its data_offsets span 8"),
+            "{message}"
+        );
+        let header = r#"{"w": {"dtype": "F32", "shape": [1099511627776, 1099511627776, 1099511627776], "data_offsets": [0, 8]}}"#;
+        let message = parse_error(raw_file(header, 8));
+        assert!(message.contains("absurd shape"), "{message}");
+    }
+
+    #[test]
+    fn unsupported_dtype_is_named() {
+        let header = r#"{"ids": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}}"#;
+        let message = parse_error(raw_file(header, 16));
+        assert!(message.contains("tensor 'ids' has dtype I64"), "{message}");
+        let header = r#"{"w": {"dtype": "F32", "shape": [2]}}"#;
+        let message = parse_error(raw_file(header, 8));
+        assert!(
+            message.contains("tensor 'w': malformed header entry"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn hugging_face_names_map_to_canonical_ones() {
+        let cases = [
+            ("model.embed_tokens.weight", Some("token_embd.weight")),
+            ("model.norm.weight", Some("output_norm.weight")),
+            ("lm_head.weight", Some("output.weight")),
+            (
+                "model.layers.0.input_layernorm.weight",
+                Some("blk.0.attn_norm.weight"),
+            ),
+            (
+                "model.layers.3.self_attn.q_proj.weight",
+                Some("blk.3.attn_q.weight"),
+            ),
+            (
+                "model.layers.3.self_attn.q_proj.bias",
+                Some("blk.3.attn_q.bias"),
+            ),
+            (
+                "model.layers.12.self_attn.k_proj.bias",
+                Some("blk.12.attn_k.bias"),
+            ),
+            (
+                "model.layers.1.self_attn.v_proj.weight",
+                Some("blk.1.attn_v.weight"),
+            ),
+            (
+                "model.layers.1.self_attn.o_proj.weight",
+                Some("blk.1.attn_output.weight"),
+            ),
+            (
+                "model.layers.1.post_attention_layernorm.weight",
+                Some("blk.1.ffn_norm.weight"),
+            ),
+            (
+                "model.layers.1.mlp.gate_proj.weight",
+                Some("blk.1.ffn_gate.weight"),
+            ),
+            (
+                "model.layers.1.mlp.up_proj.weight",
+                Some("blk.1.ffn_up.weight"),
+            ),
+            (
+                "model.layers.1.mlp.down_proj.weight",
+                Some("blk.1.ffn_down.weight"),
+            ),
+            ("model.layers.1.self_attn.rotary_emb.inv_freq", None),
+            ("model.layers.x.mlp.up_proj.weight", None),
+            ("model.layers.1.mlp.up_proj.scales", None),
+            ("model.layers..mlp.up_proj.weight", None),
+        ];
+        for (hf, canonical) in cases {
+            assert_eq!(canonical_name(hf).as_deref(), canonical, "{hf}");
+        }
+    }
+
+    /// A directory removed when the test ends.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("tandem-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn write(&self, file: &str, contents: impl AsRef<[u8]>) {
+            std::fs::write(self.0.join(file), contents).unwrap();
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const HIDDEN: usize = 64;
+    const FFN: usize = 96;
+    const KV_DIM: usize = 32;
+    const VOCAB: usize = 4;
+    const LAYERS: usize = 2;
+
+    const TOKENIZER_JSON: &str = r#"{
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "post_processor": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}, "merges": ["a b"]}
+    }"#;
+
+    fn config_json(extra: &str) -> String {
+        format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "vocab_size": {VOCAB}, "hidden_size": {HIDDEN},
+                "intermediate_size": {FFN}, "num_hidden_layers": {LAYERS}, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "rope_theta": 500000,
+                "max_position_embeddings": 256, "tie_word_embeddings": true{extra}}}"#
+        )
+    }
+
+    /// The tensors of a tiny Llama under Hugging Face names, shapes outermost first.
+    fn hf_tensors() -> Vec<(String, Vec<usize>)> {
+        let mut tensors = vec![
+            ("model.embed_tokens.weight".to_string(), vec![VOCAB, HIDDEN]),
+            ("model.norm.weight".to_string(), vec![HIDDEN]),
+        ];
+        for layer in 0..LAYERS {
+            let name = |t: &str| format!("model.layers.{layer}.{t}.weight");
+            tensors.extend([
+                (name("input_layernorm"), vec![HIDDEN]),
+                (name("self_attn.q_proj"), vec![HIDDEN, HIDDEN]),
+                (name("self_attn.k_proj"), vec![KV_DIM, HIDDEN]),
+                (name("self_attn.v_proj"), vec![KV_DIM, HIDDEN]),
+                (name("self_attn.o_proj"), vec![HIDDEN, HIDDEN]),
+                (name("post_attention_layernorm"), vec![HIDDEN]),
+                (name("mlp.gate_proj"), vec![FFN, HIDDEN]),
+                (name("mlp.up_proj"), vec![FFN, HIDDEN]),
+                (name("mlp.down_proj"), vec![HIDDEN, FFN]),
+            ]);
+        }
+        tensors
+    }
+
+    fn safetensors_bytes(tensors: &[(String, Vec<usize>)]) -> Vec<u8> {
+        let mut w = SafetensorsWriter::new();
+        for (name, shape) in tensors {
+            let data = quantize_row(WeightFormat::BF16, &test_values(shape.iter().product()));
+            w.add_tensor(name, WeightFormat::BF16, shape, data).unwrap();
+        }
+        w.to_bytes()
+    }
+
+    #[test]
+    fn hugging_face_directory_loads() {
+        let dir = TempDir::new("hf-single");
+        let scaling = r#", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#;
+        dir.write(CONFIG_FILE, config_json(scaling));
+        dir.write(SINGLE_FILE, safetensors_bytes(&hf_tensors()));
+        let message = load_hf_dir(&dir.0).err().unwrap().to_string();
+        assert!(
+            message.contains("no tokenizer.json in the model directory"),
+            "{message}"
+        );
+
+        dir.write(TOKENIZER_FILE, TOKENIZER_JSON);
+        let model = load_hf_dir(&dir.0).unwrap();
+        let c = &model.config;
+        assert_eq!(c.arch, "llama");
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (2, 1, 32));
+        assert_eq!((c.rope_theta, c.rope_style), (500000.0, RopeStyle::NeoX));
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192,
+            }
+        );
+        assert!(c.tied_embeddings && !c.qkv_bias);
+        let k = model.tensors.view("blk.1.attn_k.weight").unwrap();
+        assert_eq!(
+            (k.format, k.rows, k.cols),
+            (WeightFormat::BF16, KV_DIM, HIDDEN)
+        );
+        assert!(model
+            .metadata
+            .contains(&("architectures".to_string(), "LlamaForCausalLM".to_string())));
+    }
+
+    #[test]
+    fn sharded_directory_loads_and_checks_tensors() {
+        let dir = TempDir::new("hf-sharded");
+        let untied = config_json("").replace(
+            r#""tie_word_embeddings": true"#,
+            r#""tie_word_embeddings": false"#,
+        );
+        dir.write(CONFIG_FILE, untied);
+        dir.write(TOKENIZER_FILE, TOKENIZER_JSON);
+        let mut tensors = hf_tensors();
+        tensors.push(("lm_head.weight".into(), vec![VOCAB, HIDDEN]));
+        let (first, second) = tensors.split_at(tensors.len() / 2);
+        dir.write("model-00001-of-00002.safetensors", safetensors_bytes(first));
+        dir.write(
+            "model-00002-of-00002.safetensors",
+            safetensors_bytes(second),
+        );
+        let weight_map: serde_json::Map<String, Value> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| {
+                let shard = if i < first.len() { 1 } else { 2 };
+                (
+                    name.clone(),
+                    format!("model-0000{shard}-of-00002.safetensors").into(),
+                )
+            })
+            .collect();
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        dir.write(INDEX_FILE, index.to_string());
+        let model = load_hf_dir(&dir.0).unwrap();
+        assert!(!model.config.tied_embeddings);
+        assert!(model.tensors.info("output.weight").is_some());
+
+        dir.write(
+            "model-00002-of-00002.safetensors",
+            safetensors_bytes(&second[1..]),
+        );
+        let message = load_hf_dir(&dir.0).err().unwrap().to_string();
+        assert!(message.contains("missing tensor 'blk."), "{message}");
+
+        let mut broken = second.to_vec();
+        broken[0].1.reverse();
+        dir.write(
+            "model-00002-of-00002.safetensors",
+            safetensors_bytes(&broken),
+        );
+        let message = load_hf_dir(&dir.0).err().unwrap().to_string();
+        assert!(message.contains("has shape"), "{message}");
+    }
+
+    #[test]
+    fn hugging_face_config_options_are_read() {
+        let tensors = TensorStore::default();
+        let path = Path::new(CONFIG_FILE);
+        let parse = |json: String| -> Result<ModelConfig> {
+            let hf: HfConfig = serde_json::from_str(&json).unwrap();
+            config_from_hf(&hf, &tensors, path)
+        };
+        let qwen = config_json(
+            r#", "sliding_window": 4096, "use_sliding_window": false, "rope_scaling": {"type": "linear", "factor": 2}"#,
+        )
+        .replace("LlamaForCausalLM", "Qwen2ForCausalLM");
+        let c = parse(qwen).unwrap();
+        assert_eq!((c.arch.as_str(), c.sliding_window), ("qwen2", None));
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+
+        let mistral = config_json(r#", "sliding_window": 4096, "head_dim": 16"#)
+            .replace("LlamaForCausalLM", "MistralForCausalLM");
+        let c = parse(mistral).unwrap();
+        assert_eq!(
+            (c.sliding_window, c.head_dim, c.rotary_dim),
+            (Some(4096), 16, 16)
+        );
+
+        let message = parse(config_json("").replace("LlamaForCausalLM", "GemmaForCausalLM"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(message.contains("GemmaForCausalLM"), "{message}");
+        let yarn = config_json(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#);
+        let message = parse(yarn).err().unwrap().to_string();
+        assert!(message.contains("rope_scaling type 'yarn'"), "{message}");
+    }
 }

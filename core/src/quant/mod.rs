@@ -251,7 +251,9 @@ mod tests {
 
     #[test]
     fn round_trip_error_is_within_half_a_step() {
-        let src: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let src: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
         for format in WeightFormat::ALL {
             let bytes = quantize_row(format, &src);
             assert_eq!(bytes.len() as u64, format.bytes_for(96).unwrap());

@@ -1,0 +1,196 @@
+//! Matmul throughput of `CpuBackend` on 2 threads at SmolLM2-135M's shapes
+//! (dim 576, ffn 1536, vocab 49152), against the reference.
+//!
+//! Shapes are written `input × output` (`cols × n`). GEMV (one token, the
+//! decode case) reports weight bytes per second; GEMM (512 tokens, prefill)
+//! reports FLOP/s as "elements"/s (2 per multiply-add). `decode_step` runs
+//! the matmuls of one whole decode token of the Q4_1 model (30 layers plus
+//! the Q8_0 output matrix, about 96 MB, so the weights stream from memory
+//! as in real decoding): its time bounds tokens/s from the matmuls alone.
+//!
+//! Run with `cargo bench -p tandem-cpu --bench matmul -- --quick`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tandem_core::backend::MatmulParams;
+use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
+use tandem_core::Backend;
+use tandem_cpu::{reference, CpuBackend, Tensor, Weight};
+
+const THREADS: usize = 2;
+const PREFILL_TOKENS: usize = 512;
+
+/// Deterministic pseudo-random values in `[-scale, scale)`.
+fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A `cols × n` matrix (`n` rows of `cols`) in `format`, as bytes.
+fn weight_bytes(format: WeightFormat, cols: usize, n: usize, seed: u64) -> Vec<u8> {
+    quantize_row(format, &values(cols * n, seed, 0.05))
+}
+
+fn view(format: WeightFormat, cols: usize, n: usize, bytes: &[u8]) -> WeightView<'_> {
+    WeightView {
+        format,
+        rows: n,
+        cols,
+        data: bytes,
+    }
+}
+
+struct Operands {
+    weight: Weight,
+    x: Tensor,
+    out: Tensor,
+}
+
+fn operands(
+    backend: &CpuBackend,
+    bytes: &[u8],
+    format: WeightFormat,
+    cols: usize,
+    n: usize,
+    tokens: usize,
+) -> Operands {
+    Operands {
+        weight: backend.upload_weight(view(format, cols, n, bytes)).unwrap(),
+        x: backend.upload(&values(tokens * cols, 7, 1.0)).unwrap(),
+        out: backend.alloc(tokens * n).unwrap(),
+    }
+}
+
+fn run(backend: &CpuBackend, ops: &mut Operands, tokens: usize) {
+    backend
+        .matmul(
+            black_box(&ops.x),
+            &ops.weight,
+            None,
+            MatmulParams { rows: tokens },
+            &mut ops.out,
+        )
+        .unwrap();
+}
+
+const FORMATS: [WeightFormat; 2] = [WeightFormat::Q4_1, WeightFormat::Q8_0];
+
+fn gemv(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("gemv");
+    for format in FORMATS {
+        for (cols, n) in [(576, 1536), (1536, 576), (576, 49152)] {
+            let bytes = weight_bytes(format, cols, n, 1);
+            let mut ops = operands(&backend, &bytes, format, cols, n, 1);
+            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            group.bench_function(
+                BenchmarkId::new(format.name(), format!("{cols}x{n}")),
+                |b| b.iter(|| run(&backend, &mut ops, 1)),
+            );
+        }
+    }
+    group.finish();
+}
+
+fn gemm(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("gemm512");
+    for format in FORMATS {
+        for (cols, n) in [(576, 576), (576, 192), (576, 1536), (1536, 576)] {
+            let bytes = weight_bytes(format, cols, n, 2);
+            let mut ops = operands(&backend, &bytes, format, cols, n, PREFILL_TOKENS);
+            group.throughput(Throughput::Elements((2 * PREFILL_TOKENS * cols * n) as u64));
+            group.bench_function(
+                BenchmarkId::new(format.name(), format!("{cols}x{n}")),
+                |b| b.iter(|| run(&backend, &mut ops, PREFILL_TOKENS)),
+            );
+        }
+    }
+    group.finish();
+}
+
+/// The reference at two shapes, for the fast/reference ratio.
+fn reference_matmul(c: &mut Criterion) {
+    let mut group = c.benchmark_group("reference");
+    group.sample_size(10);
+    let format = WeightFormat::Q4_1;
+    let (cols, n) = (576, 1536);
+    let bytes = weight_bytes(format, cols, n, 1);
+    for tokens in [1, 64] {
+        let x = values(tokens * cols, 7, 1.0);
+        let mut out = vec![0.0; tokens * n];
+        group.throughput(Throughput::Elements((2 * tokens * cols * n) as u64));
+        group.bench_function(
+            BenchmarkId::new(format.name(), format!("{tokens}x{cols}x{n}")),
+            |b| {
+                b.iter(|| {
+                    reference::matmul(
+                        black_box(&x),
+                        view(format, cols, n, &bytes),
+                        None,
+                        tokens,
+                        &mut out,
+                    )
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+/// Every matmul of one decode token of SmolLM2-135M Q4_1.
+fn decode_step(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let (dim, kv_dim, ffn, vocab, layers) = (576, 192, 1536, 49152, 30);
+    let layer_shapes = [
+        (dim, dim),
+        (dim, kv_dim),
+        (dim, kv_dim),
+        (dim, dim),
+        (dim, ffn),
+        (dim, ffn),
+        (ffn, dim),
+    ];
+    let mut matrices = Vec::new();
+    let mut bytes_total = 0;
+    for layer in 0..layers {
+        for (i, &(cols, n)) in layer_shapes.iter().enumerate() {
+            let bytes = weight_bytes(WeightFormat::Q4_1, cols, n, (layer * 8 + i) as u64 + 3);
+            bytes_total += bytes.len();
+            matrices.push(operands(&backend, &bytes, WeightFormat::Q4_1, cols, n, 1));
+        }
+    }
+    let output = weight_bytes(WeightFormat::Q8_0, dim, vocab, 99);
+    bytes_total += output.len();
+    matrices.push(operands(
+        &backend,
+        &output,
+        WeightFormat::Q8_0,
+        dim,
+        vocab,
+        1,
+    ));
+
+    let mut group = c.benchmark_group("decode_step");
+    group.sample_size(20);
+    group.throughput(Throughput::Bytes(bytes_total as u64));
+    group.bench_function("smollm2_135m_q4_1", |b| {
+        b.iter(|| {
+            for ops in &mut matrices {
+                run(&backend, ops, 1);
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, gemv, gemm, reference_matmul, decode_step);
+criterion_main!(benches);

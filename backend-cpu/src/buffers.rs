@@ -1,0 +1,216 @@
+//! The backend's buffer types: host memory in the layouts the kernels read.
+
+use std::borrow::Cow;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use tandem_core::quant::{dequantize_row, WeightFormat, WeightView, QK};
+use tandem_core::Result;
+
+use crate::check;
+
+/// f32 activations: a flat host buffer (shapes travel in kernel parameters).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tensor(Vec<f32>);
+
+impl Tensor {
+    pub fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn into_vec(self) -> Vec<f32> {
+        self.0
+    }
+}
+
+impl From<Vec<f32>> for Tensor {
+    fn from(values: Vec<f32>) -> Self {
+        Tensor(values)
+    }
+}
+
+/// u32 indices (tokens, positions, slots, block tables).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Indices(Vec<u32>);
+
+impl Indices {
+    pub fn as_slice(&self) -> &[u32] {
+        &self.0
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u32] {
+        &mut self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn into_vec(self) -> Vec<u32> {
+        self.0
+    }
+}
+
+impl From<Vec<u32>> for Indices {
+    fn from(values: Vec<u32>) -> Self {
+        Indices(values)
+    }
+}
+
+/// A `rows × cols` weight matrix (a vector is one row) in its storage format.
+///
+/// Block formats keep their GGML bytes unchanged, so the kernels read exactly
+/// the layout documented in `tandem_core::quant`. F32, F16 and BF16 are
+/// decoded once at upload into typed vectors: the same bits, but aligned, so
+/// kernels load them directly instead of assembling little-endian bytes.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    rows: usize,
+    cols: usize,
+    data: WeightData,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum WeightData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    /// Rows of GGML blocks.
+    Q8_0(Vec<u8>),
+    Q4_0(Vec<u8>),
+    Q4_1(Vec<u8>),
+}
+
+impl Weight {
+    /// Copies `view` after checking that its byte length matches its shape.
+    pub fn from_view(view: WeightView<'_>) -> Result<Self> {
+        let kernel = "upload_weight";
+        let elems = check::product(kernel, &[view.rows, view.cols])?;
+        let expected = view
+            .format
+            .bytes_for(elems as u64)
+            .filter(|_| view.cols.is_multiple_of(view.format.block_elems()))
+            .ok_or_else(|| {
+                check::error(
+                    kernel,
+                    format!(
+                        "{} rows of {} columns are not whole {} blocks of {} elements",
+                        view.rows,
+                        view.cols,
+                        view.format,
+                        view.format.block_elems()
+                    ),
+                )
+            })?;
+        if view.data.len() as u64 != expected {
+            return Err(check::error(
+                kernel,
+                format!(
+                    "{} weight of {}×{} needs {expected} bytes, got {}",
+                    view.format,
+                    view.rows,
+                    view.cols,
+                    view.data.len()
+                ),
+            ));
+        }
+        let pairs = || view.data.chunks_exact(2).map(|b| [b[0], b[1]]);
+        let data = match view.format {
+            WeightFormat::F32 => WeightData::F32(
+                view.data
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            WeightFormat::F16 => WeightData::F16(pairs().map(f16::from_le_bytes).collect()),
+            WeightFormat::BF16 => WeightData::BF16(pairs().map(bf16::from_le_bytes).collect()),
+            WeightFormat::Q8_0 => WeightData::Q8_0(view.data.to_vec()),
+            WeightFormat::Q4_0 => WeightData::Q4_0(view.data.to_vec()),
+            WeightFormat::Q4_1 => WeightData::Q4_1(view.data.to_vec()),
+        };
+        Ok(Weight {
+            rows: view.rows,
+            cols: view.cols,
+            data,
+        })
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        match self.data {
+            WeightData::F32(_) => WeightFormat::F32,
+            WeightData::F16(_) => WeightFormat::F16,
+            WeightData::BF16(_) => WeightFormat::BF16,
+            WeightData::Q8_0(_) => WeightFormat::Q8_0,
+            WeightData::Q4_0(_) => WeightFormat::Q4_0,
+            WeightData::Q4_1(_) => WeightFormat::Q4_1,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn data(&self) -> &WeightData {
+        &self.data
+    }
+
+    /// Decodes rows `range` into `out` (`range.len() * cols` values).
+    pub(crate) fn dequantize_rows(&self, range: std::ops::Range<usize>, out: &mut [f32]) {
+        let elems = range.start * self.cols..range.end * self.cols;
+        match &self.data {
+            WeightData::F32(values) => out.copy_from_slice(&values[elems]),
+            WeightData::F16(values) => values[elems].convert_to_f32_slice(out),
+            WeightData::BF16(values) => values[elems].convert_to_f32_slice(out),
+            WeightData::Q8_0(bytes) | WeightData::Q4_0(bytes) | WeightData::Q4_1(bytes) => {
+                let format = self.format();
+                let row_bytes = self.cols / QK * format.block_bytes();
+                for (r, dst) in range.zip(out.chunks_exact_mut(self.cols.max(1))) {
+                    dequantize_row(format, &bytes[r * row_bytes..(r + 1) * row_bytes], dst);
+                }
+            }
+        }
+    }
+
+    /// All elements as f32, checked to be at least `needed` long: norm
+    /// weights and biases, which are small vectors (borrowed when F32).
+    pub(crate) fn vector(&self, kernel: &str, name: &str, needed: usize) -> Result<Cow<'_, [f32]>> {
+        check::buffer_len(kernel, name, self.len(), needed)?;
+        Ok(match &self.data {
+            WeightData::F32(values) => Cow::Borrowed(&values[..needed]),
+            _ => {
+                let mut values = vec![0.0; self.len()];
+                self.dequantize_rows(0..self.rows, &mut values);
+                values.truncate(needed);
+                Cow::Owned(values)
+            }
+        })
+    }
+}

@@ -1,0 +1,68 @@
+//! Which instruction set the hand-vectorized kernels use, chosen at run
+//! time: the crate is built for the baseline target, so one binary runs on
+//! any x86-64 and picks the best path the CPU has.
+
+/// An instruction set this CPU supports. The field is private: values come
+/// only from [`Isa::detect`] and [`Isa::available`], after checking the CPU,
+/// which is what makes calling the kernels of an `Isa` sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Isa(IsaKind);
+
+/// Instruction sets of the matmul micro-kernels, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IsaKind {
+    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 VNNI on 256-bit vectors
+    /// (`vpdpbusd` replaces the `vpmaddubsw` + `vpmaddwd` pair) and the 32
+    /// vector registers of AVX-512VL.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+    /// x86-64 AVX2 + FMA + F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Plain Rust the compiler vectorizes for the build target (SSE2, NEON,
+    /// wasm simd128 when enabled).
+    Portable,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub(crate) fn detect() -> Self {
+        Self::available()[0]
+    }
+
+    /// Every instruction set this CPU supports, best first.
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut isas = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                isas.push(Isa(IsaKind::Avx512Vnni));
+            }
+            if avx2 {
+                isas.push(Isa(IsaKind::Avx2));
+            }
+        }
+        isas.push(Isa(IsaKind::Portable));
+        isas
+    }
+
+    pub(crate) fn kind(self) -> IsaKind {
+        self.0
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self.0 {
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx512Vnni => "AVX2+AVX512-VNNI",
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => "AVX2",
+            IsaKind::Portable => "portable",
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Vectorizable scalar math: loops over slices that call these compile to
+//! SIMD code, unlike `f32::exp` (a libm call per element). Softmax in
+//! attention and SiLU in SwiGLU evaluate one exponential per element, which
+//! made them a visible share of prefill time with `f32::exp`.
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split in a part exact in a few bits and a correction, so `n * LN2_HI`
+/// is exact for the `n` that occur and the reduced argument keeps full precision.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Adding then subtracting 1.5 * 2^23 rounds an f32 of magnitude below 2^22
+/// to the nearest integer without a rounding instruction (absent in SSE2).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `e^x` with a relative error of a few ulps (Cephes' `expf` polynomial).
+/// Arguments are clamped to `[-87, 88]`, so the result stays a normal f32:
+/// `exp(-inf)` is about `1.6e-38` rather than 0, which is harmless wherever
+/// it multiplies or is added to finite values. NaN stays NaN.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2_E + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let r2 = r * r;
+    let poly = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+        * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e_r = poly * r2 + r + 1.0;
+    // 2^n built directly in the exponent field; n is in [-126, 127] after the clamp.
+    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    e_r * two_n
+}
+
+/// `g * sigmoid(g)`.
+#[inline(always)]
+pub(crate) fn silu(g: f32) -> f32 {
+    g / (1.0 + exp(-g))
+}
+
+/// `sum_i a[i] * b[i]` in 32 independent lanes (four 8-wide vectors, so
+/// the additions do not wait on each other), then 8, then one by one.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut wide = [0f32; 32];
+    let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
+    let (a_rest, b_rest) = (a32.remainder(), b32.remainder());
+    for (x, y) in a32.zip(b32) {
+        for i in 0..32 {
+            wide[i] += x[i] * y[i];
+        }
+    }
+    let mut lanes = [0f32; 8];
+    for k in 0..4 {
+        for i in 0..8 {
+            lanes[i] += wide[8 * k + i];
+        }
+    }
+    let (a8, b8) = (a_rest.chunks_exact(8), b_rest.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `sum_i x[i]^2` in eight independent lanes.
+#[inline(always)]
+pub(crate) fn sum_of_squares(x: &[f32]) -> f32 {
+    dot(x, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_std_within_a_few_ulps() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp(x), x.exp());
+            assert!(
+                (got - want).abs() <= want * 4e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+    }
+
+    #[test]
+    fn exp_saturates_instead_of_overflowing() {
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+        assert!(exp(-1000.0) >= 0.0);
+        assert!(exp(1000.0).is_finite());
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn dot_handles_every_tail() {
+        for len in [0, 1, 8, 19, 32, 45, 64, 100] {
+            let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            assert_eq!(dot(&a, &a), (0..len).map(|i| (i * i) as f32).sum::<f32>());
+        }
+    }
+}

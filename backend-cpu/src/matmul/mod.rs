@@ -1,0 +1,571 @@
+//! `out[t, r] = x[t] · w[r] (+ bias[r])` for every weight format, without
+//! ever dequantizing the whole matrix.
+//!
+//! One call:
+//! 1. Quantized weights (Q8_0, Q4_0, Q4_1): the activation rows are
+//!    quantized once to Q8 blocks ([`quantize`]), so each block product is
+//!    an integer dot product scaled by the two block scales, as llama.cpp
+//!    does. The 4-bit formats' offset (`m`, or `-8 * d` for Q4_0, whose
+//!    nibbles are used unsigned) adds `offset * scale_x * sum(quants_x)`,
+//!    computed as one f32 dot product per weight row and token. Float weights
+//!    (F32, F16, BF16) multiply the f32 activations directly.
+//! 2. The output is split into tasks: by output rows when there are few
+//!    tokens (decode: the matrix is streamed from memory once, each thread
+//!    reading its share of rows), by token ranges when there are many
+//!    (prefill: each task walks the whole matrix, from cache, and reuses
+//!    every weight block across its tokens).
+//! 3. Inside a task, a micro-kernel computes tiles of `R` weight rows × `T`
+//!    tokens: each weight block is decoded once per `T` tokens and each
+//!    activation block loaded once per `R` rows. The micro-kernels exist per
+//!    instruction set ([`MicroKernels`]): AVX2, AVX2 with AVX-512 VNNI, and
+//!    portable Rust. Within one instruction set every output element is
+//!    computed with the same arithmetic in the same order whatever tile it
+//!    falls in, so results do not depend on the thread count.
+
+mod portable;
+mod quantize;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::OnceCell;
+use std::ops::Range;
+
+use half::{bf16, f16};
+use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::Result;
+
+use crate::buffers::{Weight, WeightData};
+use crate::check;
+use crate::isa::{Isa, IsaKind};
+use crate::workers::Workers;
+use quantize::{quantize_activations_q8, QuantRow, QuantizedActivations};
+
+/// A call with at least this many tokens per thread splits tokens across
+/// threads; below, it splits output rows.
+const TOKEN_SPLIT_MIN_TOKENS_PER_THREAD: usize = 16;
+/// Token ranges of token-split tasks are multiples of this (a multiple of
+/// every micro-kernel's `T`), so only the last range has a partial tile.
+const TOKEN_CHUNK_UNIT: usize = 4;
+/// Row ranges of row-split tasks are multiples of this (every `R`).
+const ROW_CHUNK_UNIT: usize = 4;
+/// Fewest multiply-adds worth a task of their own.
+const MIN_TASK_MACS: usize = 64 * 1024;
+
+/// `out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r])` for `rows` tokens.
+pub(crate) fn matmul(
+    workers: &Workers,
+    isa: Isa,
+    x: &[f32],
+    w: &Weight,
+    bias: Option<&Weight>,
+    rows: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let kernel = matmul_kernel_name(w.format());
+    let (n, cols) = (w.rows(), w.cols());
+    let x_len = check::product(kernel, &[rows, cols])?;
+    let out_len = check::product(kernel, &[rows, n])?;
+    check::buffer_len(kernel, "x", x.len(), x_len)?;
+    check::buffer_len(kernel, "out", out.len(), out_len)?;
+    let bias = bias.map(|b| b.vector(kernel, "bias", n)).transpose()?;
+    let (x, out) = (&x[..x_len], &mut out[..out_len]);
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let quantized = OnceCell::new();
+    let quantize = || quantized.get_or_init(|| quantize_activations_q8(workers, x, rows, cols));
+    let operands = match w.data() {
+        WeightData::F32(w) => Operands::F32 { w, x },
+        WeightData::F16(w) => Operands::F16 { w, x },
+        WeightData::BF16(w) => Operands::BF16 { w, x },
+        WeightData::Q8_0(w) => Operands::Q8_0 { w, x: quantize() },
+        WeightData::Q4_0(w) => Operands::Q4_0 { w, x: quantize() },
+        WeightData::Q4_1(w) => Operands::Q4_1 { w, x: quantize() },
+    };
+    let job = Job {
+        isa,
+        operands,
+        cols,
+        bias: bias.as_deref(),
+    };
+    run_tasks(workers, &job, rows, n, out);
+    Ok(())
+}
+
+/// The weight matrix with the activations in the form its kernels take.
+#[derive(Clone, Copy)]
+enum Operands<'a> {
+    F32 {
+        w: &'a [f32],
+        x: &'a [f32],
+    },
+    F16 {
+        w: &'a [f16],
+        x: &'a [f32],
+    },
+    BF16 {
+        w: &'a [bf16],
+        x: &'a [f32],
+    },
+    Q8_0 {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+    Q4_0 {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+    Q4_1 {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+}
+
+/// Everything a task needs besides the part of the output it computes.
+struct Job<'a> {
+    isa: Isa,
+    operands: Operands<'a>,
+    cols: usize,
+    bias: Option<&'a [f32]>,
+}
+
+/// Splits the `[tokens, n]` output into tasks and runs them on the pool.
+fn run_tasks(workers: &Workers, job: &Job<'_>, tokens: usize, n: usize, out: &mut [f32]) {
+    if tokens >= TOKEN_SPLIT_MIN_TOKENS_PER_THREAD * workers.threads() {
+        let per_task = workers.chunk_len(tokens, 1, TOKEN_SPLIT_MIN_TOKENS_PER_THREAD);
+        let per_task = per_task.next_multiple_of(TOKEN_CHUNK_UNIT);
+        workers.for_each_chunk(out, per_task * n, |i, out| {
+            let first = i * per_task;
+            job.run(0..n, first..first + out.len() / n, out, n);
+        });
+        return;
+    }
+    let min_rows = MIN_TASK_MACS.div_ceil(job.cols.max(1) * tokens);
+    let per_task = workers
+        .chunk_len(n, 1, min_rows)
+        .next_multiple_of(ROW_CHUNK_UNIT);
+    if tokens == 1 {
+        workers.for_each_chunk(out, per_task, |i, out| {
+            let first = i * per_task;
+            job.run(first..first + out.len(), 0..1, out, out.len());
+        });
+        return;
+    }
+    // Each task's rows for all tokens are strided in `out`: tasks fill
+    // `[tokens, rows of the task]` blocks of `partial`, copied out after.
+    let mut partial = vec![0f32; tokens * n];
+    workers.for_each_chunk(&mut partial, per_task * tokens, |i, part| {
+        let first = i * per_task;
+        let count = part.len() / tokens;
+        job.run(first..first + count, 0..tokens, part, count);
+    });
+    for (i, part) in partial.chunks(per_task * tokens).enumerate() {
+        let count = part.len() / tokens;
+        for (t, values) in part.chunks_exact(count).enumerate() {
+            out[t * n + i * per_task..][..count].copy_from_slice(values);
+        }
+    }
+}
+
+/// What one task computes: `out[(t - tokens.start) * stride + r - rows.start]`
+/// for weight rows `rows` and tokens `tokens`.
+struct Task<'a> {
+    rows: Range<usize>,
+    tokens: Range<usize>,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    stride: usize,
+}
+
+impl Job<'_> {
+    fn run(&self, rows: Range<usize>, tokens: Range<usize>, out: &mut [f32], stride: usize) {
+        let task = Task {
+            rows,
+            tokens,
+            bias: self.bias,
+            out,
+            stride,
+        };
+        let cols = self.cols;
+        match self.isa.kind() {
+            // SAFETY: an `Isa` exists only for instruction sets the CPU has.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx512Vnni => unsafe { x86::run_vnni(self.operands, cols, task) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { x86::run_avx2(self.operands, cols, task) },
+            IsaKind::Portable => portable::run(self.operands, cols, task),
+        }
+    }
+}
+
+/// Where a block's offset comes from: element `i` of a block is
+/// `scale * quant_i + offset`, with the 4-bit quants taken unsigned.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Offset {
+    /// Q8_0: signed quants, no offset.
+    None,
+    /// Q4_0: `d * (nib - 8)`, so the offset is `-8 * d`.
+    MinusEightScales,
+    /// Q4_1: the f16 `m` stored after the f16 scale.
+    Stored,
+}
+
+/// A quantized block format, as the micro-kernels see it. Every format
+/// starts its blocks with the f16 scale `d`.
+trait BlockFormat {
+    const BLOCK_BYTES: usize;
+    /// Byte offset of the quants in a block.
+    const QUANTS_AT: usize;
+    const OFFSET: Offset;
+
+    /// The block's scale and offset.
+    ///
+    /// # Safety
+    /// The CPU supports `K`'s instruction set.
+    #[inline(always)]
+    unsafe fn scale_and_offset<K: MicroKernels>(block: &[u8]) -> (f32, f32) {
+        let d = K::f16_to_f32(f16_bits(block, 0));
+        let offset = match Self::OFFSET {
+            Offset::None => 0.0,
+            Offset::MinusEightScales => -8.0 * d,
+            Offset::Stored => K::f16_to_f32(f16_bits(block, 2)),
+        };
+        (d, offset)
+    }
+
+    /// `K`'s tile kernel for this format.
+    ///
+    /// # Safety
+    /// As [`MicroKernels::q8_tile`].
+    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R];
+}
+
+struct Q8_0;
+struct Q4_0;
+struct Q4_1;
+
+fn f16_bits(block: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([block[at], block[at + 1]])
+}
+
+impl BlockFormat for Q8_0 {
+    const BLOCK_BYTES: usize = 34;
+    const QUANTS_AT: usize = 2;
+    const OFFSET: Offset = Offset::None;
+
+    #[inline(always)]
+    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R] {
+        K::q8_tile(w, w_heads, x)
+    }
+}
+
+impl BlockFormat for Q4_0 {
+    const BLOCK_BYTES: usize = 18;
+    const QUANTS_AT: usize = 2;
+    const OFFSET: Offset = Offset::MinusEightScales;
+
+    #[inline(always)]
+    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R] {
+        K::nibble_tile::<Self, R, T>(w, w_heads, x)
+    }
+}
+
+impl BlockFormat for Q4_1 {
+    const BLOCK_BYTES: usize = 20;
+    const QUANTS_AT: usize = 4;
+    const OFFSET: Offset = Offset::Stored;
+
+    #[inline(always)]
+    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R] {
+        K::nibble_tile::<Self, R, T>(w, w_heads, x)
+    }
+}
+
+/// Element type of a float weight matrix.
+trait FloatElem: Copy + Sync {
+    /// Which one, for kernels that load eight at a time with intrinsics.
+    const KIND: FloatKind;
+    fn to_f32(self) -> f32;
+}
+
+#[derive(PartialEq, Eq)]
+enum FloatKind {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FloatElem for f32 {
+    const KIND: FloatKind = FloatKind::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl FloatElem for f16 {
+    const KIND: FloatKind = FloatKind::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl FloatElem for bf16 {
+    const KIND: FloatKind = FloatKind::BF16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+}
+
+/// The micro-kernels of one instruction set. Each computes a tile of dot
+/// products of `R` weight rows with `T` activation rows.
+///
+/// # Safety
+/// Implementations use their instruction set's intrinsics: their methods
+/// may only run on a CPU that [`Isa::available`] says supports it. Every
+/// weight row holds as many blocks (or elements) as each activation row.
+trait MicroKernels {
+    unsafe fn f16_to_f32(bits: u16) -> f32;
+
+    /// `[scale, offset]` of every block of a weight row, into `heads`
+    /// (two values per block; the offset is unspecified for Q8_0).
+    unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
+
+    /// 4-bit weight blocks (`F::QUANTS_AT` gives the quants) times Q8
+    /// activations: `sum_b w_scale[b] * x_scale[b] * (nibbles_b · quants_b)`
+    /// with the scales read from `w_heads` and `x`, the offset term left to
+    /// the caller.
+    unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R];
+
+    /// Q8_0 weight blocks times Q8 activations.
+    unsafe fn q8_tile<const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R];
+
+    /// Float weights times f32 activations.
+    unsafe fn float_tile<E: FloatElem, const R: usize, const T: usize>(
+        w: [&[E]; R],
+        x: [&[f32]; T],
+    ) -> [[f32; T]; R];
+}
+
+/// [`MicroKernels::decode_block_heads`] in scalar code.
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn decode_block_heads_scalar<K: MicroKernels, F: BlockFormat>(
+    row: &[u8],
+    heads: &mut [f32],
+) {
+    for (block, head) in row
+        .chunks_exact(F::BLOCK_BYTES)
+        .zip(heads.chunks_exact_mut(2))
+    {
+        (head[0], head[1]) = F::scale_and_offset::<K>(block);
+    }
+}
+
+/// A task over a quantized weight matrix: tiles of `R` rows × `T` tokens,
+/// with single-row and single-token tiles for the edges. The block heads
+/// (scale and offset) of a row tile are decoded once into scratch and
+/// reused by every token tile.
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: usize>(
+    w: &[u8],
+    x: &QuantizedActivations,
+    cols: usize,
+    mut task: Task<'_>,
+) {
+    let blocks = cols / tandem_core::quant::QK;
+    let row_bytes = blocks * F::BLOCK_BYTES;
+    let mut heads = vec![0f32; R * 2 * blocks];
+    let mut r = task.rows.start;
+    while r < task.rows.end {
+        let height = if task.rows.end - r >= R { R } else { 1 };
+        for (i, heads) in heads
+            .chunks_exact_mut(2 * blocks.max(1))
+            .take(height)
+            .enumerate()
+        {
+            K::decode_block_heads::<F>(&w[(r + i) * row_bytes..][..row_bytes], heads);
+        }
+        let rows = QuantRowTile {
+            w,
+            row_bytes,
+            blocks,
+            first: r,
+            heads: &heads,
+        };
+        if height == R {
+            quant_row_tile::<K, F, R, T>(&rows, x, &mut task);
+        } else {
+            quant_row_tile::<K, F, 1, T>(&rows, x, &mut task);
+        }
+        r += height;
+    }
+}
+
+/// The weight rows of one row tile and their decoded block heads.
+struct QuantRowTile<'a> {
+    w: &'a [u8],
+    row_bytes: usize,
+    blocks: usize,
+    first: usize,
+    /// Per row, `[scale, offset]` per block.
+    heads: &'a [f32],
+}
+
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const T: usize>(
+    rows: &QuantRowTile<'_>,
+    x: &QuantizedActivations,
+    task: &mut Task<'_>,
+) {
+    let nb = rows.blocks;
+    let w: [&[u8]; R] =
+        std::array::from_fn(|i| &rows.w[(rows.first + i) * rows.row_bytes..][..rows.row_bytes]);
+    let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * 2 * nb..][..2 * nb]);
+    let mut t = task.tokens.start;
+    while t < task.tokens.end {
+        let width = if task.tokens.end - t >= T { T } else { 1 };
+        if width == T {
+            let acc = F::tile::<K, R, T>(w, w_heads, std::array::from_fn(|j| x.row(t + j)));
+            store_tile(task, rows.first, t, acc, |i, j| {
+                offset_term::<F>(w_heads[i], x.row(t + j))
+            });
+        } else {
+            let acc = F::tile::<K, R, 1>(w, w_heads, [x.row(t)]);
+            store_tile(task, rows.first, t, acc, |i, _| {
+                offset_term::<F>(w_heads[i], x.row(t))
+            });
+        }
+        t += width;
+    }
+}
+
+/// `sum_b offset[b] * x_sum[b]`: the 4-bit offsets' share of a dot
+/// product. Weight heads `[scale, offset]` and activation stats `[scale,
+/// sum]` interleave alike, so this is their elementwise product summed over
+/// the odd positions, in eight lanes so it vectorizes.
+#[inline(always)]
+fn offset_term<F: BlockFormat>(w_heads: &[f32], x: QuantRow<'_>) -> f32 {
+    if F::OFFSET == Offset::None {
+        return 0.0;
+    }
+    let mut lanes = [0f32; 8];
+    let (w8, x8) = (w_heads.chunks_exact(8), x.stats.chunks_exact(8));
+    let tail: f32 = w8
+        .remainder()
+        .chunks_exact(2)
+        .zip(x8.remainder().chunks_exact(2))
+        .map(|(a, b)| a[1] * b[1])
+        .sum();
+    for (a, b) in w8.zip(x8) {
+        for i in 0..8 {
+            lanes[i] += a[i] * b[i];
+        }
+    }
+    lanes[1] + lanes[3] + lanes[5] + lanes[7] + tail
+}
+
+/// A task over a float weight matrix: tiles of `R` rows × `T` tokens.
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn float_task<K: MicroKernels, E: FloatElem, const R: usize, const T: usize>(
+    w: &[E],
+    x: &[f32],
+    cols: usize,
+    mut task: Task<'_>,
+) {
+    let mut r = task.rows.start;
+    while r < task.rows.end {
+        if task.rows.end - r >= R {
+            float_row_tile::<K, E, R, T>(w, x, cols, r, &mut task);
+            r += R;
+        } else {
+            float_row_tile::<K, E, 1, T>(w, x, cols, r, &mut task);
+            r += 1;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn float_row_tile<K: MicroKernels, E: FloatElem, const R: usize, const T: usize>(
+    w: &[E],
+    x: &[f32],
+    cols: usize,
+    first: usize,
+    task: &mut Task<'_>,
+) {
+    let w: [&[E]; R] = std::array::from_fn(|i| &w[(first + i) * cols..][..cols]);
+    let row = |t: usize| &x[t * cols..][..cols];
+    let mut t = task.tokens.start;
+    while t < task.tokens.end {
+        if task.tokens.end - t >= T {
+            let acc = K::float_tile::<E, R, T>(w, std::array::from_fn(|j| row(t + j)));
+            store_tile(task, first, t, acc, |_, _| 0.0);
+            t += T;
+        } else {
+            let acc = K::float_tile::<E, R, 1>(w, [row(t)]);
+            store_tile(task, first, t, acc, |_, _| 0.0);
+            t += 1;
+        }
+    }
+}
+
+/// Writes tile `acc` (weight rows from `r`, tokens from `t`) to the task's
+/// output, adding `extra(i, j)` and the bias.
+#[inline(always)]
+fn store_tile<const R: usize, const T: usize>(
+    task: &mut Task<'_>,
+    r: usize,
+    t: usize,
+    acc: [[f32; T]; R],
+    extra: impl Fn(usize, usize) -> f32,
+) {
+    for (i, acc) in acc.iter().enumerate() {
+        let bias = task.bias.map_or(0.0, |b| b[r + i]);
+        for (j, &value) in acc.iter().enumerate() {
+            let at = (t + j - task.tokens.start) * task.stride + (r + i - task.rows.start);
+            task.out[at] = value + extra(i, j) + bias;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

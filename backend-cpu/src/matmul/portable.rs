@@ -1,0 +1,121 @@
+//! Micro-kernels in plain Rust, for every target: written with fixed-size
+//! lane arrays so the compiler vectorizes them for whatever the build
+//! enables (SSE2 on baseline x86-64, NEON, wasm simd128).
+
+use half::f16;
+use tandem_core::quant::QK;
+
+use super::quantize::QuantRow;
+use super::{
+    decode_block_heads_scalar, float_task, quant_task, BlockFormat, FloatElem, MicroKernels,
+    Operands, Task, Q4_0, Q4_1, Q8_0,
+};
+
+/// Tile shape: rows × tokens.
+const R: usize = 4;
+const T: usize = 4;
+
+pub(super) struct Portable;
+
+pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
+    // SAFETY: the portable kernels use no instruction beyond the build target's.
+    unsafe {
+        match operands {
+            Operands::F32 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
+            Operands::F16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
+            Operands::BF16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
+            Operands::Q8_0 { w, x } => quant_task::<Portable, Q8_0, R, T>(w, x, cols, task),
+            Operands::Q4_0 { w, x } => quant_task::<Portable, Q4_0, R, T>(w, x, cols, task),
+            Operands::Q4_1 { w, x } => quant_task::<Portable, Q4_1, R, T>(w, x, cols, task),
+        }
+    }
+}
+
+impl MicroKernels for Portable {
+    #[inline(always)]
+    unsafe fn f16_to_f32(bits: u16) -> f32 {
+        f16::from_bits(bits).to_f32()
+    }
+
+    #[inline(always)]
+    unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
+        decode_block_heads_scalar::<Self, F>(row, heads)
+    }
+
+    #[inline(always)]
+    unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R] {
+        let mut acc = [[0f32; T]; R];
+        for b in 0..x[0].blocks() {
+            for r in 0..R {
+                let quants = &w[r][b * F::BLOCK_BYTES + F::QUANTS_AT..][..QK / 2];
+                for t in 0..T {
+                    let xq = &x[t].quants[b].0;
+                    let mut sum = 0i32;
+                    for i in 0..QK / 2 {
+                        sum += (quants[i] & 0x0f) as i32 * xq[i] as i32
+                            + (quants[i] >> 4) as i32 * xq[i + QK / 2] as i32;
+                    }
+                    acc[r][t] += sum as f32 * (w_heads[r][2 * b] * x[t].stats[2 * b]);
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn q8_tile<const R: usize, const T: usize>(
+        w: [&[u8]; R],
+        w_heads: [&[f32]; R],
+        x: [QuantRow<'_>; T],
+    ) -> [[f32; T]; R] {
+        let mut acc = [[0f32; T]; R];
+        for b in 0..x[0].blocks() {
+            for r in 0..R {
+                let quants = &w[r][b * Q8_0::BLOCK_BYTES + Q8_0::QUANTS_AT..][..QK];
+                for t in 0..T {
+                    let xq = &x[t].quants[b].0;
+                    let mut sum = 0i32;
+                    for i in 0..QK {
+                        sum += quants[i] as i8 as i32 * xq[i] as i32;
+                    }
+                    acc[r][t] += sum as f32 * (w_heads[r][2 * b] * x[t].stats[2 * b]);
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn float_tile<E: FloatElem, const R: usize, const T: usize>(
+        w: [&[E]; R],
+        x: [&[f32]; T],
+    ) -> [[f32; T]; R] {
+        const LANES: usize = 8;
+        let cols = x[0].len();
+        let full = cols - cols % LANES;
+        let mut lanes = [[[0f32; LANES]; T]; R];
+        for c in (0..full).step_by(LANES) {
+            for r in 0..R {
+                let wv: [f32; LANES] = std::array::from_fn(|i| w[r][c + i].to_f32());
+                for t in 0..T {
+                    let xv = &x[t][c..c + LANES];
+                    for i in 0..LANES {
+                        lanes[r][t][i] += wv[i] * xv[i];
+                    }
+                }
+            }
+        }
+        let mut acc = [[0f32; T]; R];
+        for r in 0..R {
+            for t in 0..T {
+                let tail: f32 = (full..cols).map(|c| w[r][c].to_f32() * x[t][c]).sum();
+                acc[r][t] = lanes[r][t].iter().sum::<f32>() + tail;
+            }
+        }
+        acc
+    }
+}

@@ -1,0 +1,116 @@
+//! Every instruction set's micro-kernels against the reference matmul (the
+//! integration tests only reach the best one this CPU has).
+
+use tandem_core::kernels::{matmul_kernel_name, spec};
+use tandem_core::quant::{quantize_row, WeightFormat, WeightView, QK};
+
+use super::quantize::quantize_activations_q8;
+use super::*;
+use crate::reference;
+
+/// A seeded xorshift generator of values in `[-scale, scale)`.
+struct Values(u64);
+
+impl Values {
+    fn take(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}
+
+fn check(isa: Isa, workers: &Workers, format: WeightFormat, rows: usize, n: usize, cols: usize) {
+    let mut values = Values(0x2545_f491_4f6c_dd1d ^ (rows * 1000 + n * 10 + cols) as u64);
+    let bytes = quantize_row(format, &values.take(n * cols, 0.5 / (cols as f32).sqrt()));
+    let view = WeightView {
+        format,
+        rows: n,
+        cols,
+        data: &bytes,
+    };
+    let weight = Weight::from_view(view).unwrap();
+    let x = values.take(rows * cols, 1.0);
+    let bias_bytes = quantize_row(WeightFormat::F32, &values.take(n, 1.0));
+    let bias_view = WeightView {
+        format: WeightFormat::F32,
+        rows: 1,
+        cols: n,
+        data: &bias_bytes,
+    };
+    let bias = Weight::from_view(bias_view).unwrap();
+
+    let mut got = vec![f32::NAN; rows * n];
+    matmul(workers, isa, &x, &weight, Some(&bias), rows, &mut got).unwrap();
+    let mut want = vec![0.0; rows * n];
+    reference::matmul(&x, view, Some(&bias_view.to_f32()), rows, &mut want);
+
+    let kernel = matmul_kernel_name(format);
+    let tolerance = spec(kernel).unwrap().tolerance;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let error = (g - w).abs() / (1.0 + w.abs());
+        assert!(
+            error <= tolerance,
+            "{} {kernel} rows {rows} n {n} cols {cols} [{i}]: got {g}, want {w}",
+            isa.name()
+        );
+    }
+}
+
+#[test]
+fn every_instruction_set_matches_the_reference() {
+    for isa in Isa::available() {
+        for threads in [1, 2] {
+            let workers = Workers::new(threads);
+            for format in WeightFormat::ALL {
+                let cols_set: &[usize] = if format.is_quantized() {
+                    &[32, 160]
+                } else {
+                    &[3, 8, 45]
+                };
+                for &cols in cols_set {
+                    // 2, 5 and 37 tokens exercise partial tiles of every `T`,
+                    // 37 on one thread also the token split.
+                    for rows in [1, 2, 5, 37] {
+                        for n in [1, 6, 13] {
+                            check(isa, &workers, format, rows, n, cols);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_activations_round_to_the_nearest_step() {
+    let workers = Workers::new(1);
+    let x = Values(7).take(3 * 64, 4.0);
+    let q = quantize_activations_q8(&workers, &x, 3, 64);
+    for t in 0..3 {
+        let row = q.row(t);
+        for b in 0..2 {
+            let block = &x[t * 64 + b * QK..][..QK];
+            let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = row.stats[2 * b];
+            assert_eq!(scale, max_abs / 127.0);
+            let quants = &row.quants[b].0;
+            for (v, &q) in block.iter().zip(quants) {
+                assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
+            }
+            let sum: i32 = quants.iter().map(|&q| q as i32).sum();
+            assert_eq!(row.stats[2 * b + 1], scale * sum as f32);
+        }
+    }
+}
+
+#[test]
+fn an_all_zero_block_quantizes_to_zeros() {
+    let q = quantize_activations_q8(&Workers::new(1), &[0.0; 32], 1, 32);
+    assert_eq!(q.row(0).stats, &[0.0, 0.0]);
+    assert_eq!(q.row(0).quants[0].0, [0; 32]);
+}

@@ -1,0 +1,306 @@
+//! x86-64 micro-kernels: AVX2, and a variant with AVX-512 VNNI.
+//!
+//! The block kernels follow llama.cpp: a 4-bit block's 16 bytes are spread
+//! to 32 unsigned nibbles (low nibbles are elements 0..16, high nibbles
+//! 16..32), multiplied with the 32 signed activation quants and summed in
+//! groups of four into eight i32 lanes (`vpmaddubsw` + `vpmaddwd` on AVX2,
+//! one `vpdpbusd` with VNNI), converted to f32 and accumulated with the
+//! product of the two block scales. Q8_0 weights are signed, so the weight
+//! bytes' signs move onto the activations (`vpsignb`) first. Each `(row,
+//! token)` pair of a tile keeps its own vector accumulator, summed
+//! horizontally once at the end.
+//!
+//! The kernels are `#[inline(always)]` generic code; `run_avx2` and
+//! `run_vnni` instantiate them inside functions compiled with the target
+//! features, so the intrinsics inline into straight vector code.
+
+use std::arch::x86_64::*;
+
+use tandem_core::quant::QK;
+
+use super::quantize::QuantRow;
+use super::{
+    float_task, quant_task, BlockFormat, FloatElem, FloatKind, MicroKernels, Offset, Operands,
+    Task, Q4_0, Q4_1, Q8_0,
+};
+
+pub(super) struct Avx2;
+pub(super) struct Vnni;
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_>) {
+    // 16 vector registers: 4×2 accumulators leave room for the operands.
+    match operands {
+        Operands::F32 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
+        Operands::F16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
+        Operands::BF16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
+        Operands::Q8_0 { w, x } => quant_task::<Avx2, Q8_0, 4, 2>(w, x, cols, task),
+        Operands::Q4_0 { w, x } => quant_task::<Avx2, Q4_0, 4, 2>(w, x, cols, task),
+        Operands::Q4_1 { w, x } => quant_task::<Avx2, Q4_1, 4, 2>(w, x, cols, task),
+    }
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA, F16C, AVX-512 VNNI and AVX-512VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
+    // AVX-512VL gives 32 vector registers: 4×4 accumulators fit.
+    match operands {
+        Operands::F32 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
+        Operands::F16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
+        Operands::BF16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
+        Operands::Q8_0 { w, x } => quant_task::<Vnni, Q8_0, 4, 4>(w, x, cols, task),
+        Operands::Q4_0 { w, x } => quant_task::<Vnni, Q4_0, 4, 4>(w, x, cols, task),
+        Operands::Q4_1 { w, x } => quant_task::<Vnni, Q4_1, 4, 4>(w, x, cols, task),
+    }
+}
+
+/// How a kernel multiplies 32 unsigned bytes with 32 signed bytes, summing
+/// each group of four products into one of eight i32 lanes.
+trait ByteDot {
+    /// # Safety
+    /// The CPU supports the implementor's instruction set.
+    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i;
+}
+
+impl ByteDot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i {
+        // Pair sums are at most 2 * 255 * 128 in magnitude only for Q8_0's
+        // |w| = 128 with x = ±127... = 32512, inside i16: no saturation.
+        let pairs = _mm256_maddubs_epi16(unsigned, signed);
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+}
+
+impl ByteDot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned, signed)
+    }
+}
+
+macro_rules! delegate_micro_kernels {
+    ($isa:ty) => {
+        impl MicroKernels for $isa {
+            #[inline(always)]
+            unsafe fn f16_to_f32(bits: u16) -> f32 {
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+            }
+
+            #[inline(always)]
+            unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
+                decode_block_heads::<F>(row, heads)
+            }
+
+            #[inline(always)]
+            unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
+                w: [&[u8]; R],
+                w_heads: [&[f32]; R],
+                x: [QuantRow<'_>; T],
+            ) -> [[f32; T]; R] {
+                nibble_tile::<$isa, F, R, T>(w, w_heads, x)
+            }
+
+            #[inline(always)]
+            unsafe fn q8_tile<const R: usize, const T: usize>(
+                w: [&[u8]; R],
+                w_heads: [&[f32]; R],
+                x: [QuantRow<'_>; T],
+            ) -> [[f32; T]; R] {
+                q8_tile::<$isa, R, T>(w, w_heads, x)
+            }
+
+            #[inline(always)]
+            unsafe fn float_tile<E: FloatElem, const R: usize, const T: usize>(
+                w: [&[E]; R],
+                x: [&[f32]; T],
+            ) -> [[f32; T]; R] {
+                float_tile::<E, R, T>(w, x)
+            }
+        }
+    };
+}
+
+delegate_micro_kernels!(Avx2);
+delegate_micro_kernels!(Vnni);
+
+/// Decodes the block heads of a row: one 8-byte load and one F16C
+/// conversion per block widen its first four halves, of which the first two
+/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two.
+///
+/// # Safety
+/// The CPU supports AVX2 and F16C.
+#[inline(always)]
+unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
+    // The 8-byte load must stay inside the block: every format's block is
+    // longer than 8 bytes.
+    const { assert!(Q4_0::BLOCK_BYTES >= 8 && Q4_1::BLOCK_BYTES >= 8 && Q8_0::BLOCK_BYTES >= 8) };
+    let blocks = (heads.len() / 2).min(row.len() / F::BLOCK_BYTES);
+    for b in 0..blocks {
+        // SAFETY: bytes `b * BLOCK_BYTES..+8` and floats `2b..2b + 2` are in
+        // bounds by the choice of `blocks`.
+        let halves = _mm_cvtph_ps(_mm_loadl_epi64(row.as_ptr().add(b * F::BLOCK_BYTES).cast()));
+        let head = match F::OFFSET {
+            Offset::None | Offset::Stored => halves,
+            // [d, -8d]
+            Offset::MinusEightScales => _mm_mul_ps(
+                _mm_shuffle_ps::<0b00_00_00_00>(halves, halves),
+                _mm_setr_ps(1.0, -8.0, 0.0, 0.0),
+            ),
+        };
+        _mm_storel_epi64(heads.as_mut_ptr().add(2 * b).cast(), _mm_castps_si128(head));
+    }
+}
+
+/// Checks the lengths the unchecked loads of a block tile rely on, and
+/// returns the number of blocks.
+fn check_block_tile<const R: usize, const T: usize>(
+    w: &[&[u8]; R],
+    w_heads: &[&[f32]; R],
+    x: &[QuantRow<'_>; T],
+    block_bytes: usize,
+) -> usize {
+    let blocks = x[0].blocks();
+    assert!(w.iter().all(|w| w.len() >= blocks * block_bytes));
+    assert!(w_heads.iter().all(|h| h.len() >= 2 * blocks));
+    assert!(x.iter().all(|x| x.stats.len() >= 2 * blocks));
+    blocks
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and `D`'s instruction set.
+#[inline(always)]
+unsafe fn nibble_tile<D: ByteDot, F: BlockFormat, const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+) -> [[f32; T]; R] {
+    let blocks = check_block_tile(&w, &w_heads, &x, F::BLOCK_BYTES);
+    let low_nibbles = _mm256_set1_epi8(0x0f);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for b in 0..blocks {
+        for r in 0..R {
+            // SAFETY (all loads below): `check_block_tile` checked that every
+            // row and activation holds `blocks` blocks.
+            let packed =
+                _mm_loadu_si128(w[r].as_ptr().add(b * F::BLOCK_BYTES + F::QUANTS_AT).cast());
+            let nibbles = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                low_nibbles,
+            );
+            let w_scale = _mm256_set1_ps(*w_heads[r].get_unchecked(2 * b));
+            for t in 0..T {
+                let quants = _mm256_load_si256(x[t].quants.as_ptr().add(b).cast());
+                let products = D::dot(nibbles, quants);
+                let scale =
+                    _mm256_mul_ps(w_scale, _mm256_set1_ps(*x[t].stats.get_unchecked(2 * b)));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
+            }
+        }
+    }
+    horizontal_sums(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and `D`'s instruction set.
+#[inline(always)]
+unsafe fn q8_tile<D: ByteDot, const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+) -> [[f32; T]; R] {
+    let blocks = check_block_tile(&w, &w_heads, &x, Q8_0::BLOCK_BYTES);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for b in 0..blocks {
+        for r in 0..R {
+            // SAFETY (all loads below): checked by `check_block_tile`.
+            let weights = _mm256_loadu_si256(
+                w[r].as_ptr()
+                    .add(b * Q8_0::BLOCK_BYTES + Q8_0::QUANTS_AT)
+                    .cast(),
+            );
+            let magnitudes = _mm256_sign_epi8(weights, weights);
+            let w_scale = _mm256_set1_ps(*w_heads[r].get_unchecked(2 * b));
+            for t in 0..T {
+                let quants = _mm256_load_si256(x[t].quants.as_ptr().add(b).cast());
+                let products = D::dot(magnitudes, _mm256_sign_epi8(quants, weights));
+                let scale =
+                    _mm256_mul_ps(w_scale, _mm256_set1_ps(*x[t].stats.get_unchecked(2 * b)));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
+            }
+        }
+    }
+    horizontal_sums(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn float_tile<E: FloatElem, const R: usize, const T: usize>(
+    w: [&[E]; R],
+    x: [&[f32]; T],
+) -> [[f32; T]; R] {
+    const LANES: usize = 8;
+    let cols = x[0].len();
+    assert!(w.iter().all(|w| w.len() >= cols) && x.iter().all(|x| x.len() >= cols));
+    let full = cols - cols % LANES;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for c in (0..full).step_by(LANES) {
+        for r in 0..R {
+            // SAFETY: `c + LANES <= cols`, checked against every row above.
+            let weights = load8(w[r].as_ptr().add(c));
+            for t in 0..T {
+                let xs = _mm256_loadu_ps(x[t].as_ptr().add(c));
+                acc[r][t] = _mm256_fmadd_ps(weights, xs, acc[r][t]);
+            }
+        }
+    }
+    let mut sums = horizontal_sums(acc);
+    for r in 0..R {
+        for t in 0..T {
+            sums[r][t] += (full..cols)
+                .map(|c| w[r][c].to_f32() * x[t][c])
+                .sum::<f32>();
+        }
+    }
+    sums
+}
+
+/// Eight consecutive weights widened to f32.
+///
+/// # Safety
+/// Eight elements are readable at `p`; the CPU supports AVX2 and F16C.
+#[inline(always)]
+unsafe fn load8<E: FloatElem>(p: *const E) -> __m256 {
+    match E::KIND {
+        FloatKind::F32 => _mm256_loadu_ps(p.cast()),
+        FloatKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+        // bf16 is the upper half of an f32.
+        FloatKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())),
+            16,
+        )),
+    }
+}
+
+/// # Safety
+/// The CPU supports AVX.
+#[inline(always)]
+unsafe fn horizontal_sums<const R: usize, const T: usize>(acc: [[__m256; T]; R]) -> [[f32; T]; R] {
+    let mut sums = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            let v = acc[r][t];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            sums[r][t] = _mm_cvtss_f32(s);
+        }
+    }
+    sums
+}
+
+const _: () = assert!(QK == 32, "the kernels load one 32-byte vector per block");

@@ -1,0 +1,217 @@
+//! Obvious scalar versions of every kernel: the ground truth.
+//!
+//! Each function is the textbook formula in the most direct loop, with f64
+//! accumulators where a sum is long, and no threads, tiling or quantized
+//! activations. The unit tests compare the fast kernels of [`crate::CpuBackend`]
+//! with these, and the cross-backend suite compares every other backend with
+//! them, within the manifest's tolerance (`tandem_core::kernels::spec`).
+//!
+//! They work on plain slices so any backend's downloaded results can be
+//! checked. They are test oracles: they trust their inputs and panic (index
+//! out of bounds) where the backend would return an error. KV caches are
+//! given as f32 slices of `[num_slots, kv_heads * head_dim]` (an F16 cache
+//! converted first).
+
+use half::f16;
+use tandem_core::backend::{AttentionParams, KvDtype, RmsNormParams, RopeParams, RopeStyle};
+use tandem_core::quant::{dequantize_row, WeightView};
+
+/// `out[t] = table[tokens[t]]`, decoding only the rows looked up.
+pub fn embedding(table: WeightView<'_>, tokens: &[u32], out: &mut [f32]) {
+    let dim = table.cols;
+    for (t, &token) in tokens.iter().enumerate() {
+        dequantize_row(
+            table.format,
+            table.row(token as usize),
+            &mut out[t * dim..(t + 1) * dim],
+        );
+    }
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, per row.
+pub fn rms_norm(x: &[f32], weight: &[f32], p: RmsNormParams, out: &mut [f32]) {
+    for r in 0..p.rows {
+        let row = &x[r * p.dim..(r + 1) * p.dim];
+        let mean_square = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / p.dim as f64;
+        let inv_rms = 1.0 / (mean_square + p.eps as f64).sqrt();
+        for c in 0..p.dim {
+            out[r * p.dim + c] = (row[c] as f64 * inv_rms * weight[c] as f64) as f32;
+        }
+    }
+}
+
+/// `residual += delta; out = rms_norm(residual)`.
+pub fn rms_norm_residual(
+    residual: &mut [f32],
+    delta: &[f32],
+    weight: &[f32],
+    p: RmsNormParams,
+    out: &mut [f32],
+) {
+    let n = p.rows * p.dim;
+    for i in 0..n {
+        residual[i] += delta[i];
+    }
+    rms_norm(residual, weight, p, out);
+}
+
+/// `out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r])`, with `w` fully
+/// dequantized and the activations left in f32.
+pub fn matmul(x: &[f32], w: WeightView<'_>, bias: Option<&[f32]>, rows: usize, out: &mut [f32]) {
+    let weights = w.to_f32();
+    let (n, cols) = (w.rows, w.cols);
+    for t in 0..rows {
+        for r in 0..n {
+            let mut sum = 0f64;
+            for c in 0..cols {
+                sum += x[t * cols + c] as f64 * weights[r * cols + c] as f64;
+            }
+            if let Some(bias) = bias {
+                sum += bias[r] as f64;
+            }
+            out[t * n + r] = sum as f32;
+        }
+    }
+}
+
+/// Rotates pair `i` of every head of row `t` by `positions[t] * inv_freq[i]`.
+pub fn rope(x: &mut [f32], positions: &[u32], inv_freq: &[f32], p: RopeParams) {
+    let half = p.rotary_dim / 2;
+    for t in 0..p.rows {
+        for h in 0..p.heads {
+            let head = &mut x[(t * p.heads + h) * p.head_dim..][..p.head_dim];
+            for (i, &freq) in inv_freq[..half].iter().enumerate() {
+                let angle = positions[t] as f32 * freq;
+                let (sin, cos) = angle.sin_cos();
+                let (a, b) = match p.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::NeoX => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// Writes row `t` of `k` and `v` to slot `slots[t]` of the caches, rounded
+/// to the cache's element type.
+pub fn paged_kv_write(
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+    row_width: usize,
+    dtype: KvDtype,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) {
+    let round = |x: f32| match dtype {
+        KvDtype::F32 => x,
+        KvDtype::F16 => f16::from_f32(x).to_f32(),
+    };
+    for (t, &slot) in slots.iter().enumerate() {
+        let dst = slot as usize * row_width;
+        for c in 0..row_width {
+            k_cache[dst + c] = round(k[t * row_width + c]);
+            v_cache[dst + c] = round(v[t * row_width + c]);
+        }
+    }
+}
+
+/// Copies KV block `src` over block `dst` for each pair, in order;
+/// `block_elems` is `block_size * kv_heads * head_dim`.
+pub fn copy_kv_blocks(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    block_elems: usize,
+    pairs: &[(u32, u32)],
+) {
+    for &(src, dst) in pairs {
+        let (src, dst) = (src as usize * block_elems, dst as usize * block_elems);
+        k_cache.copy_within(src..src + block_elems, dst);
+        v_cache.copy_within(src..src + block_elems, dst);
+    }
+}
+
+/// Causal attention of each query row over the cached keys at positions
+/// `0..=positions[t]` of its sequence (only the last `sliding_window` of them
+/// when set), read through the sequence's block-table row; query head `h`
+/// uses KV head `h / (heads / kv_heads)`. Plain two-pass softmax.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    row_seq: &[u32],
+    positions: &[u32],
+    block_tables: &[u32],
+    p: AttentionParams,
+    out: &mut [f32],
+) {
+    let group = p.heads / p.kv_heads;
+    let kv_width = p.kv_heads * p.head_dim;
+    for t in 0..p.rows {
+        let pos = positions[t] as usize;
+        let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
+        let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let slot = |j: usize| table[j / p.block_size] as usize * p.block_size + j % p.block_size;
+        for h in 0..p.heads {
+            let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
+            let kv_offset = (h / group) * p.head_dim;
+            let scores: Vec<f64> = (first..=pos)
+                .map(|j| {
+                    let key = &k_cache[slot(j) * kv_width + kv_offset..][..p.head_dim];
+                    let dot: f64 = q_head
+                        .iter()
+                        .zip(key)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    dot * p.scale as f64
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let out_head = &mut out[(t * p.heads + h) * p.head_dim..][..p.head_dim];
+            for (d, o) in out_head.iter_mut().enumerate() {
+                let mut sum = 0f64;
+                for (j, w) in (first..=pos).zip(&weights) {
+                    sum += w * v_cache[slot(j) * kv_width + kv_offset + d] as f64;
+                }
+                *o = (sum / total) as f32;
+            }
+        }
+    }
+}
+
+/// `out = silu(gate) * up` with `silu(g) = g / (1 + e^-g)`.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for i in 0..out.len() {
+        let g = gate[i];
+        out[i] = g / (1.0 + (-g).exp()) * up[i];
+    }
+}
+
+/// `out[i] = x[rows[i]]` for rows of `width` elements.
+pub fn gather_rows(x: &[f32], rows: &[u32], width: usize, out: &mut [f32]) {
+    for (i, &r) in rows.iter().enumerate() {
+        let r = r as usize;
+        out[i * width..(i + 1) * width].copy_from_slice(&x[r * width..(r + 1) * width]);
+    }
+}
+
+/// Index of the largest value of each row, the lowest among equal maxima
+/// (NaNs are never the maximum).
+pub fn argmax(x: &[f32], rows: usize, width: usize, out: &mut [u32]) {
+    for r in 0..rows {
+        let row = &x[r * width..(r + 1) * width];
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] || row[best].is_nan() && !v.is_nan() {
+                best = i;
+            }
+        }
+        out[r] = best as u32;
+    }
+}

@@ -1,0 +1,1343 @@
+//! [`CudaBackend`]: the `Backend` trait on one GPU.
+//!
+//! All work goes to one stream, in call order, so buffers need no
+//! synchronisation beyond it (cudarc's per-buffer event tracking is turned
+//! off: it would cost two events per launch and cannot be captured in a
+//! graph). Only the `download*` methods wait for the GPU.
+//!
+//! Kernels are compiled from the embedded sources at first use, through the
+//! on-disk cache (`crate::cache`), one module per kernel file. Before a kernel
+//! touches memory its sizes are checked against the buffers on the host: a
+//! wrong size is an error here, never an out-of-bounds write on the device.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{
+    result as driver_result, sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
+    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use tandem_core::backend::{
+    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
+    RmsNormParams, RopeParams, RopeStyle,
+};
+use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::quant::{WeightFormat, WeightView};
+use tandem_core::Result;
+
+use crate::blas::{Blas, HalfGemm, HalfType};
+use crate::cache::{self, CacheKey, KernelCache};
+use crate::device::{require_driver, DeviceReport};
+use crate::nvrtc::{self, CompileOptions, GpuArch};
+use crate::sources::{self, KernelFile};
+use crate::{backend_error, BACKEND_NAME};
+
+/// f32 activations on the device.
+pub struct CudaTensor {
+    buf: CudaSlice<f32>,
+}
+
+impl CudaTensor {
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// u32 indices on the device.
+pub struct CudaIndices {
+    buf: CudaSlice<u32>,
+}
+
+impl CudaIndices {
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// A weight matrix in its storage format, bytes exactly as in the model file.
+pub struct CudaWeight {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    buf: CudaSlice<u8>,
+}
+
+impl CudaWeight {
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / self.format.block_elems() * self.format.block_bytes()
+    }
+
+    fn elems(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// One layer's paged K and V, `[num_slots, kv_heads * head_dim]` each.
+pub struct CudaKvCache {
+    layout: KvCacheLayout,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+}
+
+impl CudaKvCache {
+    pub fn layout(&self) -> KvCacheLayout {
+        self.layout
+    }
+}
+
+/// The code `kernels/common.cuh` uses for a weight format (`FMT_*`).
+fn format_code(format: WeightFormat) -> i32 {
+    match format {
+        WeightFormat::F32 => 0,
+        WeightFormat::F16 => 1,
+        WeightFormat::BF16 => 2,
+        WeightFormat::Q8_0 => 3,
+        WeightFormat::Q4_0 => 4,
+        WeightFormat::Q4_1 => 5,
+    }
+}
+
+/// Mirror of `AttentionShape` in `kernels/paged_attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct AttentionShape {
+    rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    max_blocks: u32,
+    window: u32,
+    scale: f32,
+}
+
+// SAFETY: plain `#[repr(C)]` data with the kernel's field order and types.
+unsafe impl DeviceRepr for AttentionShape {}
+
+// ---- tuning constants, mirrored from the kernels ----
+
+/// Tokens the decode GEMV takes (`gemv_t8`); more go to the tiled kernel or cuBLAS.
+const GEMV_MAX_TOKENS: usize = 8;
+/// `GEMV_ROWS` output rows per GEMV block of 128 threads (4 warps).
+const GEMV_ROWS_PER_BLOCK: usize = 2;
+const GEMV_THREADS: u32 = 128;
+/// `TILE_T`, `TILE_R` of the tiled GEMM, 256 threads.
+const TILE: usize = 64;
+const TILE_THREADS: u32 = 256;
+/// Attention: at most this many query rows use the split-K decode kernel.
+const DECODE_MAX_ROWS: usize = 16;
+/// Decode splits are at least this many keys long, a multiple of the key tile.
+const MIN_SPLIT_KEYS: usize = 256;
+const MAX_SPLITS: usize = 64;
+const MAX_HEAD_DIM: usize = 256;
+const KEY_TILE: usize = 32;
+const PREFILL_ROWS: usize = 16;
+const ATTENTION_THREADS: u32 = 128;
+/// Static shared memory a block may use without opting in.
+const DEFAULT_SMEM_LIMIT: usize = 48 * 1024;
+/// The y and z grid dimensions' limit.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Which attention kernel runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// The split-K decode kernel for up to 16 query rows, the prefill kernel beyond.
+    #[default]
+    Auto,
+    /// Always the prefill kernel.
+    Prefill,
+    /// Always the decode kernel, with key ranges split every `keys_per_split`
+    /// keys (rounded up to the 32-key tile) and then reduced.
+    DecodeSplit { keys_per_split: usize },
+}
+
+/// Where dense F16/BF16 prefill GEMMs run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DensePrefill {
+    /// cuBLAS when the library loads, else the tiled kernel.
+    #[default]
+    CublasWhenPresent,
+    /// Always the hand-written tiled kernel.
+    Kernels,
+}
+
+/// Choices that change which kernels run, not what they compute: the
+/// defaults are the fast ones; the others let tests reach every path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaConfig {
+    pub attention: AttentionPath,
+    pub dense_prefill: DensePrefill,
+}
+
+/// A CUDA GPU running the Tandem kernel set.
+pub struct CudaBackend {
+    config: CudaConfig,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: GpuArch,
+    report: DeviceReport,
+    kernels: KernelSet,
+    blas: Option<Blas>,
+    /// Attention split partials and half-precision copies of activations for
+    /// cuBLAS; grow-only, reused across calls (stream order keeps reuse safe).
+    scratch: Mutex<Scratch>,
+    /// Set between `begin_capture` and `end_capture` (see `crate::graph`).
+    pub(crate) capturing: AtomicBool,
+}
+
+#[derive(Default)]
+struct Scratch {
+    partials: Option<CudaSlice<f32>>,
+    halves: Option<CudaSlice<u16>>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `device_ordinal`. Fails with a clear error, never a panic,
+    /// when the driver or the device is missing; NVRTC is needed only at the
+    /// first kernel launch.
+    pub fn new(device_ordinal: usize) -> Result<Self> {
+        Self::with_config(device_ordinal, CudaConfig::default())
+    }
+
+    pub fn with_config(device_ordinal: usize, config: CudaConfig) -> Result<Self> {
+        require_driver()?;
+        let devices = crate::device::list_devices()?;
+        let report = devices
+            .into_iter()
+            .find(|d| d.ordinal == device_ordinal)
+            .ok_or_else(|| {
+                backend_error(format!("no CUDA device with ordinal {device_ordinal}"))
+            })?;
+        let ctx = CudaContext::new(device_ordinal).map_err(|e| {
+            backend_error(format!(
+                "creating a context on device {device_ordinal}: {e}"
+            ))
+        })?;
+        // SAFETY: called before any buffer exists; every operation of this
+        // backend goes to the one stream below, which orders them.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| backend_error(format!("creating a stream: {e}")))?;
+        let arch = GpuArch {
+            major: report.compute_capability.0,
+            minor: report.compute_capability.1,
+        };
+        let blas = match config.dense_prefill {
+            DensePrefill::CublasWhenPresent => Blas::new(stream.clone()),
+            DensePrefill::Kernels => None,
+        };
+        Ok(CudaBackend {
+            config,
+            blas,
+            kernels: KernelSet::new(ctx.clone(), arch),
+            ctx,
+            stream,
+            arch,
+            report,
+            scratch: Mutex::new(Scratch::default()),
+            capturing: AtomicBool::new(false),
+        })
+    }
+
+    pub fn device(&self) -> &DeviceReport {
+        &self.report
+    }
+
+    pub fn arch(&self) -> GpuArch {
+        self.arch
+    }
+
+    /// Whether dense F16/BF16 prefill GEMMs go to cuBLAS.
+    pub fn has_cublas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Compiles (or loads from the disk cache) every kernel file now rather
+    /// than at first use, e.g. before capturing a graph or timing a run.
+    pub fn compile_all(&self) -> Result<()> {
+        sources::KERNEL_FILES
+            .iter()
+            .try_for_each(|file| self.kernels.module(file).map(drop))
+    }
+
+    /// Overwrites the start of `dst` with `data` (graph inputs are updated in
+    /// place: a replayed graph reads the buffers it was captured with).
+    pub fn write_indices(&self, dst: &mut CudaIndices, data: &[u32]) -> Result<()> {
+        self.refuse_while_capturing("write_indices")?;
+        check_len("write_indices: destination", dst.len(), data.len())?;
+        let mut view = dst.buf.slice_mut(..data.len());
+        self.stream
+            .memcpy_htod(data, &mut view)
+            .map_err(|e| backend_error(format!("copy to device: {e}")))
+    }
+
+    /// Overwrites the start of `dst` with `data`.
+    pub fn write_tensor(&self, dst: &mut CudaTensor, data: &[f32]) -> Result<()> {
+        self.refuse_while_capturing("write_tensor")?;
+        check_len("write_tensor: destination", dst.len(), data.len())?;
+        let mut view = dst.buf.slice_mut(..data.len());
+        self.stream
+            .memcpy_htod(data, &mut view)
+            .map_err(|e| backend_error(format!("copy to device: {e}")))
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| backend_error(format!("synchronize: {e}")))
+    }
+
+    fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing.load(Ordering::Acquire) {
+            Err(backend_error(format!(
+                "{what} during graph capture: allocate, upload and download outside the captured step"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
+        self.kernels.function(file, entry)
+    }
+
+    fn launch(
+        &self,
+        what: &str,
+        args: &mut cudarc::driver::LaunchArgs<'_>,
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        // SAFETY: every caller checks its buffer sizes against the kernel's
+        // shape arguments first and pushes arguments in the kernel's order.
+        unsafe { args.launch(cfg) }
+            .map(drop)
+            .map_err(|e| backend_error(format!("launching {what}: {e}")))
+    }
+
+    /// A scratch buffer of at least `len` f32, for attention split partials.
+    fn partials(&self, len: usize) -> Result<MutexGuardSlice<'_, f32>> {
+        let mut scratch = self.lock_scratch()?;
+        if scratch.partials.as_ref().is_none_or(|b| b.len() < len) {
+            self.refuse_while_capturing(
+                "growing the attention scratch buffer (run the step once before capturing)",
+            )?;
+            scratch.partials = Some(self.alloc_raw::<f32>(len)?);
+        }
+        Ok(MutexGuardSlice {
+            guard: scratch,
+            pick: |s| s.partials.as_mut(),
+        })
+    }
+
+    /// A scratch buffer of at least `len` u16, for half copies of activations.
+    fn halves(&self, len: usize) -> Result<MutexGuardSlice<'_, u16>> {
+        let mut scratch = self.lock_scratch()?;
+        if scratch.halves.as_ref().is_none_or(|b| b.len() < len) {
+            self.refuse_while_capturing(
+                "growing the GEMM scratch buffer (run the step once before capturing)",
+            )?;
+            scratch.halves = Some(self.alloc_raw::<u16>(len)?);
+        }
+        Ok(MutexGuardSlice {
+            guard: scratch,
+            pick: |s| s.halves.as_mut(),
+        })
+    }
+
+    fn lock_scratch(&self) -> Result<MutexGuard<'_, Scratch>> {
+        self.scratch
+            .lock()
+            .map_err(|_| backend_error("scratch buffer lock poisoned"))
+    }
+
+    fn alloc_raw<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<CudaSlice<T>> {
+        // Zero-length allocations are not allowed by the driver.
+        self.stream
+            .alloc_zeros::<T>(len.max(1))
+            .map_err(|e| backend_error(format!("allocating {len} elements: {e}")))
+    }
+
+    fn sm_count(&self) -> usize {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|n| n.max(1) as usize)
+            .unwrap_or(1)
+    }
+}
+
+/// A locked scratch buffer.
+struct MutexGuardSlice<'a, T> {
+    guard: MutexGuard<'a, Scratch>,
+    pick: fn(&mut Scratch) -> Option<&mut CudaSlice<T>>,
+}
+
+impl<T> MutexGuardSlice<'_, T> {
+    fn slice(&mut self) -> Result<&mut CudaSlice<T>> {
+        (self.pick)(&mut self.guard).ok_or_else(|| backend_error("scratch buffer missing"))
+    }
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        Err(backend_error(format!(
+            "{what} holds {have} elements, {need} needed"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn to_u32(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        backend_error(format!(
+            "{what} = {v} does not fit the kernels' 32-bit sizes"
+        ))
+    })
+}
+
+fn grid_yz(v: usize, what: &str) -> Result<u32> {
+    if v > MAX_GRID_YZ {
+        Err(backend_error(format!(
+            "{what} = {v} exceeds the {MAX_GRID_YZ} a launch grid allows"
+        )))
+    } else {
+        to_u32(v, what)
+    }
+}
+
+fn blocks_for(items: usize, per_block: usize, what: &str) -> Result<u32> {
+    to_u32(items.div_ceil(per_block).max(1), what)
+}
+
+fn config(grid: (u32, u32, u32), threads: u32, shared_mem_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes,
+    }
+}
+
+/// Threads for a one-block-per-row kernel over `width` values: about four
+/// values per thread, a whole number of warps, at most 1024.
+fn row_threads(width: usize) -> u32 {
+    (width.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// The null pointer for an absent optional buffer.
+const NULL_DEVICE_PTR: u64 = 0;
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Indices = CudaIndices;
+    type Weight = CudaWeight;
+    type KvCache = CudaKvCache;
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BACKEND_NAME.to_string(),
+            device: self.report.to_string(),
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaTensor> {
+        self.refuse_while_capturing("alloc")?;
+        Ok(CudaTensor {
+            buf: self.alloc_raw(len)?,
+        })
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<CudaTensor> {
+        let mut t = self.alloc(data.len())?;
+        self.write_tensor(&mut t, data)?;
+        Ok(t)
+    }
+
+    fn download(&self, t: &CudaTensor, len: usize) -> Result<Vec<f32>> {
+        self.refuse_while_capturing("download")?;
+        download(&self.stream, &t.buf, len)
+    }
+
+    fn upload_indices(&self, data: &[u32]) -> Result<CudaIndices> {
+        self.refuse_while_capturing("upload_indices")?;
+        let mut t = CudaIndices {
+            buf: self.alloc_raw(data.len())?,
+        };
+        self.write_indices(&mut t, data)?;
+        Ok(t)
+    }
+
+    fn download_indices(&self, t: &CudaIndices, len: usize) -> Result<Vec<u32>> {
+        self.refuse_while_capturing("download_indices")?;
+        download(&self.stream, &t.buf, len)
+    }
+
+    fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
+        self.refuse_while_capturing("upload_weight")?;
+        let elems = (w.rows as u64).checked_mul(w.cols as u64);
+        let expected = elems.and_then(|e| w.format.bytes_for(e));
+        if expected != Some(w.data.len() as u64) || w.cols % w.format.block_elems() != 0 {
+            return Err(backend_error(format!(
+                "weight of {}x{} {} needs whole blocks per row and {:?} bytes, got {}",
+                w.rows,
+                w.cols,
+                w.format,
+                expected,
+                w.data.len()
+            )));
+        }
+        let mut buf = self.alloc_raw::<u8>(w.data.len())?;
+        if !w.data.is_empty() {
+            let mut view = buf.slice_mut(..w.data.len());
+            self.stream
+                .memcpy_htod(w.data, &mut view)
+                .map_err(|e| backend_error(format!("copy weight to device: {e}")))?;
+        }
+        Ok(CudaWeight {
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            buf,
+        })
+    }
+
+    fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<CudaKvCache> {
+        self.refuse_while_capturing("alloc_kv_cache")?;
+        let bytes = layout
+            .num_slots()
+            .checked_mul(layout.row_width())
+            .and_then(|e| e.checked_mul(layout.dtype.bytes_per_elem()))
+            .ok_or_else(|| backend_error("KV cache size overflows"))?;
+        Ok(CudaKvCache {
+            layout,
+            k: self.alloc_raw(bytes)?,
+            v: self.alloc_raw(bytes)?,
+        })
+    }
+
+    fn copy_kv_blocks(&self, cache: &mut CudaKvCache, pairs: &[(u32, u32)]) -> Result<()> {
+        let layout = cache.layout;
+        let block_bytes = layout.block_size * layout.row_width() * layout.dtype.bytes_per_elem();
+        for &(src, dst) in pairs {
+            if src as usize >= layout.num_blocks || dst as usize >= layout.num_blocks {
+                return Err(backend_error(format!(
+                    "copy_kv_blocks: block pair ({src}, {dst}) outside {} blocks",
+                    layout.num_blocks
+                )));
+            }
+        }
+        for buf in [&mut cache.k, &mut cache.v] {
+            let (base, _sync) = buf.device_ptr(&self.stream);
+            for &(src, dst) in pairs {
+                // SAFETY: both ranges lie inside `buf` (checked above) and the
+                // copy is ordered on the backend's stream.
+                unsafe {
+                    driver_result::memcpy_dtod_async(
+                        base + (dst as usize * block_bytes) as u64,
+                        base + (src as usize * block_bytes) as u64,
+                        block_bytes,
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(|e| backend_error(format!("copy_kv_blocks: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn supports_format(&self, _format: WeightFormat) -> bool {
+        true
+    }
+
+    fn embedding(
+        &self,
+        table: &CudaWeight,
+        tokens: &CudaIndices,
+        rows: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let dim = table.cols;
+        check_len("embedding: tokens", tokens.len(), rows)?;
+        check_len("embedding: out", out.len(), rows * dim)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let f = self.function("embedding", "embedding")?;
+        let (fmt, row_bytes) = (format_code(table.format), table.row_bytes() as u64);
+        let (vocab, dim32) = (to_u32(table.rows, "vocabulary")?, to_u32(dim, "dim")?);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&table.buf)
+            .arg(&fmt)
+            .arg(&row_bytes)
+            .arg(&vocab)
+            .arg(&tokens.buf)
+            .arg(&dim32)
+            .arg(&mut out.buf);
+        let grid = (blocks_for(dim, 256, "dim")?, grid_yz(rows, "rows")?, 1);
+        self.launch("embedding", &mut args, config(grid, 256, 0))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaWeight,
+        p: RmsNormParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len("rms_norm: x", x.len(), p.rows * p.dim)?;
+        check_len("rms_norm: out", out.len(), p.rows * p.dim)?;
+        check_len("rms_norm: weight", weight.elems(), p.dim)?;
+        if p.rows == 0 || p.dim == 0 {
+            return Ok(());
+        }
+        let f = self.function("rms_norm", "rms_norm")?;
+        let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&fmt)
+            .arg(&dim)
+            .arg(&p.eps)
+            .arg(&mut out.buf);
+        let grid = (to_u32(p.rows, "rows")?, 1, 1);
+        self.launch("rms_norm", &mut args, config(grid, row_threads(p.dim), 0))
+    }
+
+    fn rms_norm_residual(
+        &self,
+        residual: &mut CudaTensor,
+        delta: &CudaTensor,
+        weight: &CudaWeight,
+        p: RmsNormParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let n = p.rows * p.dim;
+        check_len("rms_norm_residual: residual", residual.len(), n)?;
+        check_len("rms_norm_residual: delta", delta.len(), n)?;
+        check_len("rms_norm_residual: out", out.len(), n)?;
+        check_len("rms_norm_residual: weight", weight.elems(), p.dim)?;
+        if p.rows == 0 || p.dim == 0 {
+            return Ok(());
+        }
+        let f = self.function("rms_norm_residual", "rms_norm_residual")?;
+        let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&mut residual.buf)
+            .arg(&delta.buf)
+            .arg(&weight.buf)
+            .arg(&fmt)
+            .arg(&dim)
+            .arg(&p.eps)
+            .arg(&mut out.buf);
+        let grid = (to_u32(p.rows, "rows")?, 1, 1);
+        self.launch(
+            "rms_norm_residual",
+            &mut args,
+            config(grid, row_threads(p.dim), 0),
+        )
+    }
+
+    fn matmul(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        p: MatmulParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let (rows, n, cols) = (p.rows, w.rows, w.cols);
+        check_len("matmul: x", x.len(), rows * cols)?;
+        check_len("matmul: out", out.len(), rows * n)?;
+        if let Some(b) = bias {
+            check_len("matmul: bias", b.elems(), n)?;
+        }
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let half = match w.format {
+            WeightFormat::F16 => Some(HalfType::F16),
+            WeightFormat::BF16 => Some(HalfType::BF16),
+            _ => None,
+        };
+        match (half, &self.blas) {
+            (Some(ty), Some(blas)) if rows > GEMV_MAX_TOKENS && cols > 0 => {
+                self.matmul_cublas(blas, ty, x, w, bias, rows, out)
+            }
+            _ => self.matmul_kernel(x, w, bias, rows, out),
+        }
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        positions: &CudaIndices,
+        inv_freq: &CudaTensor,
+        p: RopeParams,
+    ) -> Result<()> {
+        if p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0 {
+            return Err(backend_error(format!(
+                "rope: rotary_dim {} must be even and at most head_dim {}",
+                p.rotary_dim, p.head_dim
+            )));
+        }
+        check_len("rope: x", x.len(), p.rows * p.heads * p.head_dim)?;
+        check_len("rope: positions", positions.len(), p.rows)?;
+        check_len("rope: inv_freq", inv_freq.len(), p.rotary_dim / 2)?;
+        let pairs = p.rows * p.heads * (p.rotary_dim / 2);
+        if pairs == 0 {
+            return Ok(());
+        }
+        let f = self.function("rope", "rope")?;
+        let (rows, heads) = (to_u32(p.rows, "rows")?, to_u32(p.heads, "heads")?);
+        let (head_dim, rotary_dim) = (
+            to_u32(p.head_dim, "head_dim")?,
+            to_u32(p.rotary_dim, "rotary_dim")?,
+        );
+        let style: i32 = match p.style {
+            RopeStyle::Interleaved => 0,
+            RopeStyle::NeoX => 1,
+        };
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&mut x.buf)
+            .arg(&positions.buf)
+            .arg(&inv_freq.buf)
+            .arg(&rows)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(&rotary_dim)
+            .arg(&style);
+        let grid = (blocks_for(pairs, 256, "rope pairs")?, 1, 1);
+        self.launch("rope", &mut args, config(grid, 256, 0))
+    }
+
+    fn paged_kv_write(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        slots: &CudaIndices,
+        rows: usize,
+        cache: &mut CudaKvCache,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        let width = layout.row_width();
+        check_len("paged_kv_write: k", k.len(), rows * width)?;
+        check_len("paged_kv_write: v", v.len(), rows * width)?;
+        check_len("paged_kv_write: slots", slots.len(), rows)?;
+        if rows == 0 || width == 0 {
+            return Ok(());
+        }
+        let entry = match layout.dtype {
+            KvDtype::F32 => "paged_kv_write_f32",
+            KvDtype::F16 => "paged_kv_write_f16",
+        };
+        let f = self.function("paged_kv_write", entry)?;
+        let (rows32, width32) = (to_u32(rows, "rows")?, to_u32(width, "KV width")?);
+        let num_slots = to_u32(layout.num_slots(), "KV slots")?;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&k.buf)
+            .arg(&v.buf)
+            .arg(&slots.buf)
+            .arg(&rows32)
+            .arg(&width32)
+            .arg(&num_slots)
+            .arg(&mut cache.k)
+            .arg(&mut cache.v);
+        let grid = (blocks_for(rows * width, 256, "KV elements")?, 1, 1);
+        self.launch(entry, &mut args, config(grid, 256, 0))
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        if p.head_dim == 0 || p.head_dim > MAX_HEAD_DIM {
+            return Err(backend_error(format!(
+                "paged_attention: head_dim {} outside 1..={MAX_HEAD_DIM}",
+                p.head_dim
+            )));
+        }
+        if p.kv_heads == 0 || p.heads % p.kv_heads != 0 {
+            return Err(backend_error(format!(
+                "paged_attention: {} heads do not share {} KV heads evenly",
+                p.heads, p.kv_heads
+            )));
+        }
+        if p.sliding_window == Some(0) {
+            return Err(backend_error(
+                "paged_attention: sliding_window must be positive",
+            ));
+        }
+        if layout.kv_heads != p.kv_heads
+            || layout.head_dim != p.head_dim
+            || layout.block_size != p.block_size
+        {
+            return Err(backend_error(format!(
+                "paged_attention: parameters {p:?} do not match the cache layout {layout:?}"
+            )));
+        }
+        let width = p.heads * p.head_dim;
+        check_len("paged_attention: q", q.len(), p.rows * width)?;
+        check_len("paged_attention: out", out.len(), p.rows * width)?;
+        check_len("paged_attention: row_seq", idx.row_seq.len(), p.rows)?;
+        check_len("paged_attention: positions", idx.positions.len(), p.rows)?;
+        if p.rows == 0 || p.heads == 0 {
+            return Ok(());
+        }
+        let shape = AttentionShape {
+            rows: to_u32(p.rows, "rows")?,
+            heads: to_u32(p.heads, "heads")?,
+            kv_heads: to_u32(p.kv_heads, "kv_heads")?,
+            head_dim: to_u32(p.head_dim, "head_dim")?,
+            block_size: to_u32(p.block_size, "block_size")?,
+            max_blocks: to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            window: to_u32(p.sliding_window.unwrap_or(0), "sliding_window")?,
+            scale: p.scale,
+        };
+        let suffix = match layout.dtype {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        };
+        match self.config.attention {
+            AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
+                let max_context = p.max_blocks_per_seq * p.block_size;
+                let splits = decode_splits(max_context, p.heads * p.rows, self.sm_count());
+                self.attention_decode(
+                    q,
+                    cache,
+                    &idx,
+                    p,
+                    shape,
+                    suffix,
+                    max_context.div_ceil(splits),
+                    out,
+                )
+            }
+            AttentionPath::Auto | AttentionPath::Prefill => {
+                self.attention_prefill(q, cache, &idx, p, shape, suffix, out)
+            }
+            AttentionPath::DecodeSplit { keys_per_split } => {
+                self.attention_decode(q, cache, &idx, p, shape, suffix, keys_per_split.max(1), out)
+            }
+        }
+    }
+
+    fn swiglu(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        len: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len("swiglu: gate", gate.len(), len)?;
+        check_len("swiglu: up", up.len(), len)?;
+        check_len("swiglu: out", out.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let f = self.function("swiglu", "swiglu")?;
+        let len64 = len as u64;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&gate.buf)
+            .arg(&up.buf)
+            .arg(&len64)
+            .arg(&mut out.buf);
+        // A grid-stride loop: enough blocks to fill the GPU, not one per element.
+        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
+        self.launch("swiglu", &mut args, config(grid, 256, 0))
+    }
+
+    fn gather_rows(
+        &self,
+        x: &CudaTensor,
+        rows: &CudaIndices,
+        n: usize,
+        width: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len("gather_rows: rows", rows.len(), n)?;
+        check_len("gather_rows: out", out.len(), n * width)?;
+        if n == 0 || width == 0 {
+            return Ok(());
+        }
+        // The source rows are device data: the kernel trusts them to lie in
+        // `x`, as the CPU reference's indexing does.
+        let f = self.function("gather_rows", "gather_rows")?;
+        let width32 = to_u32(width, "width")?;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&x.buf)
+            .arg(&rows.buf)
+            .arg(&width32)
+            .arg(&mut out.buf);
+        let grid = (blocks_for(width, 256, "width")?, grid_yz(n, "rows")?, 1);
+        self.launch("gather_rows", &mut args, config(grid, 256, 0))
+    }
+
+    fn argmax(
+        &self,
+        x: &CudaTensor,
+        rows: usize,
+        width: usize,
+        out: &mut CudaIndices,
+    ) -> Result<()> {
+        check_len("argmax: x", x.len(), rows * width)?;
+        check_len("argmax: out", out.len(), rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function("argmax", "argmax")?;
+        let width32 = to_u32(width, "width")?;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&x.buf).arg(&width32).arg(&mut out.buf);
+        let grid = (to_u32(rows, "rows")?, 1, 1);
+        self.launch("argmax", &mut args, config(grid, row_threads(width), 0))
+    }
+}
+
+impl CudaBackend {
+    /// Decode GEMV for up to `GEMV_MAX_TOKENS` rows, the tiled kernel beyond.
+    fn matmul_kernel(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        rows: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let file = matmul_kernel_name(w.format);
+        let (n, cols) = (w.rows, w.cols);
+        let vector_rows = w.format.is_quantized() || cols % 8 == 0;
+        let (entry, cfg) = if rows <= GEMV_MAX_TOKENS && vector_rows {
+            let tokens = rows.next_power_of_two();
+            let grid = (blocks_for(n, GEMV_ROWS_PER_BLOCK, "rows of w")?, 1, 1);
+            (
+                format!("{file}_gemv_t{tokens}"),
+                config(grid, GEMV_THREADS, 0),
+            )
+        } else if rows <= GEMV_MAX_TOKENS {
+            // One warp per output row; GEMV_THREADS / 32 rows per block.
+            let grid = (
+                blocks_for(n, GEMV_THREADS as usize / 32, "rows of w")?,
+                1,
+                1,
+            );
+            (
+                format!("{file}_gemv_unaligned"),
+                config(grid, GEMV_THREADS, 0),
+            )
+        } else {
+            let grid = (
+                blocks_for(n, TILE, "rows of w")?,
+                grid_yz(rows.div_ceil(TILE), "token tiles")?,
+                1,
+            );
+            (format!("{file}_tiled"), config(grid, TILE_THREADS, 0))
+        };
+        let f = self.function(file, &entry)?;
+        let bias_fmt = bias.map_or(0, |b| format_code(b.format));
+        let (tokens, n32, cols32) = (
+            to_u32(rows, "rows")?,
+            to_u32(n, "n")?,
+            to_u32(cols, "cols")?,
+        );
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&w.buf).arg(&x.buf);
+        match bias {
+            Some(b) => args.arg(&b.buf),
+            None => args.arg(&NULL_DEVICE_PTR),
+        };
+        args.arg(&bias_fmt)
+            .arg(&mut out.buf)
+            .arg(&tokens)
+            .arg(&n32)
+            .arg(&cols32);
+        self.launch(&entry, &mut args, cfg)
+    }
+
+    /// Dense prefill GEMM on tensor cores: the activations are rounded to the
+    /// weight's half type (bf16 as a hi + lo pair, see `matmul_bf16.cu`),
+    /// cuBLAS multiplies with f32 accumulation, then the bias is added.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_cublas(
+        &self,
+        blas: &Blas,
+        ty: HalfType,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        rows: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let file = matmul_kernel_name(w.format);
+        let len = rows * w.cols;
+        let parts = match ty {
+            HalfType::F16 => 1,
+            HalfType::BF16 => 2,
+        };
+        let mut halves = self.halves(parts * len)?;
+        let halves = halves.slice()?;
+        let len64 = len as u64;
+        let convert_grid = (blocks_for(len, 256, "x elements")?.min(1 << 16), 1, 1);
+        match ty {
+            HalfType::F16 => {
+                let f = self.function(file, "matmul_f16_convert_x")?;
+                let mut args = self.stream.launch_builder(&f);
+                args.arg(&x.buf).arg(&mut *halves).arg(&len64);
+                self.launch(
+                    "matmul_f16_convert_x",
+                    &mut args,
+                    config(convert_grid, 256, 0),
+                )?;
+            }
+            HalfType::BF16 => {
+                let f = self.function(file, "matmul_bf16_split_x")?;
+                let (mut hi, mut lo) = halves.split_at_mut(len);
+                let mut args = self.stream.launch_builder(&f);
+                args.arg(&x.buf).arg(&mut hi).arg(&mut lo).arg(&len64);
+                self.launch(
+                    "matmul_bf16_split_x",
+                    &mut args,
+                    config(convert_grid, 256, 0),
+                )?;
+            }
+        }
+        {
+            let (w_ptr, _w_sync) = w.buf.device_ptr(&self.stream);
+            let (x_ptr, _x_sync) = halves.device_ptr(&self.stream);
+            let (out_ptr, _out_sync) = out.buf.device_ptr(&self.stream);
+            for part in 0..parts {
+                let gemm = HalfGemm {
+                    ty,
+                    w: w_ptr,
+                    x: x_ptr + (part * len * 2) as u64,
+                    out: out_ptr,
+                    rows,
+                    n: w.rows,
+                    cols: w.cols,
+                    accumulate: part > 0,
+                };
+                // SAFETY: w holds n * cols halves (checked at upload), the
+                // scratch `parts * len` halves, out `rows * n` f32 (checked
+                // by `matmul`).
+                unsafe { blas.half_gemm(&gemm) }?;
+            }
+        }
+        if let Some(b) = bias {
+            let entry = format!("{file}_add_bias");
+            let f = self.function(file, &entry)?;
+            let bias_fmt = format_code(b.format);
+            let (rows32, n32) = (to_u32(rows, "rows")?, to_u32(w.rows, "n")?);
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&mut out.buf)
+                .arg(&b.buf)
+                .arg(&bias_fmt)
+                .arg(&rows32)
+                .arg(&n32);
+            let grid = (
+                blocks_for(rows * w.rows, 256, "out elements")?.min(1 << 16),
+                1,
+                1,
+            );
+            self.launch(&entry, &mut args, config(grid, 256, 0))?;
+        }
+        Ok(())
+    }
+
+    /// Split-K decode attention: a block per (head, row, split of
+    /// `keys_per_split` keys), then the reduction when there is more than one
+    /// split.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_decode(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: &AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        shape: AttentionShape,
+        suffix: &str,
+        keys_per_split: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let max_context = p.max_blocks_per_seq * p.block_size;
+        let split_keys = keys_per_split.div_ceil(KEY_TILE).max(1) * KEY_TILE;
+        let splits = max_context.div_ceil(split_keys).max(1);
+        let split_keys = to_u32(split_keys, "split length")?;
+        let entry = format!("paged_attention_decode_{suffix}");
+        let f = self.function("paged_attention", &entry)?;
+        let grid = (
+            to_u32(p.heads, "heads")?,
+            grid_yz(p.rows, "rows")?,
+            grid_yz(splits, "splits")?,
+        );
+        let partial_len = p.rows * p.heads * splits * (p.head_dim + 2);
+        let mut partials = self.partials(if splits > 1 { partial_len } else { 1 })?;
+        let partials = partials.slice()?;
+        {
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&q.buf)
+                .arg(&cache.k)
+                .arg(&cache.v)
+                .arg(&idx.row_seq.buf)
+                .arg(&idx.positions.buf)
+                .arg(&idx.block_tables.buf)
+                .arg(&shape)
+                .arg(&split_keys)
+                .arg(&mut *partials)
+                .arg(&mut out.buf);
+            self.launch(&entry, &mut args, config(grid, ATTENTION_THREADS, 0))?;
+        }
+        if splits > 1 {
+            let f = self.function("paged_attention", "paged_attention_reduce")?;
+            let (heads, head_dim, splits32) =
+                (shape.heads, shape.head_dim, to_u32(splits, "splits")?);
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&*partials)
+                .arg(&heads)
+                .arg(&head_dim)
+                .arg(&splits32)
+                .arg(&mut out.buf);
+            let grid = (shape.heads, grid_yz(p.rows, "rows")?, 1);
+            self.launch(
+                "paged_attention_reduce",
+                &mut args,
+                config(grid, ATTENTION_THREADS, 0),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Prefill attention: a block per (16 query rows, head), K/V tiles
+    /// staged in shared memory.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_prefill(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: &AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        shape: AttentionShape,
+        suffix: &str,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let entry = format!("paged_attention_prefill_{suffix}");
+        let f = self.function("paged_attention", &entry)?;
+        let smem = prefill_shared_bytes(p.head_dim);
+        if smem > DEFAULT_SMEM_LIMIT {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| backend_error(format!("{entry}: {smem} bytes of shared memory: {e}")))?;
+        }
+        let grid = (
+            blocks_for(p.rows, PREFILL_ROWS, "rows")?,
+            grid_yz(p.heads, "heads")?,
+            1,
+        );
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&q.buf)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&idx.row_seq.buf)
+            .arg(&idx.positions.buf)
+            .arg(&idx.block_tables.buf)
+            .arg(&shape)
+            .arg(&mut out.buf);
+        self.launch(
+            &entry,
+            &mut args,
+            config(grid, ATTENTION_THREADS, smem as u32),
+        )
+    }
+}
+
+/// How many splits a decode attention call uses: enough blocks to cover the
+/// GPU twice, but no split shorter than `MIN_SPLIT_KEYS` keys.
+fn decode_splits(max_context: usize, head_rows: usize, sm_count: usize) -> usize {
+    let by_length = max_context.div_ceil(MIN_SPLIT_KEYS).max(1);
+    let by_occupancy = (2 * sm_count).div_ceil(head_rows.max(1)).max(1);
+    by_length.min(by_occupancy).min(MAX_SPLITS)
+}
+
+/// Dynamic shared memory of `paged_attention_prefill_*` (see the kernel):
+/// q, K (padded) and V tiles of f32, then the tile's slots as i64.
+fn prefill_shared_bytes(head_dim: usize) -> usize {
+    let floats = PREFILL_ROWS * head_dim + KEY_TILE * (head_dim + 1) + KEY_TILE * head_dim;
+    floats * 4 + KEY_TILE * 8
+}
+
+fn download<T: DeviceRepr + Default + Clone>(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<T>,
+    len: usize,
+) -> Result<Vec<T>> {
+    check_len("download: source", buf.len(), len)?;
+    let mut host = vec![T::default(); len];
+    if len > 0 {
+        stream
+            .memcpy_dtoh(&buf.slice(..len), &mut host)
+            .map_err(|e| backend_error(format!("copy to host: {e}")))?;
+    }
+    stream
+        .synchronize()
+        .map_err(|e| backend_error(format!("synchronize: {e}")))?;
+    Ok(host)
+}
+
+/// Compiled kernel modules, one per kernel file, and their functions.
+struct KernelSet {
+    ctx: Arc<CudaContext>,
+    arch: GpuArch,
+    disk: Option<KernelCache>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl KernelSet {
+    fn new(ctx: Arc<CudaContext>, arch: GpuArch) -> Self {
+        KernelSet {
+            ctx,
+            arch,
+            disk: cache::default_dir().map(KernelCache::new),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
+        let mut functions = self
+            .functions
+            .lock()
+            .map_err(|_| backend_error("kernel table lock poisoned"))?;
+        if let Some(f) = functions.get(entry) {
+            return Ok(f.clone());
+        }
+        let kernel_file = sources::kernel_file(file)
+            .ok_or_else(|| backend_error(format!("no kernel file {file}.cu")))?;
+        let f = self
+            .module(kernel_file)?
+            .load_function(entry)
+            .map_err(|e| backend_error(format!("{file}.cu has no kernel {entry}: {e}")))?;
+        functions.insert(entry.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, file: &KernelFile) -> Result<Arc<CudaModule>> {
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| backend_error("kernel module lock poisoned"))?;
+        if let Some(m) = modules.get(file.name) {
+            return Ok(m.clone());
+        }
+        let cubin = self.cubin(file)?;
+        let module = self.ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
+            backend_error(format!("loading {}.cu for {}: {e}", file.name, self.arch))
+        })?;
+        modules.insert(file.name, module.clone());
+        Ok(module)
+    }
+
+    /// The CUBIN of a kernel file: from the disk cache, else compiled (and
+    /// then cached).
+    fn cubin(&self, file: &KernelFile) -> Result<Vec<u8>> {
+        let source = sources::translation_unit(file.name, file.source);
+        let options = CompileOptions::new(self.arch);
+        let args = options.to_args();
+        let key = CacheKey {
+            kernel: file.name,
+            source: &source,
+            arch: self.arch,
+            options: &args,
+            nvrtc_version: nvrtc::nvrtc_version()?,
+        };
+        if let Some(cubin) = self.disk.as_ref().and_then(|d| d.load(&key)) {
+            return Ok(cubin);
+        }
+        let compiled = nvrtc::compile(file.name, &source, &options)?;
+        if let Some(disk) = &self.disk {
+            // A cache that cannot be written only means compiling again next time.
+            let _ = disk.store(&key, &compiled.cubin);
+        }
+        Ok(compiled.cubin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_splits_fill_the_gpu_without_tiny_splits() {
+        // One sequence, 32 heads, 4K context, 132 SMs: 9 splits fill 2 x 132 SMs.
+        assert_eq!(decode_splits(4096, 32, 132), 9);
+        // Short context: never shorter than MIN_SPLIT_KEYS.
+        assert_eq!(decode_splits(300, 32, 132), 2);
+        assert_eq!(decode_splits(100, 32, 132), 1);
+        // Many rows already fill the GPU.
+        assert_eq!(decode_splits(4096, 32 * 16, 132), 1);
+        // Very long contexts are capped.
+        assert_eq!(decode_splits(1 << 20, 1, 132), MAX_SPLITS);
+    }
+
+    #[test]
+    fn prefill_shared_memory_matches_the_kernel_layout() {
+        // head_dim 128: 16*128 + 32*129 + 32*128 floats, then 32 i64 slots.
+        assert_eq!(prefill_shared_bytes(128), (2048 + 4128 + 4096) * 4 + 256);
+        assert!(prefill_shared_bytes(128) <= DEFAULT_SMEM_LIMIT);
+        assert!(prefill_shared_bytes(256) > DEFAULT_SMEM_LIMIT);
+    }
+
+    #[test]
+    fn row_kernels_use_whole_warps() {
+        assert_eq!(row_threads(1), 32);
+        assert_eq!(row_threads(576), 160);
+        assert_eq!(row_threads(4096), 1024);
+        assert_eq!(row_threads(1 << 20), 1024);
+    }
+
+    #[test]
+    fn device_discovery_answers_with_or_without_a_driver() {
+        if crate::driver_present() {
+            // A driver with or without devices: a list, possibly empty.
+            crate::list_devices().unwrap();
+        } else {
+            let err = CudaBackend::new(0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("no CUDA driver found"), "{err}");
+            let err = crate::list_devices()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("no CUDA driver found"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The CUDA sources of the kernel set, embedded in the binary so a deployed
+//! `tandem` needs nothing but the driver and NVRTC.
+//!
+//! One `kernels/NAME.cu` per manifest entry; the helpers they share live in
+//! `kernels/common.cuh`, which [`translation_unit`] pastes in place of the
+//! `#include "common.cuh"` line (NVRTC gets a single self-contained source,
+//! no include path), with `#line` markers so diagnostics name the real file
+//! and line.
+
+/// One kernel file.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelFile {
+    /// Manifest name and file stem.
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+macro_rules! kernel_files {
+    ($($name:literal),* $(,)?) => {
+        &[$(KernelFile {
+            name: $name,
+            source: include_str!(concat!("../../kernels/", $name, ".cu")),
+        }),*]
+    };
+}
+
+/// Every kernel file, in manifest order.
+pub const KERNEL_FILES: &[KernelFile] = kernel_files![
+    "embedding",
+    "rms_norm",
+    "rms_norm_residual",
+    "matmul_f32",
+    "matmul_f16",
+    "matmul_bf16",
+    "matmul_q8_0",
+    "matmul_q4_0",
+    "matmul_q4_1",
+    "rope",
+    "paged_kv_write",
+    "paged_attention",
+    "swiglu",
+    "gather_rows",
+    "argmax",
+];
+
+/// The header every kernel file includes.
+pub const COMMON_HEADER: &str = include_str!("../../kernels/common.cuh");
+
+const INCLUDE_LINE: &str = "#include \"common.cuh\"";
+
+pub fn kernel_file(name: &str) -> Option<&'static KernelFile> {
+    KERNEL_FILES.iter().find(|f| f.name == name)
+}
+
+/// The self-contained source NVRTC compiles for `NAME.cu`: the file with its
+/// `#include "common.cuh"` line replaced by the header's text.
+pub fn translation_unit(name: &str, source: &str) -> String {
+    let mut out = String::with_capacity(COMMON_HEADER.len() + source.len() + 128);
+    for (index, line) in source.lines().enumerate() {
+        if line.trim() == INCLUDE_LINE {
+            out.push_str("#line 1 \"common.cuh\"\n");
+            out.push_str(COMMON_HEADER);
+            if !COMMON_HEADER.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(&format!("#line {} \"{name}.cu\"\n", index + 2));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_core::kernels::MANIFEST;
+
+    #[test]
+    fn every_manifest_entry_has_an_embedded_source_and_no_more() {
+        let embedded: Vec<&str> = KERNEL_FILES.iter().map(|f| f.name).collect();
+        let manifest: Vec<&str> = MANIFEST.iter().map(|k| k.name).collect();
+        assert_eq!(embedded, manifest);
+    }
+
+    #[test]
+    fn the_header_is_pasted_with_line_markers() {
+        let unit = translation_unit("x", "// one\n#include \"common.cuh\"\nint y;\n");
+        assert!(unit.starts_with("// one\n#line 1 \"common.cuh\"\n"));
+        assert!(unit.contains(COMMON_HEADER.trim_end()));
+        assert!(unit.ends_with("#line 3 \"x.cu\"\nint y;\n"));
+    }
+}

@@ -1,0 +1,259 @@
+//! Finding adapters, describing them (`tandem inspect --devices`), and opening
+//! a device on the best one with the features Tandem's shaders can use.
+
+use tandem_core::{Error, Result};
+
+/// Which adapters [`crate::WgpuBackend::new`] may pick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AdapterPreference {
+    /// The best hardware adapter; fail when there is none.
+    HardwareOnly,
+    /// The best hardware adapter, else a software one (lavapipe, WARP, SwiftShader).
+    #[default]
+    AllowSoftware,
+}
+
+/// The native API under wgpu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphicsApi {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+    /// The browser's WebGPU.
+    WebGpu,
+}
+
+impl GraphicsApi {
+    fn of(backend: wgpu::Backend) -> Option<Self> {
+        match backend {
+            wgpu::Backend::Vulkan => Some(GraphicsApi::Vulkan),
+            wgpu::Backend::Metal => Some(GraphicsApi::Metal),
+            wgpu::Backend::Dx12 => Some(GraphicsApi::Dx12),
+            wgpu::Backend::Gl => Some(GraphicsApi::Gl),
+            wgpu::Backend::BrowserWebGpu => Some(GraphicsApi::WebGpu),
+            _ => None,
+        }
+    }
+}
+
+/// How to open the wgpu device.
+#[derive(Clone, Debug, Default)]
+pub struct WgpuOptions {
+    pub adapter: AdapterPreference,
+    /// Only adapters of this API (any when `None`; the ranking prefers
+    /// Vulkan, Metal and DX12 over GL).
+    pub api: Option<GraphicsApi>,
+    /// Use the f32 shader path even where the adapter has `shader-f16`.
+    pub disable_f16: bool,
+    /// Use workgroup-memory reductions even where the adapter has subgroups.
+    pub disable_subgroups: bool,
+    /// Split weights into buffers of at most this many bytes even where the
+    /// adapter's storage binding limit is larger (tests use it to exercise
+    /// the split path with small matrices).
+    pub max_weight_chunk_bytes: Option<u64>,
+}
+
+/// What an adapter is and what it offers, for `tandem inspect --devices`.
+#[derive(Clone, Debug)]
+pub struct AdapterReport {
+    pub name: String,
+    /// `Vulkan`, `Metal`, `Dx12`, `Gl` or `BrowserWebGpu`.
+    pub backend: String,
+    /// `DiscreteGpu`, `IntegratedGpu`, `VirtualGpu`, `Cpu` or `Other`.
+    pub device_type: String,
+    pub driver: String,
+    /// A software rasterizer (`device_type` is `Cpu`).
+    pub software: bool,
+    /// It runs compute shaders at all (some GL adapters do not).
+    pub compute: bool,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+}
+
+impl AdapterReport {
+    fn of(adapter: &wgpu::Adapter) -> Self {
+        let info = adapter.get_info();
+        let features = adapter.features();
+        let limits = adapter.limits();
+        AdapterReport {
+            name: info.name,
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: [info.driver, info.driver_info]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+            software: info.device_type == wgpu::DeviceType::Cpu,
+            compute: adapter
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+        }
+    }
+}
+
+impl std::fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let yes_no = |b: bool| if b { "yes" } else { "no" };
+        write!(
+            f,
+            "{} ({}, {}, {}): compute {}, shader-f16 {}, subgroups {}, \
+             max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, \
+             {} invocations/workgroup, {} workgroups/dimension",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            yes_no(self.compute),
+            yes_no(self.shader_f16),
+            yes_no(self.subgroups),
+            self.max_storage_buffer_binding_size >> 20,
+            self.max_buffer_size >> 20,
+            self.max_compute_workgroup_storage_size >> 10,
+            self.max_compute_invocations_per_workgroup,
+            self.max_compute_workgroups_per_dimension,
+        )
+    }
+}
+
+/// The limits every kernel of `shaders/` fits in: the WebGPU defaults for
+/// workgroups (256 invocations, 16 KiB of workgroup memory).
+pub(crate) const REQUIRED_INVOCATIONS: u32 = 256;
+pub(crate) const REQUIRED_WORKGROUP_STORAGE: u32 = 16 * 1024 - 32;
+
+const INSTALL_HINT: &str = "no usable wgpu adapter: install a Vulkan driver \
+     (on Debian/Ubuntu without a GPU: `apt-get install mesa-vulkan-drivers` for lavapipe)";
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+}
+
+/// Every adapter wgpu finds, best first.
+pub async fn list_adapters_async() -> Vec<AdapterReport> {
+    ranked_adapters(&instance())
+        .await
+        .iter()
+        .map(AdapterReport::of)
+        .collect()
+}
+
+/// Every adapter wgpu finds, best first (blocking; use
+/// [`list_adapters_async`] in the browser).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn list_adapters() -> Vec<AdapterReport> {
+    pollster::block_on(list_adapters_async())
+}
+
+/// Adapters that can run compute shaders, best first: hardware before
+/// software, discrete before integrated, native APIs before GL.
+async fn ranked_adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    let rank = |a: &wgpu::Adapter| {
+        let info = a.get_info();
+        let device = match info.device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Other => 3,
+            wgpu::DeviceType::Cpu => 4,
+        };
+        let api = u8::from(info.backend == wgpu::Backend::Gl);
+        (device, api)
+    };
+    adapters.sort_by_key(rank);
+    adapters
+}
+
+/// An open device and what it was opened with.
+pub(crate) struct OpenDevice {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub report: AdapterReport,
+    pub f16: bool,
+    pub subgroups: bool,
+}
+
+pub(crate) async fn open(options: &WgpuOptions) -> Result<OpenDevice> {
+    let instance = instance();
+    let candidates: Vec<wgpu::Adapter> = ranked_adapters(&instance)
+        .await
+        .into_iter()
+        .filter(|a| {
+            let report = AdapterReport::of(a);
+            report.compute
+                && !(options.adapter == AdapterPreference::HardwareOnly && report.software)
+                && options
+                    .api
+                    .is_none_or(|api| GraphicsApi::of(a.get_info().backend) == Some(api))
+        })
+        .collect();
+    let Some(adapter) = candidates.into_iter().next() else {
+        let what = match (options.adapter, options.api) {
+            (_, Some(api)) => format!("no usable wgpu adapter for {api:?}"),
+            (AdapterPreference::HardwareOnly, None) => "no hardware wgpu adapter found".into(),
+            (AdapterPreference::AllowSoftware, None) => INSTALL_HINT.into(),
+        };
+        return Err(Error::backend("wgpu", what));
+    };
+
+    let report = AdapterReport::of(&adapter);
+    let limits = adapter.limits();
+    if limits.max_compute_invocations_per_workgroup < REQUIRED_INVOCATIONS
+        || limits.max_compute_workgroup_size_x < REQUIRED_INVOCATIONS
+        || limits.max_compute_workgroup_storage_size < REQUIRED_WORKGROUP_STORAGE
+    {
+        return Err(Error::backend(
+            "wgpu",
+            format!(
+                "adapter {} allows {} invocations and {} bytes of workgroup memory per \
+                 workgroup; Tandem's kernels need {REQUIRED_INVOCATIONS} and {REQUIRED_WORKGROUP_STORAGE}",
+                report.name,
+                limits.max_compute_invocations_per_workgroup,
+                limits.max_compute_workgroup_storage_size
+            ),
+        ));
+    }
+
+    let f16 = report.shader_f16 && !options.disable_f16;
+    let subgroups = report.subgroups && !options.disable_subgroups;
+    let mut features = wgpu::Features::empty();
+    if f16 {
+        features |= wgpu::Features::SHADER_F16;
+    }
+    if subgroups {
+        features |= wgpu::Features::SUBGROUP;
+    }
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("tandem"),
+            required_features: features,
+            // Everything the adapter offers: larger bindings mean fewer weight chunks.
+            required_limits: limits,
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        })
+        .await
+        .map_err(|e| Error::backend("wgpu", format!("opening {}: {e}", report.name)))?;
+    Ok(OpenDevice {
+        device,
+        queue,
+        report,
+        f16,
+        subgroups,
+    })
+}

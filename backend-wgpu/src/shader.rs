@@ -1,0 +1,272 @@
+//! The shader generator: the WGSL text of one kernel variant, built from the
+//! single source of each kernel in `shaders/`.
+//!
+//! A variant is the kernel's file, preceded by the prelude (`wgsl/prelude.wgsl`:
+//! invocation ids and workgroup reductions) and, for the kernels that read
+//! weights, by the weight format's decoder (`shaders/matmul_FORMAT.wgsl`);
+//! the matmul entry points themselves live in `wgsl/matmul.wgsl`. Lines
+//! `// #if FLAG`, `// #if !FLAG`, `// #else`, `// #endif` select the text of a
+//! variant. The `enable` directives that must open a module are written here,
+//! because native (naga) and browser WGSL differ there: naga rejects
+//! `enable subgroups;`, which Chrome requires.
+
+use tandem_core::quant::WeightFormat;
+
+/// What the target device and WGSL dialect allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShaderTarget {
+    /// `enable f16;` and `f16` storage (the adapter has `shader-f16`).
+    pub f16: bool,
+    /// Subgroup reductions (the adapter has `subgroups`).
+    pub subgroups: bool,
+    /// Browser WGSL: subgroup operations need `enable subgroups;`.
+    pub browser: bool,
+}
+
+/// One compiled form of a manifest kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShaderVariant {
+    /// Manifest name; `matmul` variants name the format's entry (`matmul_q4_0`).
+    pub kernel: &'static str,
+    /// Weight format of `embedding`; implied by the name for `matmul_*`.
+    pub format: Option<WeightFormat>,
+    /// F16 KV cache (`paged_kv_write`, `paged_attention`).
+    pub kv_f16: bool,
+}
+
+const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
+const MATMUL_ENTRY_POINTS: &str = include_str!("wgsl/matmul.wgsl");
+
+/// The source of each manifest entry, `shaders/NAME.wgsl`.
+const SOURCES: &[(&str, &str)] = &[
+    ("embedding", include_str!("../../shaders/embedding.wgsl")),
+    ("rms_norm", include_str!("../../shaders/rms_norm.wgsl")),
+    (
+        "rms_norm_residual",
+        include_str!("../../shaders/rms_norm_residual.wgsl"),
+    ),
+    ("matmul_f32", include_str!("../../shaders/matmul_f32.wgsl")),
+    ("matmul_f16", include_str!("../../shaders/matmul_f16.wgsl")),
+    ("matmul_bf16", include_str!("../../shaders/matmul_bf16.wgsl")),
+    ("matmul_q8_0", include_str!("../../shaders/matmul_q8_0.wgsl")),
+    ("matmul_q4_0", include_str!("../../shaders/matmul_q4_0.wgsl")),
+    ("matmul_q4_1", include_str!("../../shaders/matmul_q4_1.wgsl")),
+    ("rope", include_str!("../../shaders/rope.wgsl")),
+    (
+        "paged_kv_write",
+        include_str!("../../shaders/paged_kv_write.wgsl"),
+    ),
+    (
+        "paged_attention",
+        include_str!("../../shaders/paged_attention.wgsl"),
+    ),
+    ("swiglu", include_str!("../../shaders/swiglu.wgsl")),
+    ("gather_rows", include_str!("../../shaders/gather_rows.wgsl")),
+    ("argmax", include_str!("../../shaders/argmax.wgsl")),
+];
+
+/// The text of `shaders/NAME.wgsl`, if the manifest entry has one.
+pub fn kernel_source(name: &str) -> Option<&'static str> {
+    SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// The complete WGSL module of `variant` for `target`.
+pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String, String> {
+    let missing = || format!("no WGSL source for kernel `{}`", variant.kernel);
+    let mut parts = vec![PRELUDE];
+    if variant.kernel.starts_with("matmul_") {
+        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
+        parts.push(MATMUL_ENTRY_POINTS);
+    } else {
+        if let Some(format) = variant.format {
+            let decoder = tandem_core::kernels::matmul_kernel_name(format);
+            parts.push(kernel_source(decoder).ok_or_else(missing)?);
+        }
+        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
+    }
+
+    let mut flags = Vec::new();
+    if target.f16 {
+        flags.push("F16");
+    }
+    if target.subgroups {
+        flags.push("SUBGROUPS");
+    }
+    if variant.kv_f16 {
+        flags.push("KV_F16");
+    }
+
+    let mut text = String::new();
+    if target.f16 {
+        text.push_str("enable f16;\n");
+    }
+    if target.subgroups && target.browser {
+        text.push_str("enable subgroups;\n");
+    }
+    for part in parts {
+        text.push_str(&preprocess(part, &flags)?);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Keeps the lines whose enclosing `// #if` conditions hold for `flags`.
+/// Directive lines become empty lines so that line numbers in compiler
+/// messages still match the source file.
+pub fn preprocess(source: &str, flags: &[&str]) -> Result<String, String> {
+    // One entry per open `#if`: (its condition holds, we are in its `#else`).
+    let mut open: Vec<(bool, bool)> = Vec::new();
+    let mut out = String::with_capacity(source.len());
+    for (number, line) in source.lines().enumerate() {
+        let directive = line.trim().strip_prefix("// #").map(str::trim);
+        match directive {
+            Some(d) if d.starts_with("if ") => {
+                let cond = d["if ".len()..].trim();
+                let holds = match cond.strip_prefix('!') {
+                    Some(flag) => !flags.contains(&flag.trim()),
+                    None => flags.contains(&cond),
+                };
+                open.push((holds, false));
+            }
+            Some("else") => match open.last_mut() {
+                Some(top) if !top.1 => top.1 = true,
+                _ => return Err(format!("line {}: `#else` without `#if`", number + 1)),
+            },
+            Some("endif") => {
+                if open.pop().is_none() {
+                    return Err(format!("line {}: `#endif` without `#if`", number + 1));
+                }
+            }
+            _ => {
+                if open.iter().all(|&(holds, in_else)| holds != in_else) {
+                    out.push_str(line);
+                }
+            }
+        }
+        out.push('\n');
+    }
+    if !open.is_empty() {
+        return Err(format!("{} `#if` block(s) never closed", open.len()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_core::kernels::MANIFEST;
+
+    #[test]
+    fn nested_blocks_select_by_flag() {
+        let src = "a\n// #if X\nb\n// #if !Y\nc\n// #else\nd\n// #endif\n// #else\ne\n// #endif\nf";
+        let kept = |flags: &[&str]| -> Vec<String> {
+            preprocess(src, flags)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(kept(&["X"]), ["a", "b", "c", "f"]);
+        assert_eq!(kept(&["X", "Y"]), ["a", "b", "d", "f"]);
+        assert_eq!(kept(&["Y"]), ["a", "e", "f"]);
+    }
+
+    #[test]
+    fn unbalanced_directives_are_errors() {
+        assert!(preprocess("// #if X\na", &[]).is_err());
+        assert!(preprocess("a\n// #endif", &[]).is_err());
+        assert!(preprocess("// #if X\n// #else\n// #else\n// #endif", &[]).is_err());
+    }
+
+    #[test]
+    fn every_manifest_entry_has_a_source() {
+        for spec in MANIFEST {
+            assert!(kernel_source(spec.name).is_some(), "{}", spec.name);
+        }
+        assert_eq!(SOURCES.len(), MANIFEST.len());
+    }
+
+    /// Every variant the backend can ask for, for every target.
+    fn all_variants() -> Vec<ShaderVariant> {
+        let mut variants = Vec::new();
+        for spec in MANIFEST {
+            match spec.name {
+                "embedding" => variants.extend(WeightFormat::ALL.map(|f| ShaderVariant {
+                    kernel: spec.name,
+                    format: Some(f),
+                    kv_f16: false,
+                })),
+                "paged_kv_write" | "paged_attention" => {
+                    for kv_f16 in [false, true] {
+                        variants.push(ShaderVariant {
+                            kernel: spec.name,
+                            format: None,
+                            kv_f16,
+                        });
+                    }
+                }
+                name => variants.push(ShaderVariant {
+                    kernel: name,
+                    format: None,
+                    kv_f16: false,
+                }),
+            }
+        }
+        variants
+    }
+
+    /// Compiles every variant with naga, so a broken shader fails here even
+    /// on a machine without any adapter.
+    #[test]
+    fn every_variant_compiles_with_naga() {
+        let mut failures = Vec::new();
+        for f16 in [false, true] {
+            for subgroups in [false, true] {
+                let target = ShaderTarget {
+                    f16,
+                    subgroups,
+                    browser: false,
+                };
+                for variant in all_variants() {
+                    let text = generate(&variant, &target).unwrap();
+                    let checked = naga::front::wgsl::parse_str(&text)
+                        .map_err(|e| e.emit_to_string(&text))
+                        .and_then(|module| {
+                            naga::valid::Validator::new(
+                                naga::valid::ValidationFlags::all(),
+                                naga::valid::Capabilities::all(),
+                            )
+                            .validate(&module)
+                            .map(drop)
+                            .map_err(|e| e.emit_to_string(&text))
+                        });
+                    if let Err(e) = checked {
+                        failures.push(format!("{variant:?} {target:?}:\n{e}"));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    #[test]
+    fn browser_text_enables_subgroups_and_native_text_does_not() {
+        let variant = ShaderVariant {
+            kernel: "rms_norm",
+            format: None,
+            kv_f16: false,
+        };
+        let mut target = ShaderTarget {
+            f16: true,
+            subgroups: true,
+            browser: true,
+        };
+        let browser = generate(&variant, &target).unwrap();
+        assert!(browser.starts_with("enable f16;\nenable subgroups;\n"));
+        target.browser = false;
+        let native = generate(&variant, &target).unwrap();
+        assert!(!native.contains("enable subgroups"));
+        assert!(native.contains("subgroupAdd"));
+    }
+}

@@ -1,0 +1,443 @@
+//! `KvCacheManager`: the block tables of all sequences over one block pool,
+//! with automatic prefix caching.
+//!
+//! Prefix caching follows vLLM's design: once a full block's K/V are computed
+//! its content is registered under hash(parent block's hash, its tokens), so
+//! the hash names the whole prefix up to that block. A new sequence looks its
+//! prompt's full blocks up one by one ([`KvCacheManager::match_prefix`]) and
+//! shares every block found instead of computing it again. A registered block
+//! is never written again: a sequence that would write into one (after a
+//! truncation) gets a copy first, as with blocks shared by a fork.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use super::{BlockHash, BlockTable, KvBlockAllocator};
+use crate::{Error, Result};
+
+/// Identifies a sequence in the engine and in the KV cache.
+pub type SeqId = u64;
+
+/// Where the K/V of newly appended tokens go, and the block copies the
+/// backend must perform first (copy-on-write of shared blocks).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotReservation {
+    /// One physical slot per appended token, in order.
+    pub slots: Vec<u32>,
+    /// `(src, dst)` whole-block copies to run before writing to `slots`.
+    pub copies: Vec<(u32, u32)>,
+}
+
+#[derive(Debug)]
+pub struct KvCacheManager {
+    allocator: KvBlockAllocator,
+    block_size: usize,
+    tables: HashMap<SeqId, BlockTable>,
+}
+
+impl KvCacheManager {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        assert!(block_size > 0, "block size must be positive");
+        Self {
+            allocator: KvBlockAllocator::new(num_blocks),
+            block_size,
+            tables: HashMap::new(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.allocator.num_blocks()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.allocator.num_free()
+    }
+
+    pub fn num_used_blocks(&self) -> usize {
+        self.allocator.num_used()
+    }
+
+    pub fn allocator(&self) -> &KvBlockAllocator {
+        &self.allocator
+    }
+
+    pub fn table(&self, seq: SeqId) -> Option<&BlockTable> {
+        self.tables.get(&seq)
+    }
+
+    pub fn sequences(&self) -> impl Iterator<Item = (SeqId, &BlockTable)> {
+        self.tables.iter().map(|(&s, t)| (s, t))
+    }
+
+    /// Forgets the content of every unreferenced cached block (blocks held by
+    /// sequences keep theirs).
+    pub fn clear_prefix_cache(&mut self) {
+        self.allocator.evict_all_cached();
+    }
+
+    /// Registers an empty sequence.
+    pub fn add_sequence(&mut self, seq: SeqId) -> Result<()> {
+        if self.tables.contains_key(&seq) {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {seq} already exists"
+            )));
+        }
+        self.tables.insert(seq, BlockTable::default());
+        Ok(())
+    }
+
+    fn table_of(&self, seq: SeqId) -> Result<&BlockTable> {
+        self.tables
+            .get(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))
+    }
+
+    /// Blocks that appending `n_new` tokens to `seq` would take from the pool.
+    pub fn blocks_needed(&self, seq: SeqId, n_new: usize) -> Result<usize> {
+        let table = self.table_of(seq)?;
+        let have = table.blocks().len();
+        let want = (table.num_tokens() + n_new).div_ceil(self.block_size);
+        let cow = usize::from(n_new > 0 && self.last_block_needs_copy(table));
+        Ok(want.saturating_sub(have) + cow)
+    }
+
+    /// Whether the next write lands in a partially filled block that others
+    /// hold or whose content the prefix cache keeps.
+    fn last_block_needs_copy(&self, table: &BlockTable) -> bool {
+        table.num_tokens() % self.block_size != 0
+            && table.blocks().last().is_some_and(|&b| {
+                self.allocator.ref_count(b) > 1 || self.allocator.is_registered(b)
+            })
+    }
+
+    /// Appends `n_new` token slots to `seq`: all or nothing.
+    pub fn reserve(&mut self, seq: SeqId, n_new: usize) -> Result<SlotReservation> {
+        let needed = self.blocks_needed(seq, n_new)?;
+        if needed > self.allocator.num_free() {
+            return Err(Error::KvCacheFull(format!(
+                "sequence {seq} needs {needed} more blocks, {} free",
+                self.allocator.num_free()
+            )));
+        }
+        let bs = self.block_size;
+        let mut table = self.tables.remove(&seq).expect("checked by blocks_needed");
+        let mut copies = Vec::new();
+        if n_new > 0 && self.last_block_needs_copy(&table) {
+            let last = table.blocks().len() - 1;
+            let old = table.blocks()[last];
+            let new = self.allocator.allocate().expect("counted in blocks_needed");
+            self.allocator.release(old);
+            table.replace_block(last, new);
+            copies.push((old, new));
+        }
+        let start = table.num_tokens();
+        while table.capacity(bs) < start + n_new {
+            table.push_block(self.allocator.allocate().expect("counted in blocks_needed"));
+        }
+        let slots = (start..start + n_new).map(|p| table.slot(p, bs)).collect();
+        table.set_num_tokens(start + n_new);
+        self.tables.insert(seq, table);
+        Ok(SlotReservation { slots, copies })
+    }
+
+    /// Makes `child` share all of `parent`'s blocks (copy-on-write).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        if self.tables.contains_key(&child) {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {child} already exists"
+            )));
+        }
+        let table = self.table_of(parent)?.clone();
+        for &b in table.blocks() {
+            self.allocator.retain(b);
+        }
+        self.tables.insert(child, table);
+        Ok(())
+    }
+
+    /// Keeps only the first `n_tokens` tokens of `seq` (rollback of rejected
+    /// speculative tokens, or a chat turn rewritten), freeing unused blocks.
+    pub fn truncate(&mut self, seq: SeqId, n_tokens: usize) -> Result<()> {
+        let bs = self.block_size;
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        if n_tokens > table.num_tokens() {
+            return Err(Error::InvalidRequest(format!(
+                "cannot truncate sequence {seq} of {} tokens to {n_tokens}",
+                table.num_tokens()
+            )));
+        }
+        for b in table.truncate_blocks(n_tokens.div_ceil(bs)) {
+            self.allocator.release(b);
+        }
+        table.truncate_hashes(n_tokens / bs);
+        table.set_num_tokens(n_tokens);
+        Ok(())
+    }
+
+    /// Shares the cached blocks of the longest prefix of `tokens` made of
+    /// full blocks, in the empty sequence `seq`. Returns how many leading
+    /// tokens are now in the cache (a multiple of the block size).
+    pub fn match_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize> {
+        let bs = self.block_size;
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        if table.num_tokens() != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {seq} already has tokens; prefixes are matched on empty sequences"
+            )));
+        }
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(bs) {
+            let hash = block_hash(parent, chunk);
+            let Some(block) = self.allocator.lookup(hash) else {
+                break;
+            };
+            self.allocator.retain(block);
+            table.push_block(block);
+            table.push_hash(hash);
+            parent = Some(hash);
+        }
+        let cached = table.blocks().len() * bs;
+        table.set_num_tokens(cached);
+        Ok(cached)
+    }
+
+    /// Registers the full blocks of `seq` whose K/V are now computed, given
+    /// the sequence's leading `computed` tokens, so later requests can share them.
+    pub fn commit_full_blocks(&mut self, seq: SeqId, computed: &[u32]) -> Result<()> {
+        let bs = self.block_size;
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        let full = computed.len().min(table.num_tokens()) / bs;
+        for i in table.hashes().len()..full {
+            let parent = table.hashes().last().copied();
+            let hash = block_hash(parent, &computed[i * bs..(i + 1) * bs]);
+            self.allocator.register(table.blocks()[i], hash);
+            table.push_hash(hash);
+        }
+        Ok(())
+    }
+
+    /// Forgets `seq`, releasing its blocks.
+    pub fn free(&mut self, seq: SeqId) {
+        if let Some(table) = self.tables.remove(&seq) {
+            for &b in table.blocks() {
+                self.allocator.release(b);
+            }
+        }
+    }
+}
+
+/// The prefix-cache key of a full block: its tokens and, through the parent's
+/// hash, every token before it. 64 bits make an accidental collision between
+/// two different prefixes in one cache vanishingly unlikely.
+pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    // SipHash with fixed keys: the same value on every run and platform.
+    let mut h = std::hash::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn reserve_fills_blocks_in_order() {
+        let mut m = KvCacheManager::new(8, 4);
+        m.add_sequence(1).unwrap();
+        let r = m.reserve(1, 6).unwrap();
+        assert_eq!(r.slots, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(m.num_used_blocks(), 2);
+        assert_eq!(m.reserve(1, 1).unwrap().slots, vec![6]);
+        assert_eq!(m.num_used_blocks(), 2);
+    }
+
+    #[test]
+    fn full_pool_is_an_error_and_changes_nothing() {
+        let mut m = KvCacheManager::new(2, 4);
+        m.add_sequence(1).unwrap();
+        m.reserve(1, 5).unwrap();
+        let err = m.reserve(1, 4).unwrap_err();
+        assert!(matches!(err, Error::KvCacheFull(_)), "{err}");
+        assert_eq!(m.table(1).unwrap().num_tokens(), 5);
+        assert_eq!(m.num_free_blocks(), 0);
+    }
+
+    #[test]
+    fn fork_shares_then_copies_the_partial_last_block_on_write() {
+        let mut m = KvCacheManager::new(8, 4);
+        m.add_sequence(1).unwrap();
+        m.reserve(1, 6).unwrap();
+        m.fork(1, 2).unwrap();
+        assert_eq!(m.num_used_blocks(), 2);
+        let r = m.reserve(2, 1).unwrap();
+        assert_eq!(r.copies, vec![(1, 2)]);
+        assert_eq!(r.slots, vec![2 * 4 + 2]);
+        assert_eq!(m.table(2).unwrap().blocks(), &[0, 2]);
+        assert_eq!(m.allocator().ref_count(0), 2);
+        assert_eq!(m.allocator().ref_count(1), 1);
+        m.free(1);
+        m.free(2);
+        assert_eq!(m.num_free_blocks(), 8);
+    }
+
+    #[test]
+    fn truncate_releases_tail_blocks() {
+        let mut m = KvCacheManager::new(8, 4);
+        m.add_sequence(1).unwrap();
+        m.reserve(1, 11).unwrap();
+        m.truncate(1, 5).unwrap();
+        assert_eq!(m.num_used_blocks(), 2);
+        assert_eq!(m.reserve(1, 1).unwrap().slots, vec![5]);
+        assert!(m.truncate(1, 50).is_err());
+    }
+
+    fn computed(m: &mut KvCacheManager, seq: SeqId, tokens: &[u32]) {
+        m.add_sequence(seq).unwrap();
+        m.reserve(seq, tokens.len()).unwrap();
+        m.commit_full_blocks(seq, tokens).unwrap();
+    }
+
+    #[test]
+    fn a_shared_prefix_is_found_block_by_block() {
+        let mut m = KvCacheManager::new(8, 4);
+        let tokens: Vec<u32> = (0..10).collect();
+        computed(&mut m, 1, &tokens);
+        // Two full blocks are registered, the partial third is not.
+        m.add_sequence(2).unwrap();
+        assert_eq!(m.match_prefix(2, &tokens).unwrap(), 8);
+        assert_eq!(
+            m.table(2).unwrap().blocks(),
+            &m.table(1).unwrap().blocks()[..2]
+        );
+        assert_eq!(m.allocator().ref_count(0), 2);
+        // A different second block stops the match after the first.
+        let mut other = tokens.clone();
+        other[5] = 99;
+        m.add_sequence(3).unwrap();
+        assert_eq!(m.match_prefix(3, &other).unwrap(), 4);
+        // The same tokens at a different position (other parent) do not match.
+        m.add_sequence(4).unwrap();
+        assert_eq!(m.match_prefix(4, &tokens[4..]).unwrap(), 0);
+    }
+
+    #[test]
+    fn freed_prefix_blocks_stay_cached_until_memory_is_needed() {
+        let mut m = KvCacheManager::new(4, 4);
+        let a: Vec<u32> = (0..8).collect();
+        let b: Vec<u32> = (100..108).collect();
+        computed(&mut m, 1, &a);
+        m.free(1);
+        assert_eq!((m.num_free_blocks(), m.allocator().num_cached()), (4, 2));
+        computed(&mut m, 2, &b);
+        m.free(2);
+        assert_eq!(m.allocator().num_cached(), 4);
+        // Needing one block evicts the least recently released: `a`'s first.
+        m.add_sequence(3).unwrap();
+        m.reserve(3, 1).unwrap();
+        m.add_sequence(4).unwrap();
+        assert_eq!(
+            m.match_prefix(4, &a).unwrap(),
+            0,
+            "a's chain is broken at block 0"
+        );
+        m.add_sequence(5).unwrap();
+        assert_eq!(m.match_prefix(5, &b).unwrap(), 8);
+    }
+
+    #[test]
+    fn a_registered_block_is_copied_before_it_is_rewritten() {
+        let mut m = KvCacheManager::new(8, 4);
+        let tokens: Vec<u32> = (0..8).collect();
+        computed(&mut m, 1, &tokens);
+        m.truncate(1, 6).unwrap();
+        let r = m.reserve(1, 1).unwrap();
+        assert_eq!(r.copies, vec![(1, 2)]);
+        assert_eq!(m.allocator().num_cached(), 1, "the original stays cached");
+        m.add_sequence(2).unwrap();
+        assert_eq!(m.match_prefix(2, &tokens).unwrap(), 8);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add,
+        Append(usize, usize),
+        Fork(usize),
+        Truncate(usize, usize),
+        Free(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            Just(Op::Add),
+            (0..8usize, 1..12usize).prop_map(|(s, n)| Op::Append(s, n)),
+            (0..8usize).prop_map(Op::Fork),
+            (0..8usize, 0..30usize).prop_map(|(s, n)| Op::Truncate(s, n)),
+            (0..8usize).prop_map(Op::Free),
+        ]
+    }
+
+    proptest! {
+        /// Reference counts equal the number of tables holding each block, and
+        /// free blocks are exactly the unreferenced ones, after any operations.
+        #[test]
+        fn refcounts_match_tables(ops in prop::collection::vec(op(), 1..60)) {
+            let mut m = KvCacheManager::new(16, 3);
+            let mut live: Vec<SeqId> = Vec::new();
+            let mut next = 0;
+            for op in ops {
+                match op {
+                    Op::Add => { m.add_sequence(next).unwrap(); live.push(next); next += 1; }
+                    Op::Append(i, n) if !live.is_empty() => {
+                        let s = live[i % live.len()];
+                        let before = m.table(s).unwrap().clone();
+                        match m.reserve(s, n) {
+                            Ok(r) => prop_assert_eq!(r.slots.len(), n),
+                            Err(_) => prop_assert_eq!(m.table(s).unwrap(), &before),
+                        }
+                    }
+                    Op::Fork(i) if !live.is_empty() => {
+                        let s = live[i % live.len()];
+                        m.fork(s, next).unwrap(); live.push(next); next += 1;
+                    }
+                    Op::Truncate(i, n) if !live.is_empty() => {
+                        let s = live[i % live.len()];
+                        let len = m.table(s).unwrap().num_tokens();
+                        m.truncate(s, n.min(len)).unwrap();
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let s = live.remove(i % live.len());
+                        m.free(s);
+                    }
+                    _ => {}
+                }
+                let mut holders = vec![0u32; m.num_blocks()];
+                for (_, t) in m.sequences() {
+                    prop_assert!(t.capacity(3) >= t.num_tokens());
+                    prop_assert!(t.blocks().len() == t.num_tokens().div_ceil(3));
+                    for &b in t.blocks() { holders[b as usize] += 1; }
+                }
+                let mut free = 0;
+                for (b, &h) in holders.iter().enumerate() {
+                    prop_assert_eq!(m.allocator().ref_count(b as u32), h);
+                    free += usize::from(h == 0);
+                }
+                prop_assert_eq!(free, m.num_free_blocks());
+            }
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! Models with random weights, for tests and benchmarks: a tiny model that
+//! the tests write as GGUF and as safetensors, and full-size shapes (e.g.
+//! Llama-3-8B) to measure a backend's speed without downloading weights.
+//!
+//! Weights are generated in Hugging Face's layout (Q/K rows in NeoX order);
+//! the GGUF form permutes Q/K rows as llama.cpp's converter does, so both
+//! files describe the same function. The tokenizer is byte-level BPE over
+//! GPT-2's 256 byte symbols plus a few special tokens, padded to the
+//! vocabulary size with unused tokens.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::gguf::{GgufFile, GgufValue, GgufWriter};
+use super::safetensors::{hf_name, SafetensorsWriter};
+use super::{Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore};
+use crate::backend::RopeStyle;
+use crate::quant::{quantize_row, WeightFormat, QK};
+use crate::sched::Rng;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// Special tokens of the synthetic vocabulary, right after the 256 byte tokens.
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// A random model: its shape, the format of its matrices, and a seed.
+#[derive(Clone, Debug)]
+pub struct SyntheticModel {
+    pub config: ModelConfig,
+    pub format: WeightFormat,
+    pub seed: u64,
+}
+
+/// One tensor of the model, in f32, Hugging Face layout, canonical name.
+pub struct NamedTensor {
+    pub name: String,
+    /// Innermost first: `[cols, rows]` for a matrix, `[len]` for a vector.
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl SyntheticModel {
+    /// A named shape: `tiny` (tests), `smollm2-135m`, `llama3-8b`.
+    pub fn preset(name: &str, format: WeightFormat, seed: u64) -> Result<Self> {
+        let base = ModelConfig {
+            arch: "llama".into(),
+            vocab_size: 320,
+            hidden_size: 64,
+            intermediate_size: 160,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            rotary_dim: 16,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            rope_style: RopeStyle::Interleaved,
+            max_context: 512,
+            tied_embeddings: false,
+            qkv_bias: false,
+            sliding_window: None,
+        };
+        let config = match name {
+            "tiny" => base,
+            "smollm2-135m" => ModelConfig {
+                vocab_size: 49152,
+                hidden_size: 576,
+                intermediate_size: 1536,
+                num_layers: 30,
+                num_heads: 9,
+                num_kv_heads: 3,
+                head_dim: 64,
+                rotary_dim: 64,
+                rope_theta: 100000.0,
+                max_context: 8192,
+                tied_embeddings: true,
+                ..base
+            },
+            "llama3-8b" => ModelConfig {
+                vocab_size: 128256,
+                hidden_size: 4096,
+                intermediate_size: 14336,
+                num_layers: 32,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rotary_dim: 128,
+                rope_theta: 500000.0,
+                max_context: 8192,
+                ..base
+            },
+            other => {
+                return Err(Error::InvalidRequest(format!(
+                    "unknown model shape '{other}' (known: tiny, smollm2-135m, llama3-8b)"
+                )))
+            }
+        };
+        Ok(Self {
+            config,
+            format,
+            seed,
+        })
+    }
+
+    /// Every tensor's canonical name and shape (innermost first), in file order.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let c = &self.config;
+        let (d, f) = (c.hidden_size, c.intermediate_size);
+        let mut out = vec![("token_embd.weight".to_string(), vec![d, c.vocab_size])];
+        for i in 0..c.num_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            out.push((n("attn_norm.weight"), vec![d]));
+            out.push((n("attn_q.weight"), vec![d, c.q_dim()]));
+            out.push((n("attn_k.weight"), vec![d, c.kv_dim()]));
+            out.push((n("attn_v.weight"), vec![d, c.kv_dim()]));
+            if c.qkv_bias {
+                out.push((n("attn_q.bias"), vec![c.q_dim()]));
+                out.push((n("attn_k.bias"), vec![c.kv_dim()]));
+                out.push((n("attn_v.bias"), vec![c.kv_dim()]));
+            }
+            out.push((n("attn_output.weight"), vec![c.q_dim(), d]));
+            out.push((n("ffn_norm.weight"), vec![d]));
+            out.push((n("ffn_gate.weight"), vec![d, f]));
+            out.push((n("ffn_up.weight"), vec![d, f]));
+            out.push((n("ffn_down.weight"), vec![f, d]));
+        }
+        out.push(("output_norm.weight".to_string(), vec![d]));
+        if !c.tied_embeddings {
+            out.push(("output.weight".to_string(), vec![d, c.vocab_size]));
+        }
+        out
+    }
+
+    /// All weights as f32 in Hugging Face layout (only sensible for small shapes).
+    pub fn f32_tensors(&self) -> Vec<NamedTensor> {
+        let mut rng = Rng::new(self.seed);
+        self.tensor_shapes()
+            .into_iter()
+            .map(|(name, shape)| {
+                let data = random_values(&mut rng, &name, &shape);
+                NamedTensor { name, shape, data }
+            })
+            .collect()
+    }
+
+    /// The model as a GGUF file: matrices in `self.format`, Q/K rows permuted
+    /// for interleaved RoPE, plus the synthetic tokenizer.
+    pub fn to_gguf(&self) -> Result<Vec<u8>> {
+        let c = &self.config;
+        let mut w = GgufWriter::new();
+        for (k, v) in gguf_metadata(c) {
+            w.add_metadata(&k, v)?;
+        }
+        for t in self.f32_tensors() {
+            let data = match t.name.rsplit_once('.').map(|(stem, _)| stem) {
+                Some(s) if s.ends_with("attn_q") => {
+                    permute_for_interleaved_rope(&t.data, c.num_heads, t.shape[0])
+                }
+                Some(s) if s.ends_with("attn_k") => {
+                    permute_for_interleaved_rope(&t.data, c.num_kv_heads, t.shape[0])
+                }
+                _ => t.data,
+            };
+            let format = if t.shape.len() == 1 {
+                WeightFormat::F32
+            } else {
+                self.format
+            };
+            let bytes = quantize_row(format, &data);
+            w.add_tensor(&t.name, format, &t.shape, bytes)?;
+        }
+        Ok(w.to_bytes())
+    }
+
+    /// The model in memory, ready for `Engine::new`, without an f32 copy of
+    /// the weights: quantized blocks are drawn directly, so full-size shapes
+    /// fit (Llama-3-8B Q4_1 is about 5 GB).
+    pub fn files(&self) -> Result<ModelFiles> {
+        let c = &self.config;
+        let mut rng = Rng::new(self.seed);
+        let shapes = self.tensor_shapes();
+        let mut infos = Vec::with_capacity(shapes.len());
+        let mut bytes = Vec::new();
+        for (name, shape) in shapes {
+            let format = if shape.len() == 1 {
+                WeightFormat::F32
+            } else {
+                self.format
+            };
+            let data = random_bytes(&mut rng, format, &name, &shape);
+            infos.push(TensorInfo {
+                name,
+                format,
+                shape,
+                file: 0,
+                offset: bytes.len(),
+                len: data.len(),
+            });
+            bytes.extend(data);
+        }
+        let mut tensors = TensorStore::default();
+        tensors.add_file(Arc::new(Bytes::Owned(bytes)));
+        for info in infos {
+            tensors.insert(info);
+        }
+        let tokenizer = synthetic_tokenizer(c.vocab_size)?;
+        Ok(ModelFiles {
+            path: format!("random:{}", describe(c)).into(),
+            config: c.clone(),
+            tensors,
+            tokenizer,
+            metadata: vec![("synthetic.seed".into(), self.seed.to_string())],
+        })
+    }
+
+    /// Writes `to_gguf()` to `path`.
+    pub fn write_gguf(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_gguf()?).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+impl SyntheticModel {
+    /// Writes the model as a Hugging Face directory: `config.json`,
+    /// `model.safetensors` (matrices in F32, or F16/BF16 when that is the
+    /// model's format), `tokenizer.json` and `tokenizer_config.json`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn write_hf_dir(&self, dir: &Path) -> Result<()> {
+        let c = &self.config;
+        let format = match self.format {
+            WeightFormat::F16 | WeightFormat::BF16 => self.format,
+            _ => WeightFormat::F32,
+        };
+        let mut st = SafetensorsWriter::new();
+        st.add_metadata("format", "pt");
+        for t in self.f32_tensors() {
+            let name = hf_name(&t.name).expect("synthetic tensors have Hugging Face names");
+            let tensor_format = if t.shape.len() == 1 {
+                WeightFormat::F32
+            } else {
+                format
+            };
+            let shape: Vec<usize> = t.shape.iter().rev().copied().collect();
+            st.add_tensor(
+                &name,
+                tensor_format,
+                &shape,
+                quantize_row(tensor_format, &t.data),
+            )?;
+        }
+        let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
+            r.map_err(|source| Error::Io { path, source })
+        };
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        st.write(&dir.join("model.safetensors"))?;
+        let config = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads,
+            "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "rms_norm_eps": c.rms_eps,
+            "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_context,
+            "tie_word_embeddings": c.tied_embeddings,
+            "bos_token_id": 256,
+            "eos_token_id": 256,
+        });
+        let path = dir.join("config.json");
+        io(path.clone(), std::fs::write(&path, config.to_string()))?;
+        let tokenizer = synthetic_tokenizer(c.vocab_size)?;
+        let path = dir.join("tokenizer.json");
+        io(path.clone(), std::fs::write(&path, tokenizer.to_hf_json()?))?;
+        let tokenizer_config = serde_json::json!({
+            "bos_token": SPECIAL_TOKENS[0],
+            "eos_token": SPECIAL_TOKENS[0],
+            "add_bos_token": false,
+        });
+        let path = dir.join("tokenizer_config.json");
+        io(
+            path.clone(),
+            std::fs::write(&path, tokenizer_config.to_string()),
+        )
+    }
+}
+
+fn describe(c: &ModelConfig) -> String {
+    format!("{}x{}x{}", c.num_layers, c.hidden_size, c.vocab_size)
+}
+
+/// The `llama.*` and `tokenizer.ggml.*` keys of a synthetic model.
+pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
+    let u = |v: usize| GgufValue::U32(v as u32);
+    let mut m = vec![
+        (
+            "general.architecture".to_string(),
+            GgufValue::String(c.arch.clone()),
+        ),
+        (
+            "general.name".to_string(),
+            GgufValue::String("tandem synthetic".into()),
+        ),
+        (format!("{}.context_length", c.arch), u(c.max_context)),
+        (format!("{}.embedding_length", c.arch), u(c.hidden_size)),
+        (
+            format!("{}.feed_forward_length", c.arch),
+            u(c.intermediate_size),
+        ),
+        (format!("{}.block_count", c.arch), u(c.num_layers)),
+        (format!("{}.attention.head_count", c.arch), u(c.num_heads)),
+        (
+            format!("{}.attention.head_count_kv", c.arch),
+            u(c.num_kv_heads),
+        ),
+        (format!("{}.attention.key_length", c.arch), u(c.head_dim)),
+        (
+            format!("{}.attention.layer_norm_rms_epsilon", c.arch),
+            GgufValue::F32(c.rms_eps),
+        ),
+        (
+            format!("{}.rope.freq_base", c.arch),
+            GgufValue::F32(c.rope_theta),
+        ),
+        (format!("{}.rope.dimension_count", c.arch), u(c.rotary_dim)),
+        (format!("{}.vocab_size", c.arch), u(c.vocab_size)),
+    ];
+    m.extend(tokenizer_metadata(c.vocab_size));
+    m
+}
+
+/// GPT-2's reversible map from bytes to printable characters.
+fn byte_symbols() -> Vec<char> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).expect("latin-1 is valid")
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).expect("below the surrogates")
+            }
+        })
+        .collect()
+}
+
+/// `tokenizer.ggml.*` keys of the synthetic byte-level vocabulary.
+pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
+    let symbols = byte_symbols();
+    let mut tokens: Vec<String> = symbols.iter().map(|c| c.to_string()).collect();
+    let mut types = vec![1i32; 256];
+    for s in SPECIAL_TOKENS {
+        tokens.push(s.to_string());
+        types.push(3);
+    }
+    // A few merges so encoding exercises BPE, not just byte lookup.
+    let sp = symbols[b' ' as usize];
+    let merges = [(sp, 't'), ('h', 'e'), (sp, 'a'), ('i', 'n')];
+    let mut merge_strings = Vec::new();
+    for (a, b) in merges {
+        tokens.push(format!("{a}{b}"));
+        types.push(1);
+        merge_strings.push(GgufValue::String(format!("{a} {b}")));
+    }
+    while tokens.len() < vocab_size {
+        tokens.push(format!("<unused_{}>", tokens.len()));
+        types.push(5);
+    }
+    tokens.truncate(vocab_size.max(256 + SPECIAL_TOKENS.len()));
+    types.truncate(tokens.len());
+    let strings = |v: Vec<String>| GgufValue::Array(v.into_iter().map(GgufValue::String).collect());
+    vec![
+        (
+            "tokenizer.ggml.model".into(),
+            GgufValue::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".into(),
+            GgufValue::String("smollm".into()),
+        ),
+        ("tokenizer.ggml.tokens".into(), strings(tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            GgufValue::Array(merge_strings),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), GgufValue::U32(256)),
+        ("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(256)),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            GgufValue::Bool(false),
+        ),
+    ]
+}
+
+fn synthetic_tokenizer(vocab_size: usize) -> Result<Tokenizer> {
+    let file = GgufFile {
+        version: 3,
+        metadata: tokenizer_metadata(vocab_size),
+        tensors: Vec::new(),
+        bytes: Arc::new(Bytes::Owned(Vec::new())),
+    };
+    Tokenizer::from_gguf(&file)
+}
+
+/// Reorders each head's rows from NeoX order (halves) to interleaved pairs,
+/// as llama.cpp's converter does: row `2i` ← row `i`, row `2i+1` ← row `i + d/2`.
+pub fn permute_for_interleaved_rope(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = w.len() / cols;
+    let head_dim = rows / heads;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; w.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for (dst, src) in [(2 * i, i), (2 * i + 1, i + half)] {
+                let d = (h * head_dim + dst) * cols;
+                let s = (h * head_dim + src) * cols;
+                out[d..d + cols].copy_from_slice(&w[s..s + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// Norm weights near 1, biases small, matrices scaled by 1/sqrt(fan-in) so
+/// activations stay in a realistic range through many layers.
+fn random_values(rng: &mut Rng, name: &str, shape: &[usize]) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    let uniform = |rng: &mut Rng| (rng.next_f64() * 2.0 - 1.0) as f32;
+    if name.contains("norm") {
+        (0..n).map(|_| 1.0 + 0.1 * uniform(rng)).collect()
+    } else if name.ends_with(".bias") {
+        (0..n).map(|_| 0.1 * uniform(rng)).collect()
+    } else {
+        let scale = (3.0 / shape[0] as f32).sqrt();
+        (0..n).map(|_| scale * uniform(rng)).collect()
+    }
+}
+
+/// Random data directly in `format`: quantized blocks get a plausible scale
+/// and random codes, so no f32 copy of a large model is ever made.
+fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]) -> Vec<u8> {
+    if !format.is_quantized() {
+        return quantize_row(format, &random_values(rng, name, shape));
+    }
+    let elems: usize = shape.iter().product();
+    let blocks = elems / QK;
+    let scale = (3.0 / shape[0] as f32).sqrt();
+    let mut out = Vec::with_capacity(blocks * format.block_bytes());
+    let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for _ in 0..blocks {
+        let bits = rng.next_u64().to_le_bytes();
+        let more = rng.next_u64().to_le_bytes();
+        match format {
+            WeightFormat::Q8_0 => {
+                out.extend(half(scale / 127.0));
+                for _ in 0..4 {
+                    out.extend(rng.next_u64().to_le_bytes());
+                }
+            }
+            WeightFormat::Q4_0 => {
+                out.extend(half(scale / 8.0));
+                out.extend(bits);
+                out.extend(more);
+            }
+            WeightFormat::Q4_1 => {
+                out.extend(half(2.0 * scale / 15.0));
+                out.extend(half(-scale));
+                out.extend(bits);
+                out.extend(more);
+            }
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => {
+                unreachable!("handled above")
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_moves_halves_to_pairs() {
+        // One head of dim 4, one column: rows [a0, a1, b0, b1] -> [a0, b0, a1, b1].
+        assert_eq!(
+            permute_for_interleaved_rope(&[0.0, 1.0, 2.0, 3.0], 1, 1),
+            vec![0.0, 2.0, 1.0, 3.0]
+        );
+    }
+
+    #[test]
+    fn random_bytes_have_the_format_size() {
+        let m = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 1).unwrap();
+        for format in WeightFormat::ALL {
+            let mut rng = Rng::new(0);
+            let b = random_bytes(&mut rng, format, "x.weight", &[64, 3]);
+            assert_eq!(b.len() as u64, format.bytes_for(192).unwrap(), "{format}");
+        }
+        assert!(m.tensor_shapes().len() > 10);
+    }
+}

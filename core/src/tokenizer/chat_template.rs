@@ -1,0 +1,62 @@
+//! Chat templates: a model's Jinja template rendered with minijinja, set up the
+//! way Hugging Face `transformers` renders them (`trim_blocks`, `lstrip_blocks`,
+//! Python string methods, `raise_exception`), so the templates shipped in real
+//! model files produce the prompts the models were trained on.
+
+use minijinja::{Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// One turn of a conversation: `role` is `system`, `user` or `assistant` (or
+/// whatever else the model's template knows).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// The template used when a model brings none: ChatML, which most small chat models speak.
+pub(super) const CHATML: &str = concat!(
+    r"{% for message in messages %}",
+    r"{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}",
+    r"{% endfor %}",
+    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+);
+
+/// The variables a template sees.
+#[derive(Serialize)]
+pub(super) struct TemplateInputs<'a> {
+    pub messages: &'a [ChatMessage],
+    pub add_generation_prompt: bool,
+    pub bos_token: &'a str,
+    pub eos_token: &'a str,
+}
+
+/// Renders `template` with `inputs`; a template that does not parse, or that calls
+/// `raise_exception`, is an [`Error::ChatTemplate`] carrying minijinja's message.
+pub(super) fn render(template: &str, inputs: &TemplateInputs<'_>) -> Result<String> {
+    let mut env = Environment::new();
+    // transformers compiles chat templates with both options on; templates are
+    // written for them (a `{% if %}` line leaves no newline behind).
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.render_str(template, inputs)
+        .map_err(|e| Error::ChatTemplate(e.to_string()))
+}
+
+/// What templates call to refuse a conversation (`raise_exception('roles must alternate')`).
+fn raise_exception(message: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}

@@ -1,0 +1,221 @@
+//! Text to token ids and back, and chat prompts.
+//!
+//! A [`Tokenizer`] wraps the `tokenizers` crate's tokenizer, built either from a
+//! GGUF file's `tokenizer.ggml.*` metadata (read the way llama.cpp reads it, see
+//! `gguf_vocab`) or from a Hugging Face directory's `tokenizer.json` (see
+//! `hf_files`). Around it sits what the runtime needs and `tokenizers` does not
+//! model: the ids that end generation, whether a prompt starts with BOS, and the
+//! model's chat template, rendered by a real Jinja engine (`chat_template`).
+//! [`StreamDecoder`] turns generated ids into text as they arrive.
+//!
+//! Encoding never runs the `tokenizers` post-processor: BOS is prepended by this
+//! module from one rule per model ([`Tokenizer::encode`]), so GGUF and Hugging
+//! Face models behave alike. Special tokens written in the text (`<|im_start|>`)
+//! are always read as single special tokens, because chat templates produce them.
+
+mod chat_template;
+mod gguf_vocab;
+mod hf_files;
+mod stream;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+pub use chat_template::ChatMessage;
+pub use stream::StreamDecoder;
+
+use crate::model::gguf::GgufFile;
+use crate::{Error, Result};
+
+/// A model's tokenizer: encoding, decoding, end-of-generation ids and chat template.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// What kind of tokenizer this is and where it came from, for [`Tokenizer::describe`].
+    kind: String,
+    bos: Option<u32>,
+    /// Every id that ends generation; the model's EOS token first.
+    eos: Vec<u32>,
+    /// Whether `encode(text, true)` prepends BOS. Only true when `bos` is set.
+    add_bos: bool,
+    chat_template: Option<String>,
+}
+
+/// What a loader found besides the `tokenizers` tokenizer itself.
+struct SpecialTokens {
+    bos: Option<u32>,
+    eos: Vec<u32>,
+    add_bos: bool,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer stored in a GGUF file's metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
+        gguf_vocab::tokenizer_from_gguf(file)
+    }
+
+    /// Loads `tokenizer.json` from a Hugging Face model directory, with the BOS/EOS
+    /// tokens and chat template of `tokenizer_config.json` and the EOS ids of
+    /// `generation_config.json` when those files exist.
+    pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
+        hf_files::tokenizer_from_hf_dir(dir)
+    }
+
+    /// Checks that the special ids exist and puts the parts together.
+    fn assemble(
+        inner: tokenizers::Tokenizer,
+        kind: String,
+        specials: SpecialTokens,
+        chat_template: Option<String>,
+    ) -> Result<Tokenizer> {
+        let vocab_size = inner.get_vocab_size(true);
+        let out_of_range = specials
+            .bos
+            .iter()
+            .chain(&specials.eos)
+            .find(|&&id| id as usize >= vocab_size);
+        if let Some(id) = out_of_range {
+            return Err(Error::Tokenizer(format!(
+                "special token id {id} is outside the vocabulary ({vocab_size} tokens)"
+            )));
+        }
+        if specials.add_bos && specials.bos.is_none() {
+            return Err(Error::Tokenizer(
+                "the model asks for a BOS token at the start of prompts but names none".into(),
+            ));
+        }
+        let mut eos: Vec<u32> = Vec::with_capacity(specials.eos.len());
+        for id in specials.eos {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        Ok(Tokenizer {
+            inner,
+            kind,
+            bos: specials.bos,
+            eos,
+            add_bos: specials.add_bos,
+            chat_template,
+        })
+    }
+
+    /// The tokenizer in Hugging Face's `tokenizer.json` form, so a model
+    /// converted from GGUF can be written as a Hugging Face directory.
+    pub fn to_hf_json(&self) -> Result<String> {
+        self.inner
+            .to_string(true)
+            .map_err(|e| Error::Tokenizer(format!("cannot serialize the tokenizer: {e}")))
+    }
+
+    /// Token ids of `text`. Special tokens written in the text are read as such.
+    ///
+    /// With `add_special`, BOS is prepended when the model's rule says so (and the
+    /// text does not already start with it, as text rendered by a chat template
+    /// that writes `bos_token` does).
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+        let ids = encoding.get_ids();
+        let bos = self.bos.filter(|_| add_special && self.add_bos);
+        match bos {
+            Some(bos) if ids.first() != Some(&bos) => {
+                let mut with_bos = Vec::with_capacity(ids.len() + 1);
+                with_bos.push(bos);
+                with_bos.extend_from_slice(ids);
+                Ok(with_bos)
+            }
+            _ => Ok(ids.to_vec()),
+        }
+    }
+
+    /// The text of `ids` as a user reads it: control tokens (BOS, EOS, `<|im_start|>`)
+    /// are left out, and so are ids the vocabulary does not have (models pad their
+    /// embedding past the tokenizer's vocabulary).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| Error::Tokenizer(format!("decoding failed: {e}")))
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    /// Every id that ends generation (EOS, end-of-turn, end-of-message).
+    pub fn eos_tokens(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn bos_token(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// Number of ids the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The vocabulary entry of `id` as stored (byte-level BPE tokens show `Ġ` for a space).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The model's own chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Renders a conversation into the prompt text the model was trained on, with the
+    /// model's chat template, or ChatML when the model has none.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let special_text =
+            |id: Option<u32>| id.and_then(|id| self.token_text(id)).unwrap_or_default();
+        chat_template::render(
+            self.chat_template().unwrap_or(chat_template::CHATML),
+            &chat_template::TemplateInputs {
+                messages,
+                add_generation_prompt,
+                bos_token: &special_text(self.bos),
+                eos_token: &special_text(self.eos.first().copied()),
+            },
+        )
+    }
+
+    /// One line for `inspect`: kind, vocabulary size, special tokens, BOS rule, chat template.
+    pub fn describe(&self) -> String {
+        let name = |id: u32| match self.token_text(id) {
+            Some(text) => format!("{text:?} ({id})"),
+            None => id.to_string(),
+        };
+        let bos = self.bos.map_or_else(|| "none".to_string(), name);
+        let eos = if self.eos.is_empty() {
+            "none".to_string()
+        } else {
+            self.eos
+                .iter()
+                .map(|&id| name(id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let template = if self.chat_template.is_some() {
+            "the model's"
+        } else {
+            "none (ChatML fallback)"
+        };
+        format!(
+            "{}, vocab {}, bos {bos}, eos {eos}, add_bos {}, chat template {template}",
+            self.kind,
+            self.vocab_size(),
+            self.add_bos,
+        )
+    }
+}

@@ -1,0 +1,430 @@
+// Helpers shared by the kernels in this folder. The backend pastes this file
+// in place of `#include "common.cuh"` before handing a kernel to NVRTC, so it
+// must not include anything itself: half-precision conversions are inline
+// PTX rather than cuda_fp16.h, and the kernels need no include path at all.
+//
+// Weight layouts are GGML's, documented in core/src/quant/mod.rs: a weight
+// matrix is row-major, each row a run of blocks; multi-byte fields are
+// little-endian (as is the GPU). Q8_0 (34-byte) and Q4_0 (18-byte) blocks are
+// only 2-byte aligned, so they are read as 16-bit halves.
+
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Weight format codes, as `tandem_cuda` passes them (`format_code`).
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q8_0 3
+#define FMT_Q4_0 4
+#define FMT_Q4_1 5
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+
+// ---- scalar conversions ----
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ u16 load_u16(const u8* p) {
+    return __ldg(reinterpret_cast<const u16*>(p));
+}
+
+// Four bytes at a 2-byte aligned address.
+__device__ __forceinline__ u32 load_u32_a2(const u8* p) {
+    return (u32)load_u16(p) | ((u32)load_u16(p + 2) << 16);
+}
+
+__device__ __forceinline__ u32 load_u32(const u8* p) {
+    return __ldg(reinterpret_cast<const u32*>(p));
+}
+
+// ---- weight elements ----
+
+// Bytes per 32-element block (quantized formats) or per element (float formats).
+__device__ __forceinline__ constexpr int block_bytes(int fmt) {
+    switch (fmt) {
+        case FMT_F32: return 4;
+        case FMT_F16:
+        case FMT_BF16: return 2;
+        case FMT_Q8_0: return 34;
+        case FMT_Q4_0: return 18;
+        default: return 20;
+    }
+}
+
+__device__ __forceinline__ constexpr bool is_quantized(int fmt) {
+    return fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
+}
+
+// Bytes of one row of `cols` weights.
+template <int FMT>
+__device__ __forceinline__ u64 row_bytes_of(u32 cols) {
+    return is_quantized(FMT) ? (u64)(cols / 32) * block_bytes(FMT) : (u64)cols * block_bytes(FMT);
+}
+
+// Element `i` of a weight row in any format. For the kernels that touch a
+// weight once per element (embedding, norms, biases); matmuls decode whole
+// groups with `load_group`.
+__device__ __forceinline__ float weight_at(int fmt, const u8* row, u32 i) {
+    if (fmt == FMT_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
+    if (fmt == FMT_F16) return f16_to_f32(load_u16(row + 2 * (u64)i));
+    if (fmt == FMT_BF16) return bf16_to_f32(load_u16(row + 2 * (u64)i));
+    const u32 j = i & 31;
+    const u8* block = row + (u64)(i >> 5) * block_bytes(fmt);
+    const float d = f16_to_f32(load_u16(block));
+    if (fmt == FMT_Q8_0) return d * (float)(signed char)__ldg(block + 2 + j);
+    if (fmt == FMT_Q4_0) {
+        const u32 byte = __ldg(block + 2 + (j & 15));
+        return d * ((float)(j < 16 ? (byte & 15) : (byte >> 4)) - 8.0f);
+    }
+    const float m = f16_to_f32(load_u16(block + 2));
+    const u32 byte = __ldg(block + 4 + (j & 15));
+    return d * (float)(j < 16 ? (byte & 15) : (byte >> 4)) + m;
+}
+
+// ---- groups of eight weights (matmuls) ----
+//
+// A matmul lane decodes eight weights at a time, a "group". Quantized formats:
+// group g is the quarter s = g % 4 of block g / 4, elements 4s..4s+3 and
+// 16+4s..16+4s+3 of the block (the low and high nibbles of the same four
+// bytes for the 4-bit formats). Float formats: elements 8g..8g+7.
+// `group_col(fmt, g, j)` is the column of the j-th value of group g.
+
+template <int FMT>
+__device__ __forceinline__ u32 group_col(u32 g, int j) {
+    if (!is_quantized(FMT)) return 8 * g + j;
+    return 32 * (g >> 2) + 4 * (g & 3) + (j < 4 ? j : 12 + j);
+}
+
+// The two runs of four columns a group covers start at these columns.
+template <int FMT>
+__device__ __forceinline__ u32 group_run(u32 g, int run) {
+    return group_col<FMT>(g, 4 * run);
+}
+
+// The two 16-bit floats packed in a 32-bit word, low half first.
+template <int FMT>
+__device__ __forceinline__ void half2_to_f32(u32 word, float& lo, float& hi) {
+    if (FMT == FMT_F16) {
+        asm("{.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
+            : "=f"(lo), "=f"(hi)
+            : "r"(word));
+    } else {
+        lo = __uint_as_float(word << 16);
+        hi = __uint_as_float(word & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ void unpack_nibbles(u32 q, float d, float m, float w[8]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        w[j] = d * (float)((q >> (8 * j)) & 15) + m;
+        w[4 + j] = d * (float)((q >> (8 * j + 4)) & 15) + m;
+    }
+}
+
+// Decodes group g of a weight row into w[0..8]. Float formats need
+// `cols % 8 == 0` (16-byte aligned rows) for this vector path; quantized
+// rows are whole blocks by construction.
+template <int FMT>
+__device__ __forceinline__ void load_group(const u8* row, u32 g, float w[8]) {
+    if (FMT == FMT_F32) {
+        const float4* p = reinterpret_cast<const float4*>(row) + 2 * (u64)g;
+        const float4 a = __ldg(p), b = __ldg(p + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if (FMT == FMT_F16 || FMT == FMT_BF16) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + g);
+        half2_to_f32<FMT>(v.x, w[0], w[1]);
+        half2_to_f32<FMT>(v.y, w[2], w[3]);
+        half2_to_f32<FMT>(v.z, w[4], w[5]);
+        half2_to_f32<FMT>(v.w, w[6], w[7]);
+    } else if (FMT == FMT_Q4_1) {
+        const u8* block = row + 20 * (u64)(g >> 2);
+        const u32 dm = load_u32(block);
+        const u32 q = load_u32(block + 4 + 4 * (g & 3));
+        unpack_nibbles(q, f16_to_f32((u16)(dm & 0xffff)), f16_to_f32((u16)(dm >> 16)), w);
+    } else if (FMT == FMT_Q4_0) {
+        const u8* block = row + 18 * (u64)(g >> 2);
+        const float d = f16_to_f32(load_u16(block));
+        const u32 q = load_u32_a2(block + 2 + 4 * (g & 3));
+        unpack_nibbles(q, d, -8.0f * d, w);
+    } else {  // FMT_Q8_0
+        const u8* block = row + 34 * (u64)(g >> 2);
+        const float d = f16_to_f32(load_u16(block));
+        const u32 lo = load_u32_a2(block + 2 + 4 * (g & 3));
+        const u32 hi = load_u32_a2(block + 18 + 4 * (g & 3));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[j] = d * (float)(signed char)(lo >> (8 * j));
+            w[4 + j] = d * (float)(signed char)(hi >> (8 * j));
+        }
+    }
+}
+
+// ---- reductions ----
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024);
+// every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();  // `scratch` may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x / WARP;
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// ---- matmul: decode GEMV ----
+//
+// out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r]) for t < tokens <= MAX_T.
+// Decode is bound by reading the weights once, so the aim is many loads in
+// flight: a block of GEMV_WARPS warps shares GEMV_ROWS rows, its warps taking
+// interleaved runs of 32 groups (consecutive lanes on consecutive groups,
+// 16-byte loads for float formats, per-block 32-bit loads for quantized
+// ones), and every decoded weight is reused for all tokens from registers;
+// x stays in L1. The warps' sums meet in shared memory.
+
+#define GEMV_WARPS 4
+#define GEMV_ROWS 2
+
+template <int FMT, int MAX_T>
+__device__ __forceinline__ void gemv(const u8* __restrict__ w, const float* __restrict__ x,
+                                     const u8* __restrict__ bias, int bias_fmt,
+                                     float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+    __shared__ float partial[GEMV_WARPS][GEMV_ROWS * MAX_T];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 row0 = blockIdx.x * GEMV_ROWS;
+    const u64 row_bytes = row_bytes_of<FMT>(cols);
+    const u32 groups = cols / 8;
+
+    float acc[GEMV_ROWS][MAX_T];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) acc[r][t] = 0.0f;
+
+#pragma unroll 2
+    for (u32 g = warp * WARP + lane; g < groups; g += GEMV_WARPS * WARP) {
+        float wv[GEMV_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) {
+            // The last block's second row may lie past `n`: reread row0 (in bounds, result unused).
+            const u32 row = row0 + r < n ? row0 + r : row0;
+            load_group<FMT>(w + row * row_bytes, g, wv[r]);
+        }
+        const u32 c0 = group_run<FMT>(g, 0), c1 = group_run<FMT>(g, 1);
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) {
+            if (t < tokens) {
+                const float4 a = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c0));
+                const float4 b = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c1));
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; ++r) {
+                    float s = acc[r][t];
+                    s = fmaf(wv[r][0], a.x, s); s = fmaf(wv[r][1], a.y, s);
+                    s = fmaf(wv[r][2], a.z, s); s = fmaf(wv[r][3], a.w, s);
+                    s = fmaf(wv[r][4], b.x, s); s = fmaf(wv[r][5], b.y, s);
+                    s = fmaf(wv[r][6], b.z, s); s = fmaf(wv[r][7], b.w, s);
+                    acc[r][t] = s;
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0) partial[warp][r * MAX_T + t] = s;
+        }
+    __syncthreads();
+    if (threadIdx.x < GEMV_ROWS * MAX_T) {
+        const u32 r = threadIdx.x / MAX_T, t = threadIdx.x % MAX_T, row = row0 + r;
+        if (t < tokens && row < n) {
+            float s = bias != nullptr ? weight_at(bias_fmt, bias, row) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < GEMV_WARPS; ++k) s += partial[k][threadIdx.x];
+            out[(u64)t * n + row] = s;
+        }
+    }
+}
+
+// GEMV for float formats whose rows are not 16-byte aligned (cols % 8 != 0):
+// one token at a time, lanes on consecutive columns.
+template <int FMT>
+__device__ __forceinline__ void gemv_unaligned(const u8* __restrict__ w, const float* __restrict__ x,
+                                               const u8* __restrict__ bias, int bias_fmt,
+                                               float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+    const int lane = threadIdx.x % WARP;
+    const u32 row = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (row >= n) return;
+    const u8* wrow = w + row * row_bytes_of<FMT>(cols);
+    const float b = bias != nullptr ? weight_at(bias_fmt, bias, row) : 0.0f;
+    for (u32 t = 0; t < tokens; ++t) {
+        float s = 0.0f;
+        for (u32 c = lane; c < cols; c += WARP) s = fmaf(weight_at(FMT, wrow, c), __ldg(x + (u64)t * cols + c), s);
+        s = warp_sum(s);
+        if (lane == 0) out[(u64)t * n + row] = s + b;
+    }
+}
+
+// ---- matmul: tiled GEMM (prefill) ----
+//
+// A 64-token x 64-row output tile per block of 256 threads, 4x4 outputs per
+// thread, stepping through the columns 32 at a time (one quantized block) via
+// shared memory; weights are decoded once per tile into f32. Any sizes:
+// edges are masked.
+
+#define TILE_T 64
+#define TILE_R 64
+#define TILE_K 32
+#define TILE_THREADS 256
+#define TILE_PAD 4
+
+template <int FMT>
+__device__ __forceinline__ void gemm_tiled(const u8* __restrict__ w, const float* __restrict__ x,
+                                           const u8* __restrict__ bias, int bias_fmt,
+                                           float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+    __shared__ __align__(16) float xs[TILE_K][TILE_T + TILE_PAD];
+    __shared__ __align__(16) float ws[TILE_K][TILE_R + TILE_PAD];
+
+    const int tid = threadIdx.x;
+    const u32 t_base = blockIdx.y * TILE_T, r_base = blockIdx.x * TILE_R;
+    const u64 row_bytes = row_bytes_of<FMT>(cols);
+    const bool vector_rows = is_quantized(FMT) || cols % 8 == 0;
+
+    // Loader roles: 4 threads per tile row, 8 columns each.
+    const int load_row = tid / 4, load_part = tid % 4;
+    // Compute roles: 16 x 16 threads, 4 x 4 outputs each.
+    const int tx = tid % 16, ty = tid / 16;
+
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (u32 k0 = 0; k0 < cols; k0 += TILE_K) {
+        {  // x tile, stored transposed: xs[k][token]
+            const u32 t = t_base + load_row;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const u32 c = k0 + 8 * load_part + j;
+                xs[8 * load_part + j][load_row] = (t < tokens && c < cols) ? __ldg(x + (u64)t * cols + c) : 0.0f;
+            }
+        }
+        {  // weight tile, decoded: ws[k][row]
+            const u32 r = r_base + load_row;
+            const u32 g = k0 / 8 + load_part;
+            float v[8];
+            if (r < n && vector_rows && 8 * g < cols) {
+                load_group<FMT>(w + r * row_bytes, g, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const u32 c = group_col<FMT>(g, j);
+                    v[j] = (r < n && c < cols) ? weight_at(FMT, w + r * row_bytes, c) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ws[group_col<FMT>(g, j) - k0][load_row] = v[j];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < TILE_K; ++k) {
+            const float4 a = *reinterpret_cast<const float4*>(&xs[k][4 * ty]);
+            const float4 b = *reinterpret_cast<const float4*>(&ws[k][4 * tx]);
+            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 r = r_base + 4 * tx + j;
+        if (r >= n) continue;
+        const float b = bias != nullptr ? weight_at(bias_fmt, bias, r) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 t = t_base + 4 * ty + i;
+            if (t < tokens) out[(u64)t * n + r] = acc[i][j] + b;
+        }
+    }
+}
+
+// Every matmul_FMT.cu declares its entry points through these macros:
+//   NAME_gemv_t{1,2,4,8}  decode, up to 1, 2, 4, 8 tokens (rows of x)
+//   NAME_tiled            prefill, any sizes
+//   NAME_gemv_unaligned   float formats whose rows are not 16-byte aligned
+//   NAME_add_bias         the bias after a cuBLAS GEMM (f16, bf16)
+#define MATMUL_ARGS                                                                         \
+    const u8 *__restrict__ w, const float *__restrict__ x, const u8 *__restrict__ bias,     \
+        int bias_fmt, float *__restrict__ out, u32 tokens, u32 n, u32 cols
+#define MATMUL_PASS w, x, bias, bias_fmt, out, tokens, n, cols
+
+#define DEFINE_MATMUL(NAME, FMT)                                                            \
+    extern "C" __global__ void NAME##_gemv_t1(MATMUL_ARGS) { gemv<FMT, 1>(MATMUL_PASS); }   \
+    extern "C" __global__ void NAME##_gemv_t2(MATMUL_ARGS) { gemv<FMT, 2>(MATMUL_PASS); }   \
+    extern "C" __global__ void NAME##_gemv_t4(MATMUL_ARGS) { gemv<FMT, 4>(MATMUL_PASS); }   \
+    extern "C" __global__ void NAME##_gemv_t8(MATMUL_ARGS) { gemv<FMT, 8>(MATMUL_PASS); }   \
+    extern "C" __global__ void NAME##_tiled(MATMUL_ARGS) { gemm_tiled<FMT>(MATMUL_PASS); }
+
+#define DEFINE_MATMUL_UNALIGNED(NAME, FMT)                                                  \
+    extern "C" __global__ void NAME##_gemv_unaligned(MATMUL_ARGS) {                         \
+        gemv_unaligned<FMT>(MATMUL_PASS);                                                   \
+    }
+
+// out[t, r] += bias[r], grid-stride over rows * n elements.
+#define DEFINE_ADD_BIAS(NAME)                                                               \
+    extern "C" __global__ void NAME##_add_bias(float *__restrict__ out,                     \
+                                               const u8 *__restrict__ bias, int bias_fmt,   \
+                                               u32 rows, u32 n) {                           \
+        for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (u64)rows * n;          \
+             i += (u64)gridDim.x * blockDim.x)                                               \
+            out[i] += weight_at(bias_fmt, bias, (u32)(i % n));                              \
+    }

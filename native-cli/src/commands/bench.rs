@@ -1,0 +1,157 @@
+//! `tandem bench`: prefill and decode throughput, measured like llama-bench
+//! (pp512: one 512-token prompt; tg128: 128 tokens decoded one at a time from
+//! an empty context), repeated and reported as mean ± standard deviation.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+use tandem_core::engine::Engine;
+use tandem_core::sched::{Rng, SamplingParams};
+use tandem_core::Backend;
+
+use super::{build_engine, ModelArgs};
+use crate::backend_select::{dispatch, WithBackend};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens for the prefill test.
+    #[arg(long, short = 'p', default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens generated in the decode test.
+    #[arg(long, short = 'n', default_value_t = 128)]
+    pub gen_tokens: usize,
+    #[arg(long, short = 'r', default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    dispatch(args.model.backend, args.model.threads, args)
+}
+
+/// Mean and sample standard deviation.
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
+}
+
+/// Seconds to prefill `prompt` and produce its first token.
+fn time_prefill<B: Backend>(engine: &mut Engine<B>, prompt: Vec<u32>) -> Result<f64> {
+    let seq = engine.add_request(prompt, SamplingParams::default(), 1, Vec::new())?;
+    let t = Instant::now();
+    while !engine.is_finished(seq) {
+        engine.step()?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    engine.remove(seq);
+    Ok(secs)
+}
+
+/// Seconds to decode `n` tokens one at a time after a one-token prompt.
+fn time_decode<B: Backend>(engine: &mut Engine<B>, first: u32, n: usize) -> Result<f64> {
+    let seq = engine.add_request(vec![first], SamplingParams::default(), n, Vec::new())?;
+    let t = Instant::now();
+    while !engine.is_finished(seq) {
+        engine.step()?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    engine.remove(seq);
+    Ok(secs)
+}
+
+impl WithBackend for BenchArgs {
+    type Output = ();
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let files = self.model.load_files()?;
+        let ctx = (self.prompt_tokens.max(self.gen_tokens) + 2).min(files.config.max_context);
+        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        let info = engine.backend().info();
+        let vocab = files.config.vocab_size;
+        let mut rng = Rng::new(42);
+        // Warm-up: first-touch of weights and buffers is not what we measure.
+        time_prefill(
+            &mut engine,
+            random_tokens(&mut rng, 16.min(self.prompt_tokens).max(1), vocab),
+        )?;
+        let mut prefill = Vec::new();
+        let mut decode = Vec::new();
+        for _ in 0..self.repetitions.max(1) {
+            if self.prompt_tokens > 0 {
+                let secs = time_prefill(
+                    &mut engine,
+                    random_tokens(&mut rng, self.prompt_tokens, vocab),
+                )?;
+                prefill.push(self.prompt_tokens as f64 / secs);
+            }
+            if self.gen_tokens > 0 {
+                let secs = time_decode(
+                    &mut engine,
+                    random_tokens(&mut rng, 1, vocab)[0],
+                    self.gen_tokens,
+                )?;
+                decode.push(self.gen_tokens as f64 / secs);
+            }
+        }
+        let (pp, pp_sd) = if prefill.is_empty() {
+            (0.0, 0.0)
+        } else {
+            mean_sd(&prefill)
+        };
+        let (tg, tg_sd) = if decode.is_empty() {
+            (0.0, 0.0)
+        } else {
+            mean_sd(&decode)
+        };
+        let weight_bytes = engine.model().weight_bytes;
+        if self.json {
+            let obj = serde_json::json!({
+                "model": files.path.display().to_string(),
+                "backend": info.name,
+                "device": info.device,
+                "prompt_tokens": self.prompt_tokens,
+                "gen_tokens": self.gen_tokens,
+                "repetitions": self.repetitions,
+                "prefill_tokens_per_s": pp,
+                "prefill_tokens_per_s_sd": pp_sd,
+                "decode_tokens_per_s": tg,
+                "decode_tokens_per_s_sd": tg_sd,
+                "weight_bytes": weight_bytes,
+                "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
+            });
+            println!("{obj}");
+        } else {
+            println!("model:   {}", files.path.display());
+            println!("backend: {} ({})", info.name, info.device);
+            println!(
+                "pp{:<5} {:10.1} ± {:.1} tokens/s",
+                self.prompt_tokens, pp, pp_sd
+            );
+            println!(
+                "tg{:<5} {:10.1} ± {:.1} tokens/s  ({:.1} GB/s of weights)",
+                self.gen_tokens,
+                tg,
+                tg_sd,
+                tg * weight_bytes as f64 / 1e9
+            );
+        }
+        Ok(())
+    }
+}

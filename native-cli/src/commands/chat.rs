@@ -1,0 +1,102 @@
+//! `tandem chat`: an interactive conversation. The whole conversation is
+//! re-rendered with the chat template each turn, but only the tokens that
+//! differ from what the KV cache already holds are run through the model.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use clap::Args;
+use tandem_core::tokenizer::ChatMessage;
+use tandem_core::Backend;
+
+use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
+use crate::backend_select::{dispatch, WithBackend};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Most tokens per reply.
+    #[arg(long, short = 'n', default_value_t = 512)]
+    pub max_tokens: usize,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+pub fn run(args: ChatArgs) -> Result<()> {
+    dispatch(args.model.backend, args.model.threads, args)
+}
+
+impl WithBackend for ChatArgs {
+    type Output = ();
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let files = self.model.load_files()?;
+        let ctx = context_length(&self.model, &files);
+        let tokenizer = &files.tokenizer;
+        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        let mut messages: Vec<ChatMessage> = self
+            .system
+            .iter()
+            .map(|s| ChatMessage {
+                role: "system".into(),
+                content: s.clone(),
+            })
+            .collect();
+        let mut seq = None;
+        let stdin = std::io::stdin();
+        let mut stdout = std::io::stdout();
+        eprintln!(
+            "chatting with {} (empty line or Ctrl-D to quit)",
+            files.path.display()
+        );
+        loop {
+            write!(stdout, "> ")?;
+            stdout.flush()?;
+            let mut line = String::new();
+            if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+                break;
+            }
+            messages.push(ChatMessage {
+                role: "user".into(),
+                content: line.trim_end().to_string(),
+            });
+            let text = tokenizer.apply_chat_template(&messages, true)?;
+            let all = tokenizer.encode(&text, true)?;
+            let id = match seq {
+                None => engine.add_request(
+                    all.clone(),
+                    self.sampling.params(),
+                    self.max_tokens,
+                    tokenizer.eos_tokens().to_vec(),
+                )?,
+                Some(id) => {
+                    let cached = engine.tokens(id).unwrap_or_default();
+                    let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count();
+                    engine.rewind(id, common)?;
+                    engine.extend(id, &all[common..], self.max_tokens)?;
+                    id
+                }
+            };
+            seq = Some(id);
+            let (reply, stats) = stream_turn(&mut engine, tokenizer, id, all.len(), &mut stdout)?;
+            writeln!(stdout)?;
+            eprintln!("[{}]", stats.report());
+            let content = tokenizer.decode(
+                &reply
+                    .iter()
+                    .copied()
+                    .filter(|&t| !tokenizer.is_eos(t))
+                    .collect::<Vec<_>>(),
+            )?;
+            messages.push(ChatMessage {
+                role: "assistant".into(),
+                content,
+            });
+        }
+        Ok(())
+    }
+}

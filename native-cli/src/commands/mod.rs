@@ -1,0 +1,169 @@
+//! One module per subcommand, plus what they share: model options, engine
+//! construction and streaming generation.
+
+pub mod bench;
+pub mod chat;
+pub mod inspect;
+pub mod perplexity;
+pub mod run;
+pub mod serve;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::kv::SeqId;
+use tandem_core::model::ModelFiles;
+use tandem_core::sched::SamplingParams;
+use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
+use tandem_core::Backend;
+
+use crate::backend_select::BackendChoice;
+use crate::model_path;
+use crate::progress::LoadProgress;
+
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF file, Hugging Face directory, or `default` (SmolLM2-135M-Instruct Q4_1).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// CPU threads (0: one per core).
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    /// Context length (tokens per sequence); defaults to the model's, at most 4096.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn load_files(&self) -> Result<ModelFiles> {
+        let path = model_path::resolve(self.model.as_deref())?;
+        tandem_core::model::load(&path).map_err(anyhow::Error::from)
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}
+
+/// Context length: the user's, else the model's capped at 4096 to keep the KV pool modest.
+pub fn context_length(args: &ModelArgs, files: &ModelFiles) -> usize {
+    args.ctx
+        .unwrap_or(files.config.max_context.min(4096))
+        .min(files.config.max_context)
+}
+
+/// An engine whose KV pool holds `sequences` sequences of `ctx` tokens.
+pub fn build_engine<B: Backend>(
+    backend: B,
+    files: &ModelFiles,
+    ctx: usize,
+    sequences: usize,
+) -> Result<Engine<B>> {
+    let config = EngineConfig {
+        max_context: Some(ctx),
+        ..EngineConfig::default()
+    }
+    .with_capacity_tokens(ctx * sequences);
+    let mut progress = LoadProgress::new(files.path.display().to_string());
+    Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
+        .with_context(|| format!("loading {}", files.path.display()))
+}
+
+/// Timings of one generation.
+#[derive(Default)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    pub decode_time: Duration,
+}
+
+impl GenerationStats {
+    pub fn report(&self) -> String {
+        let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+        format!(
+            "prefill: {} tokens in {:.2} s ({:.1} tokens/s) | decode: {} tokens in {:.2} s ({:.1} tokens/s)",
+            self.prompt_tokens,
+            self.prompt_time.as_secs_f64(),
+            rate(self.prompt_tokens, self.prompt_time),
+            self.generated_tokens,
+            self.decode_time.as_secs_f64(),
+            rate(self.generated_tokens.saturating_sub(1), self.decode_time),
+        )
+    }
+}
+
+/// Steps `seq` to the end of its turn, writing text to `out` as it is produced.
+/// The first token's time counts as prefill; the rest as decode.
+pub fn stream_turn<B: Backend>(
+    engine: &mut Engine<B>,
+    tokenizer: &Tokenizer,
+    seq: SeqId,
+    prompt_tokens: usize,
+    out: &mut dyn Write,
+) -> Result<(Vec<u32>, GenerationStats)> {
+    let mut stats = GenerationStats {
+        prompt_tokens,
+        ..Default::default()
+    };
+    let mut decoder = StreamDecoder::default();
+    let mut generated = Vec::new();
+    let started = Instant::now();
+    while !engine.is_finished(seq) {
+        for ev in engine.step()? {
+            if ev.seq != seq {
+                continue;
+            }
+            if generated.is_empty() {
+                stats.prompt_time = started.elapsed();
+            }
+            generated.push(ev.token);
+            if ev.finished.is_some() && tokenizer.is_eos(ev.token) {
+                continue;
+            }
+            if let Some(text) = decoder.push(tokenizer, ev.token)? {
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+            }
+        }
+    }
+    if let Some(rest) = decoder.finish(tokenizer)? {
+        out.write_all(rest.as_bytes())?;
+    }
+    out.flush()?;
+    stats.generated_tokens = generated.len();
+    stats.decode_time = started.elapsed().saturating_sub(stats.prompt_time);
+    Ok((generated, stats))
+}

@@ -1,0 +1,61 @@
+//! `tandem run`: one prompt, one streamed completion (the prompt itself is not echoed).
+
+use anyhow::Result;
+use clap::Args;
+use tandem_core::Backend;
+
+use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
+use crate::backend_select::{dispatch, WithBackend};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Apply the model's chat template to the prompt (as a user message).
+    #[arg(long)]
+    pub chat_template: bool,
+    pub prompt: String,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    dispatch(args.model.backend, args.model.threads, args)
+}
+
+impl WithBackend for RunArgs {
+    type Output = ();
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let files = self.model.load_files()?;
+        let ctx = context_length(&self.model, &files);
+        let tokenizer = &files.tokenizer;
+        let text = if self.chat_template {
+            let msg = tandem_core::tokenizer::ChatMessage {
+                role: "user".into(),
+                content: self.prompt.clone(),
+            };
+            tokenizer.apply_chat_template(&[msg], true)?
+        } else {
+            self.prompt.clone()
+        };
+        let prompt = tokenizer.encode(&text, true)?;
+        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        let info = engine.backend().info();
+        eprintln!("backend: {} ({})", info.name, info.device);
+        let seq = engine.add_request(
+            prompt.clone(),
+            self.sampling.params(),
+            self.max_tokens,
+            tokenizer.eos_tokens().to_vec(),
+        )?;
+        let mut stdout = std::io::stdout().lock();
+        let (_, stats) = stream_turn(&mut engine, tokenizer, seq, prompt.len(), &mut stdout)?;
+        println!();
+        eprintln!("{}", stats.report());
+        Ok(())
+    }
+}

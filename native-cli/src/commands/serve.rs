@@ -1,0 +1,247 @@
+//! `tandem serve`: the OpenAI-compatible server (`tandem_server`), and
+//! `tandem bench-serve`: its throughput figures on the engine.
+
+use std::net::SocketAddr;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::model::ModelFiles;
+use tandem_core::Backend;
+use tandem_server::bench::{self, Batching, RunReport};
+use tandem_server::{spawn_engine, ServerConfig};
+
+use super::{context_length, ModelArgs};
+use crate::backend_select::{dispatch, WithBackend};
+use crate::progress::LoadProgress;
+
+/// How the engine is sized and scheduled (shared by `serve` and `bench-serve`).
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Most tokens one engine step runs (prompt chunks and decodes together).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
+    /// KV cache blocks of 16 tokens (overrides --kv-memory).
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// KV cache size, e.g. 512MiB or 2GiB.
+    #[arg(long, default_value = "1GiB")]
+    pub kv_memory: String,
+    /// Most sequences generating at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// Most requests waiting for admission; more get 503.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+}
+
+impl EngineArgs {
+    fn config(&self, files: &ModelFiles, ctx: usize) -> Result<EngineConfig> {
+        let base = EngineConfig::default();
+        let c = &files.config;
+        let bytes_per_block =
+            c.num_layers * 2 * c.kv_dim() * base.kv_dtype.bytes_per_elem() * base.block_size;
+        let num_blocks = match self.kv_blocks {
+            Some(n) => n,
+            None => parse_bytes(&self.kv_memory)? / bytes_per_block.max(1),
+        };
+        if num_blocks == 0 {
+            bail!("the KV cache holds no block of {bytes_per_block} bytes");
+        }
+        Ok(EngineConfig {
+            num_blocks,
+            max_batch_tokens: self.max_batch_tokens,
+            max_context: Some(ctx),
+            max_running: self.max_running,
+            max_waiting: self.max_queue,
+            ..base
+        })
+    }
+}
+
+/// `2GiB`, `512MiB`, `1.5GB`, `1000000` (bytes).
+fn parse_bytes(text: &str) -> Result<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .trim()
+        .parse()
+        .with_context(|| format!("'{text}' is not a size like 2GiB"))?;
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        _ => bail!("unknown size unit in '{text}' (use B, KiB, MiB, GiB, KB, MB or GB)"),
+    };
+    Ok((number * scale) as usize)
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model name clients use; defaults to the model file's name.
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Largest request body accepted (bytes).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+}
+
+/// Builds the engine on the engine thread and serves it.
+struct EngineThread {
+    files: ModelFiles,
+    config: EngineConfig,
+    inbox: tandem_server::EngineInbox,
+}
+
+impl WithBackend for EngineThread {
+    type Output = ();
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let mut progress = LoadProgress::new(self.files.path.display().to_string());
+        let engine = Engine::new(backend, &self.files, self.config, &mut |d, t| {
+            progress.update(d, t)
+        })
+        .with_context(|| format!("loading {}", self.files.path.display()))?;
+        let ModelFiles { tokenizer, .. } = self.files;
+        self.inbox.run(engine, tokenizer)
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let files = args.model.load_files()?;
+    let ctx = context_length(&args.model, &files);
+    let config = args.engine.config(&files, ctx)?;
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        files
+            .path
+            .file_stem()
+            .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
+    });
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("'{}:{}' is not an address", args.host, args.port))?;
+    let (choice, threads) = (args.model.backend, args.model.threads);
+    let blocks = config.num_blocks;
+    let engine = spawn_engine(move |inbox| {
+        dispatch(
+            choice,
+            threads,
+            EngineThread {
+                files,
+                config,
+                inbox,
+            },
+        )
+    })?;
+    let server = ServerConfig {
+        model_id: model_id.clone(),
+        api_key: args.api_key,
+        max_body_bytes: args.max_body_bytes,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        eprintln!(
+            "serving '{model_id}' on http://{} (context {ctx}, {blocks} KV blocks); Ctrl-C stops",
+            listener.local_addr()?
+        );
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        tandem_server::serve(listener, tandem_server::router(engine, server), shutdown).await?;
+        Ok(())
+    })
+}
+
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Requests in the mixed-length workload.
+    #[arg(long, default_value_t = 64)]
+    pub requests: usize,
+    /// Tokens of the system prompt shared by the prefix-cache workload.
+    #[arg(long, default_value_t = 300)]
+    pub system_tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub fn bench_serve(args: BenchServeArgs) -> Result<()> {
+    dispatch(args.model.backend, args.model.threads, args)
+}
+
+impl WithBackend for BenchServeArgs {
+    type Output = ();
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let files = self.model.load_files()?;
+        let ctx = context_length(&self.model, &files);
+        let config = self.engine.config(&files, ctx)?;
+        let info = backend.info();
+        let mut engine = Engine::new(backend, &files, config, &mut |_, _| {})?;
+        let vocab = files.config.vocab_size;
+        let mixed = bench::mixed_workload(vocab, self.requests, self.seed);
+        let shared =
+            bench::shared_prefix_workload(vocab, self.requests, self.system_tokens, self.seed);
+        println!(
+            "{} on {} ({}), {} requests, max {} running, {} batch tokens, {} KV blocks",
+            files.path.display(),
+            info.name,
+            info.device,
+            self.requests,
+            self.engine.max_running,
+            self.engine.max_batch_tokens,
+            engine.kv_manager().num_blocks()
+        );
+        let line = |name: &str, r: &RunReport| {
+            println!(
+                "{name:<22} {:>6} tokens in {:>7.2} s = {:>7.1} tokens/s | KV used/allocated {:>5.1}% | prefix hits {:>5.1}% | {} preemptions, {} steps",
+                r.output_tokens,
+                r.seconds,
+                r.tokens_per_second(),
+                100.0 * r.kv_utilization,
+                100.0 * r.prefix_hit_rate,
+                r.preemptions,
+                r.steps
+            )
+        };
+        let continuous = bench::run(&mut engine, &mixed, Batching::Continuous)?;
+        line("continuous batching", &continuous);
+        // The static run must not profit from the first run's cached prefixes.
+        engine.clear_prefix_cache();
+        let fixed = bench::run(&mut engine, &mixed, Batching::Static)?;
+        line("static batching", &fixed);
+        println!(
+            "speed-up: {:.2}x",
+            continuous.tokens_per_second() / fixed.tokens_per_second()
+        );
+        engine.clear_prefix_cache();
+        let prefix = bench::run(&mut engine, &shared, Batching::Continuous)?;
+        line(
+            &format!("shared {}-token prefix", self.system_tokens),
+            &prefix,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,145 @@
+//! The `tandem` binary as a user meets it: bad files and requests give one
+//! clear error line (never a panic), and every subcommand runs on a tiny
+//! random model written to a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tandem_core::model::gguf::{GgufValue, GgufWriter};
+use tandem_core::model::synthetic::{gguf_metadata, SyntheticModel};
+use tandem_core::quant::WeightFormat;
+
+fn tandem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("TANDEM_CACHE", "/nonexistent-tandem-cache")
+        .output()
+        .expect("run tandem")
+}
+
+/// The command failed with exactly one `error:` line naming `needles`, and no panic.
+fn assert_clear_error(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    for n in needles {
+        assert!(errors[0].contains(n), "{:?} does not mention {n:?}", errors[0]);
+    }
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    SyntheticModel::preset("tiny", WeightFormat::Q4_1, 9)
+        .unwrap()
+        .write_gguf(&path)
+        .unwrap();
+    path
+}
+
+#[test]
+fn missing_model_file() {
+    let out = tandem(&["run", "--model", "/no/such/model.gguf", "hi"]);
+    assert_clear_error(&out, &["/no/such/model.gguf", "no such file"]);
+}
+
+#[test]
+fn missing_default_model_says_how_to_fetch_it() {
+    let out = tandem(&["run", "hi"]);
+    assert_clear_error(&out, &["make model"]);
+}
+
+#[test]
+fn not_a_gguf_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, b"PK\x03\x04 this is a zip file, not a model").unwrap();
+    let out = tandem(&["run", "--model", path.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["model.gguf", "GGUF"]);
+}
+
+#[test]
+fn truncated_gguf_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(tiny_model(dir.path())).unwrap();
+    for cut in [10, 2000, good.len() - 100] {
+        let path = dir.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&path, &good[..cut]).unwrap();
+        let out = tandem(&["inspect", path.to_str().unwrap()]);
+        assert_clear_error(&out, &[&format!("cut{cut}.gguf")]);
+    }
+}
+
+#[test]
+fn gguf_without_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = SyntheticModel::preset("tiny", WeightFormat::F32, 1).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in gguf_metadata(&model.config) {
+        if !k.starts_with("tokenizer.") {
+            w.add_metadata(&k, v).unwrap();
+        }
+    }
+    w.add_metadata("general.note", GgufValue::String("no tokenizer".into())).unwrap();
+    for t in model.f32_tensors() {
+        let bytes = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.add_tensor(&t.name, WeightFormat::F32, &t.shape, bytes).unwrap();
+    }
+    let path = dir.path().join("notok.gguf");
+    w.write(&path).unwrap();
+    let out = tandem(&["run", "--model", path.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["tokenizer"]);
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let prompt = "a b c d ".repeat(200);
+    let out = tandem(&["run", "--model", model.to_str().unwrap(), "--ctx", "64", &prompt]);
+    assert_clear_error(&out, &["context"]);
+}
+
+#[test]
+fn bad_sampling_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let out = tandem(&["run", "--model", model.to_str().unwrap(), "--top-p", "3", "hi"]);
+    assert_clear_error(&out, &["top_p"]);
+}
+
+#[test]
+fn run_streams_only_the_completion() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let out = tandem(&["run", "--model", model.to_str().unwrap(), "-n", "6", "--seed", "3", "--temperature", "0.8", "hello there"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hello there"));
+    assert!(stderr.contains("prefill:") && stderr.contains("decode:"), "{stderr}");
+}
+
+#[test]
+fn inspect_perplexity_and_bench_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let out = tandem(&["inspect", m]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("architecture:   llama") && text.contains("Q4_1"), "{text}");
+
+    let corpus = dir.path().join("text.txt");
+    std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog. ".repeat(30)).unwrap();
+    let out = tandem(&["perplexity", "--model", m, "--file", corpus.to_str().unwrap(), "--ctx", "64"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("PPL = ") && text.contains(" +/- "), "{text}");
+
+    let out = tandem(&["bench", "--model", m, "-p", "16", "-n", "4", "-r", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(json["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,35 @@
+// RMSNorm: OUT[t, :] = X[t, :] / sqrt(mean(X[t, :]^2) + eps) * WEIGHT.
+// One workgroup per row; threads stride over the row (coalesced), then one
+// workgroup reduction of the sum of squares.
+
+struct Params {
+    rows: u32,
+    dim: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read> WEIGHT: array<f32>;
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+
+const WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    let row = group_index(ids);
+    if row >= P.rows {
+        return;
+    }
+    let base = row * P.dim;
+    var squares = 0.0;
+    for (var i = ids.lid; i < P.dim; i += WG) {
+        let v = X[base + i];
+        squares += v * v;
+    }
+    let total = reduce_sum(squares, lane_of(ids));
+    let inv_rms = 1.0 / sqrt(total / f32(P.dim) + P.eps);
+    for (var i = ids.lid; i < P.dim; i += WG) {
+        OUT[base + i] = X[base + i] * inv_rms * WEIGHT[i];
+    }
+}
