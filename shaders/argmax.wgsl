@@ -64,7 +64,8 @@ fn main(ids: Ids) {
     if lid == 0u {
         var b = 0.0;
         var b_i = NONE;
-        for (var s = 0u; s < WG / ids.lanes; s++) {
+        // One slot per subgroup; a subgroup wider than the workgroup fills one.
+        for (var s = 0u; s < max(1u, WG / ids.lanes); s++) {
             if beats(best_values[s], best_indices[s], b, b_i) {
                 b = best_values[s];
                 b_i = best_indices[s];

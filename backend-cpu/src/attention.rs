@@ -20,7 +20,9 @@ use tandem_core::Result;
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
-use crate::math::{dot, exp};
+#[cfg(target_arch = "x86_64")]
+use crate::math::Fused;
+use crate::math::{dot, exp, MulAdd, Separate};
 use crate::workers::Workers;
 
 /// Fewest multiply-adds worth a task of their own.
@@ -87,7 +89,7 @@ fn attend_all<K: KvRows>(
             // SAFETY: an `Isa` exists only for instruction sets the CPU has.
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe { attend_heads_avx2(task, out) },
-            IsaKind::Portable => attend_heads(task, out),
+            IsaKind::Portable => attend_heads::<K, Separate>(task, out),
         }
     });
 }
@@ -102,24 +104,25 @@ struct Task<'a, K> {
     first_head: usize,
 }
 
-/// The task compiled for AVX2 and FMA: the same code, twice as wide.
+/// The task compiled for AVX2 and FMA: the same code, twice as wide and
+/// with fused multiply-adds.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_heads_avx2<K: KvRows>(task: Task<'_, K>, out: &mut [f32]) {
-    attend_heads(task, out)
+    attend_heads::<K, Fused>(task, out)
 }
 
 #[inline(always)]
-fn attend_heads<K: KvRows>(task: Task<'_, K>, out: &mut [f32]) {
+fn attend_heads<K: KvRows, M: MulAdd>(task: Task<'_, K>, out: &mut [f32]) {
     let p = task.p;
     let mut scratch = Scratch::new(p);
     for (k, out) in out.chunks_exact_mut(p.head_dim).enumerate() {
         let index = task.first_head + k;
         let (row, head) = (index / p.heads, index % p.heads);
-        attend(&task, row, head, &mut scratch, out);
+        attend::<K, M>(&task, row, head, &mut scratch, out);
     }
 }
 
@@ -203,20 +206,18 @@ fn block_table(block_tables: &[u32], seq: u32, p: AttentionParams) -> &[u32] {
     &block_tables[seq as usize * p.max_blocks_per_seq..][..p.max_blocks_per_seq]
 }
 
-/// Per-task buffers: one block's scores (then softmax weights), and a key
-/// row and four value rows widened to f32 (used only by an F16 cache).
+/// Per-task buffers: one block's scores (then softmax weights), and four
+/// key or value rows widened to f32 (used only by an F16 cache).
 struct Scratch {
     weights: Vec<f32>,
-    key: Vec<f32>,
-    values: [Vec<f32>; 4],
+    rows: [Vec<f32>; 4],
 }
 
 impl Scratch {
     fn new(p: AttentionParams) -> Self {
         Scratch {
             weights: vec![0.0; p.block_size],
-            key: vec![0.0; p.head_dim],
-            values: std::array::from_fn(|_| vec![0.0; p.head_dim]),
+            rows: std::array::from_fn(|_| vec![0.0; p.head_dim]),
         }
     }
 }
@@ -243,7 +244,7 @@ impl KvRows for &[f16] {
 
 /// Attention output of query head `head` of row `row`, into `out`.
 #[inline(always)]
-fn attend<K: KvRows>(
+fn attend<K: KvRows, M: MulAdd>(
     task: &Task<'_, K>,
     row: usize,
     head: usize,
@@ -272,7 +273,7 @@ fn attend<K: KvRows>(
 
         let weights = &mut scratch.weights[..end - start];
         for (score, j) in weights.iter_mut().zip(start..end) {
-            *score = dot(q, task.keys.read(at(j), &mut scratch.key)) * p.scale;
+            *score = dot::<M>(q, task.keys.read(at(j), &mut scratch.rows[0])) * p.scale;
         }
         let block_max = weights.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         let new_max = running_max.max(block_max);
@@ -286,20 +287,27 @@ fn attend<K: KvRows>(
         out.iter_mut().for_each(|o| *o *= rescale);
         // Four value rows per pass over `out`: a quarter of the loads and
         // stores of the accumulator.
-        let (quads, rest) = weights.split_at(weights.len() / 4 * 4);
-        for (k, w) in quads.chunks_exact(4).enumerate() {
+        let quads = weights.len() / 4 * 4;
+        for (k, w) in weights[..quads].chunks_exact(4).enumerate() {
             let j = start + 4 * k;
-            let [s0, s1, s2, s3] = &mut scratch.values;
+            let [s0, s1, s2, s3] = &mut scratch.rows;
             let (v0, v1) = (task.values.read(at(j), s0), task.values.read(at(j + 1), s1));
-            let (v2, v3) = (task.values.read(at(j + 2), s2), task.values.read(at(j + 3), s3));
+            let (v2, v3) = (
+                task.values.read(at(j + 2), s2),
+                task.values.read(at(j + 3), s3),
+            );
+            let (v0, v1, v2, v3) = (&v0[..hd], &v1[..hd], &v2[..hd], &v3[..hd]);
             for d in 0..hd {
-                out[d] += w[0] * v0[d] + w[1] * v1[d] + w[2] * v2[d] + w[3] * v3[d];
+                let sum = M::mul_add(w[0], v0[d], out[d]);
+                let sum = M::mul_add(w[1], v1[d], sum);
+                let sum = M::mul_add(w[2], v2[d], sum);
+                out[d] = M::mul_add(w[3], v3[d], sum);
             }
         }
-        for (&weight, j) in rest.iter().zip(start + quads.len()..end) {
-            let value = task.values.read(at(j), &mut scratch.values[0]);
+        for (&weight, j) in weights[quads..].iter().zip(start + quads..end) {
+            let value = task.values.read(at(j), &mut scratch.rows[0]);
             for (o, &v) in out.iter_mut().zip(value) {
-                *o += weight * v;
+                *o = M::mul_add(weight, v, *o);
             }
         }
         running_max = new_max;
@@ -307,4 +315,88 @@ fn attend<K: KvRows>(
     }
     let inv = 1.0 / denominator;
     out.iter_mut().for_each(|o| *o *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_core::backend::{KvCacheLayout, KvDtype};
+    use tandem_core::kernels::spec;
+
+    use super::*;
+    use crate::{kv, reference};
+
+    /// Every instruction set's attention against the reference, on two
+    /// sequences (one decoding, one in a prefill chunk) over 3-token blocks.
+    #[test]
+    fn every_instruction_set_matches_the_reference() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                })
+                .collect()
+        };
+        let p = AttentionParams {
+            rows: 4,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 12,
+            block_size: 3,
+            max_blocks_per_seq: 4,
+            scale: 0.3,
+            sliding_window: None,
+        };
+        let block_tables = [5, 1, 7, 2, 0, 3, 6, 4];
+        let (row_seq, positions) = ([0, 1, 1, 1], [9, 5, 6, 7]);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let layout = KvCacheLayout {
+                num_blocks: 8,
+                block_size: 3,
+                kv_heads: 2,
+                head_dim: 12,
+                dtype,
+            };
+            let mut cache = KvCache::new(layout).unwrap();
+            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
+            let (k, v) = (values(slots.len() * 24), values(slots.len() * 24));
+            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let q = values(p.rows * p.heads * p.head_dim);
+            let mut want = vec![0.0; q.len()];
+            reference::paged_attention(
+                &q,
+                &cache.keys_f32(),
+                &cache.values_f32(),
+                &row_seq,
+                &positions,
+                &block_tables,
+                p,
+                &mut want,
+            );
+            for isa in Isa::available() {
+                for threads in [1, 2] {
+                    let inputs = AttentionInputs {
+                        q: &q,
+                        row_seq: &row_seq,
+                        positions: &positions,
+                        block_tables: &block_tables,
+                    };
+                    let mut got = vec![f32::NAN; q.len()];
+                    paged_attention(&Workers::new(threads), isa, &cache, inputs, p, &mut got)
+                        .unwrap();
+                    let tolerance = spec("paged_attention").unwrap().tolerance;
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() / (1.0 + w.abs()) <= tolerance,
+                            "{} [{i}]: got {g}, want {w}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

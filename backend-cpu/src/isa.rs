@@ -12,7 +12,7 @@ pub(crate) struct Isa(IsaKind);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IsaKind {
     /// x86-64 AVX2 + FMA + F16C, plus AVX-512 VNNI on 256-bit vectors
-    /// (`vpdpbusd` replaces the `vpmaddubsw` + `vpmaddwd` pair) and the 32
+    /// (`vpdpwssd` replaces the `vpmaddwd` + `vpaddd` pair) and the 32
     /// vector registers of AVX-512VL.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,

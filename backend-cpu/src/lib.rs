@@ -4,9 +4,11 @@
 //! Each kernel exists twice. [`reference`] holds the obvious scalar code,
 //! the ground truth for this crate's tests and for the cross-backend suite.
 //! [`CpuBackend`] runs the fast versions: split across the backend's own
-//! thread pool, written so the compiler vectorizes them, and for matmul
-//! hand-vectorized with AVX2 (and AVX-512 VNNI) where the CPU has it; the
-//! crate also builds for wasm32 and other targets, with portable code.
+//! thread pool and written so the compiler vectorizes them. Where the CPU
+//! has them (detected at run time), matmul uses hand-written AVX2 or
+//! AVX-512 VNNI micro-kernels, and attention and activation quantization
+//! are compiled a second time with AVX2 and FMA enabled. The crate also
+//! builds for wasm32 and other targets, with portable code only.
 //!
 //! Modules, one per kernel family: `rows` (embedding, gather_rows, argmax),
 //! `norm`, `matmul` (with activation quantization and the micro-kernels per

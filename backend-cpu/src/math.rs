@@ -33,6 +33,36 @@ pub(crate) fn exp(x: f32) -> f32 {
     e_r * two_n
 }
 
+/// How kernels compute `a * b + c`: one rounding with FMA hardware, two
+/// without (`f32::mul_add` without FMA instructions is a slow libm call).
+/// Kernels generic over it are instantiated with [`Fused`] only inside
+/// functions compiled with the `fma` target feature.
+pub(crate) trait MulAdd {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// `a * b + c` in one FMA instruction.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Fused;
+
+#[cfg(target_arch = "x86_64")]
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// `a * b + c` as a multiply and an add.
+pub(crate) struct Separate;
+
+impl MulAdd for Separate {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
 /// `g * sigmoid(g)`.
 #[inline(always)]
 pub(crate) fn silu(g: f32) -> f32 {
@@ -42,7 +72,7 @@ pub(crate) fn silu(g: f32) -> f32 {
 /// `sum_i a[i] * b[i]` in 32 independent lanes (four 8-wide vectors, so
 /// the additions do not wait on each other), then 8, then one by one.
 #[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
     let len = a.len().min(b.len());
     let (a, b) = (&a[..len], &b[..len]);
     let mut wide = [0f32; 32];
@@ -50,7 +80,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let (a_rest, b_rest) = (a32.remainder(), b32.remainder());
     for (x, y) in a32.zip(b32) {
         for i in 0..32 {
-            wide[i] += x[i] * y[i];
+            wide[i] = M::mul_add(x[i], y[i], wide[i]);
         }
     }
     let mut lanes = [0f32; 8];
@@ -60,10 +90,14 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     let (a8, b8) = (a_rest.chunks_exact(8), b_rest.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    let tail = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .fold(0.0, |s, (&x, &y)| M::mul_add(x, y, s));
     for (x, y) in a8.zip(b8) {
         for i in 0..8 {
-            lanes[i] += x[i] * y[i];
+            lanes[i] = M::mul_add(x[i], y[i], lanes[i]);
         }
     }
     lanes.iter().sum::<f32>() + tail
@@ -72,7 +106,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `sum_i x[i]^2` in eight independent lanes.
 #[inline(always)]
 pub(crate) fn sum_of_squares(x: &[f32]) -> f32 {
-    dot(x, x)
+    dot::<Separate>(x, x)
 }
 
 #[cfg(test)]
@@ -105,7 +139,10 @@ mod tests {
     fn dot_handles_every_tail() {
         for len in [0, 1, 8, 19, 32, 45, 64, 100] {
             let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
-            assert_eq!(dot(&a, &a), (0..len).map(|i| (i * i) as f32).sum::<f32>());
+            assert_eq!(
+                dot::<Separate>(&a, &a),
+                (0..len).map(|i| (i * i) as f32).sum::<f32>()
+            );
         }
     }
 }

@@ -34,7 +34,7 @@ proptest! {
         let cols = if format.is_quantized() { blocks * 32 } else { blocks * 32 - 31 + extra_cols };
         let mut rng = Rng::new(seed);
         let backend = CpuBackend::new(threads);
-        let w = RandomWeight::new(&mut rng, format, n, cols, 0.5 / (cols as f32).sqrt());
+        let w = RandomWeight::new(&mut rng, format, n, cols, 1.0);
         let x = rng.vec(rows * cols, 1.0);
         let bias = rng.vec(n, 1.0);
         let bias_bytes: Vec<u8> = bias.iter().flat_map(|v| v.to_le_bytes()).collect();

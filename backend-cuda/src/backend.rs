@@ -186,10 +186,11 @@ pub struct CudaConfig {
 /// A CUDA GPU running the Tandem kernel set.
 pub struct CudaBackend {
     config: CudaConfig,
-    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: GpuArch,
     report: DeviceReport,
+    /// Streaming multiprocessors, for sizing the decode attention splits.
+    sm_count: usize,
     kernels: KernelSet,
     blas: Option<Blas>,
     /// Attention split partials and half-precision copies of activations for
@@ -237,6 +238,10 @@ impl CudaBackend {
             major: report.compute_capability.0,
             minor: report.compute_capability.1,
         };
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| backend_error(format!("reading the multiprocessor count: {e}")))?
+            .max(1) as usize;
         let blas = match config.dense_prefill {
             DensePrefill::CublasWhenPresent => Blas::new(stream.clone()),
             DensePrefill::Kernels => None,
@@ -244,11 +249,11 @@ impl CudaBackend {
         Ok(CudaBackend {
             config,
             blas,
-            kernels: KernelSet::new(ctx.clone(), arch),
-            ctx,
+            kernels: KernelSet::new(ctx, arch),
             stream,
             arch,
             report,
+            sm_count,
             scratch: Mutex::new(Scratch::default()),
             capturing: AtomicBool::new(false),
         })
@@ -335,7 +340,7 @@ impl CudaBackend {
     }
 
     /// A scratch buffer of at least `len` f32, for attention split partials.
-    fn partials(&self, len: usize) -> Result<MutexGuardSlice<'_, f32>> {
+    fn partials(&self, len: usize) -> Result<ScratchSlice<'_, f32>> {
         let mut scratch = self.lock_scratch()?;
         if scratch.partials.as_ref().is_none_or(|b| b.len() < len) {
             self.refuse_while_capturing(
@@ -343,14 +348,14 @@ impl CudaBackend {
             )?;
             scratch.partials = Some(self.alloc_raw::<f32>(len)?);
         }
-        Ok(MutexGuardSlice {
+        Ok(ScratchSlice {
             guard: scratch,
             pick: |s| s.partials.as_mut(),
         })
     }
 
     /// A scratch buffer of at least `len` u16, for half copies of activations.
-    fn halves(&self, len: usize) -> Result<MutexGuardSlice<'_, u16>> {
+    fn halves(&self, len: usize) -> Result<ScratchSlice<'_, u16>> {
         let mut scratch = self.lock_scratch()?;
         if scratch.halves.as_ref().is_none_or(|b| b.len() < len) {
             self.refuse_while_capturing(
@@ -358,7 +363,7 @@ impl CudaBackend {
             )?;
             scratch.halves = Some(self.alloc_raw::<u16>(len)?);
         }
-        Ok(MutexGuardSlice {
+        Ok(ScratchSlice {
             guard: scratch,
             pick: |s| s.halves.as_mut(),
         })
@@ -379,22 +384,15 @@ impl CudaBackend {
             .alloc_zeros::<T>(len.max(1))
             .map_err(|e| backend_error(format!("allocating {len} elements: {e}")))
     }
-
-    fn sm_count(&self) -> usize {
-        self.ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map(|n| n.max(1) as usize)
-            .unwrap_or(1)
-    }
 }
 
 /// A locked scratch buffer.
-struct MutexGuardSlice<'a, T> {
+struct ScratchSlice<'a, T> {
     guard: MutexGuard<'a, Scratch>,
     pick: fn(&mut Scratch) -> Option<&mut CudaSlice<T>>,
 }
 
-impl<T> MutexGuardSlice<'_, T> {
+impl<T> ScratchSlice<'_, T> {
     fn slice(&mut self) -> Result<&mut CudaSlice<T>> {
         (self.pick)(&mut self.guard).ok_or_else(|| backend_error("scratch buffer missing"))
     }
@@ -498,7 +496,7 @@ impl Backend for CudaBackend {
         self.refuse_while_capturing("upload_weight")?;
         let elems = (w.rows as u64).checked_mul(w.cols as u64);
         let expected = elems.and_then(|e| w.format.bytes_for(e));
-        if expected != Some(w.data.len() as u64) || w.cols % w.format.block_elems() != 0 {
+        if expected != Some(w.data.len() as u64) || !w.cols.is_multiple_of(w.format.block_elems()) {
             return Err(backend_error(format!(
                 "weight of {}x{} {} needs whole blocks per row and {:?} bytes, got {}",
                 w.rows,
@@ -696,7 +694,7 @@ impl Backend for CudaBackend {
         inv_freq: &CudaTensor,
         p: RopeParams,
     ) -> Result<()> {
-        if p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0 {
+        if p.rotary_dim > p.head_dim || !p.rotary_dim.is_multiple_of(2) {
             return Err(backend_error(format!(
                 "rope: rotary_dim {} must be even and at most head_dim {}",
                 p.rotary_dim, p.head_dim
@@ -783,7 +781,7 @@ impl Backend for CudaBackend {
                 p.head_dim
             )));
         }
-        if p.kv_heads == 0 || p.heads % p.kv_heads != 0 {
+        if p.kv_heads == 0 || !p.heads.is_multiple_of(p.kv_heads) {
             return Err(backend_error(format!(
                 "paged_attention: {} heads do not share {} KV heads evenly",
                 p.heads, p.kv_heads
@@ -827,7 +825,7 @@ impl Backend for CudaBackend {
         match self.config.attention {
             AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
                 let max_context = p.max_blocks_per_seq * p.block_size;
-                let splits = decode_splits(max_context, p.heads * p.rows, self.sm_count());
+                let splits = decode_splits(max_context, p.heads * p.rows, self.sm_count);
                 self.attention_decode(
                     q,
                     cache,
@@ -932,7 +930,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let file = matmul_kernel_name(w.format);
         let (n, cols) = (w.rows, w.cols);
-        let vector_rows = w.format.is_quantized() || cols % 8 == 0;
+        let vector_rows = w.format.is_quantized() || cols.is_multiple_of(8);
         let (entry, cfg) = if rows <= GEMV_MAX_TOKENS && vector_rows {
             let tokens = rows.next_power_of_two();
             let grid = (blocks_for(n, GEMV_ROWS_PER_BLOCK, "rows of w")?, 1, 1);

@@ -144,7 +144,7 @@ fn instance() -> wgpu::Instance {
 
 /// Every adapter wgpu finds, best first.
 pub async fn list_adapters_async() -> Vec<AdapterReport> {
-    ranked_adapters(&instance())
+    ranked_adapters(&instance(), wgpu::Backends::all())
         .await
         .iter()
         .map(AdapterReport::of)
@@ -160,8 +160,11 @@ pub fn list_adapters() -> Vec<AdapterReport> {
 
 /// Adapters that can run compute shaders, best first: hardware before
 /// software, discrete before integrated, native APIs before GL.
-async fn ranked_adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+async fn ranked_adapters(
+    instance: &wgpu::Instance,
+    backends: wgpu::Backends,
+) -> Vec<wgpu::Adapter> {
+    let mut adapters = instance.enumerate_adapters(backends).await;
     let rank = |a: &wgpu::Adapter| {
         let info = a.get_info();
         let device = match info.device_type {
@@ -189,18 +192,24 @@ pub(crate) struct OpenDevice {
 
 pub(crate) async fn open(options: &WgpuOptions) -> Result<OpenDevice> {
     let instance = instance();
-    let candidates: Vec<wgpu::Adapter> = ranked_adapters(&instance)
-        .await
-        .into_iter()
-        .filter(|a| {
-            let report = AdapterReport::of(a);
-            report.compute
-                && !(options.adapter == AdapterPreference::HardwareOnly && report.software)
-                && options
-                    .api
-                    .is_none_or(|api| GraphicsApi::of(a.get_info().backend) == Some(api))
-        })
-        .collect();
+    let usable = |a: &wgpu::Adapter| {
+        let report = AdapterReport::of(a);
+        report.compute
+            && !(options.adapter == AdapterPreference::HardwareOnly && report.software)
+            && options
+                .api
+                .is_none_or(|api| GraphicsApi::of(a.get_info().backend) == Some(api))
+    };
+    // GL is asked for only when nothing else serves: probing it wakes EGL,
+    // which is slow and noisy on headless machines.
+    let mut candidates: Vec<wgpu::Adapter> = Vec::new();
+    for backends in [wgpu::Backends::PRIMARY, wgpu::Backends::GL] {
+        candidates = ranked_adapters(&instance, backends).await;
+        candidates.retain(usable);
+        if !candidates.is_empty() {
+            break;
+        }
+    }
     let Some(adapter) = candidates.into_iter().next() else {
         let what = match (options.adapter, options.api) {
             (_, Some(api)) => format!("no usable wgpu adapter for {api:?}"),

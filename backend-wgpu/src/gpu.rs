@@ -151,6 +151,8 @@ pub(crate) struct Gpu {
     state: Mutex<State>,
     errors: Arc<Mutex<ErrorLog>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// The mappable buffer of the last readback, reused by the next.
+    readback: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl Gpu {
@@ -190,6 +192,7 @@ impl Gpu {
             }),
             errors,
             next_id: 1.into(),
+            readback: Mutex::new(None),
         }
     }
 
@@ -211,7 +214,12 @@ impl Gpu {
         Err(backend_error(format!("{during}: {all}")))
     }
 
-    fn create_buffer(&self, bytes: u64, usage: wgpu::BufferUsages, label: &str) -> Result<wgpu::Buffer> {
+    fn create_buffer(
+        &self,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        label: &str,
+    ) -> Result<wgpu::Buffer> {
         if bytes > self.limits.max_buffer_size {
             return Err(backend_error(format!(
                 "{label}: {bytes} bytes exceed the adapter's largest buffer ({} bytes)",
@@ -278,7 +286,7 @@ impl Gpu {
         if bytes.is_empty() {
             return;
         }
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(&buffer.buffer, 0, bytes);
         } else {
             let mut padded = bytes.to_vec();
@@ -288,10 +296,16 @@ impl Gpu {
     }
 
     /// Runs `record` on the pending encoder (created when there is none).
-    fn record<T>(&self, state: &mut State, record: impl FnOnce(&mut wgpu::CommandEncoder) -> T) -> T {
+    fn record<T>(
+        &self,
+        state: &mut State,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> T,
+    ) -> T {
         let encoder = state.encoder.get_or_insert_with(|| {
             self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") })
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("step"),
+                })
         });
         lock(&self.pool).recording = true;
         record(encoder)
@@ -304,11 +318,20 @@ impl Gpu {
             return;
         }
         let mut state = lock(&self.state);
-        self.record(&mut state, |e| e.clear_buffer(&buffer.buffer, 0, Some(bytes)));
+        self.record(&mut state, |e| {
+            e.clear_buffer(&buffer.buffer, 0, Some(bytes))
+        });
     }
 
     /// Records a buffer-to-buffer copy (byte offsets and size multiples of 4).
-    pub fn copy(&self, src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, bytes: u64) {
+    pub fn copy(
+        &self,
+        src: &GpuBuffer,
+        src_offset: u64,
+        dst: &GpuBuffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
         let mut state = lock(&self.state);
         self.record(&mut state, |e| {
             e.copy_buffer_to_buffer(&src.buffer, src_offset, &dst.buffer, dst_offset, bytes)
@@ -342,10 +365,15 @@ impl Gpu {
             self.submit_locked(&mut state)?;
         }
         let offset = state.params.len();
-        state.params.extend(d.params.iter().flat_map(|w| w.to_le_bytes()));
+        state
+            .params
+            .extend(d.params.iter().flat_map(|w| w.to_le_bytes()));
         state.params.resize(offset + PARAM_SLOT as usize, 0);
 
-        let key = (pipeline.layout_id, d.buffers.iter().map(|b| b.id).collect::<Vec<_>>());
+        let key = (
+            pipeline.layout_id,
+            d.buffers.iter().map(|b| b.id).collect::<Vec<_>>(),
+        );
         if !state.bind_groups.contains_key(&key) {
             if state.bind_groups.len() >= MAX_BIND_GROUPS {
                 state.bind_groups.clear();
@@ -379,7 +407,9 @@ impl Gpu {
         let group = &bind_groups[&key];
         let encoder = encoder.get_or_insert_with(|| {
             self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") })
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("step"),
+                })
         });
         lock(&self.pool).recording = true;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -411,18 +441,22 @@ impl Gpu {
         let label = format!("{}/{}", d.variant.kernel, d.entry);
         let text = shader::generate(&d.variant, &self.target)
             .map_err(|e| backend_error(format!("generating {label}: {e}")))?;
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(text.into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some(d.entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(text.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(d.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         self.check(&format!("compiling {label}"))?;
         let pipeline = Arc::new(Pipeline {
             pipeline,
@@ -499,11 +533,17 @@ impl Gpu {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let staging = self.create_buffer(
-            bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            "readback",
-        )?;
+        let reused = lock(&self.readback).take();
+        let staging = match reused {
+            Some(buffer) if buffer.size() >= bytes => buffer,
+            _ => self.create_buffer(
+                bytes
+                    .next_power_of_two()
+                    .min(self.limits.max_buffer_size.max(bytes)),
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                "readback",
+            )?,
+        };
         {
             let mut state = lock(&self.state);
             self.record(&mut state, |e| {
@@ -527,6 +567,7 @@ impl Gpu {
             .map_err(|e| backend_error(format!("reading a mapped buffer: {e}")))?
             .to_vec();
         staging.unmap();
+        *lock(&self.readback) = Some(staging);
         Ok(data)
     }
 }

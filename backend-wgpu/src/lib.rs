@@ -17,15 +17,15 @@ mod adapter;
 mod gpu;
 pub mod shader;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use adapter::list_adapters;
 pub use adapter::{
     list_adapters_async, AdapterPreference, AdapterReport, GraphicsApi, WgpuOptions,
 };
-#[cfg(not(target_arch = "wasm32"))]
-pub use adapter::list_adapters;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype,
-    MatmulParams, RmsNormParams, RopeParams, RopeStyle,
+    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
+    RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::quant::{WeightFormat, WeightView};
@@ -181,7 +181,10 @@ impl WgpuBackend {
         workgroups: usize,
     ) -> Result<()> {
         let workgroups = u32::try_from(workgroups).map_err(|_| {
-            backend_error(format!("{}: {workgroups} workgroups is too many", variant.kernel))
+            backend_error(format!(
+                "{}: {workgroups} workgroups is too many",
+                variant.kernel
+            ))
         })?;
         self.gpu.dispatch(Dispatch {
             variant,
@@ -193,16 +196,19 @@ impl WgpuBackend {
         })
     }
 
-    fn upload_vector(&self, values: &[f32]) -> Result<WgpuWeight> {
-        let buf = self.gpu.dedicated(4 * values.len() as u64, "vector weight")?;
+    /// A `rows x cols` matrix with one of them 1, stored as f32.
+    fn upload_vector(&self, rows: usize, cols: usize, values: &[f32]) -> Result<WgpuWeight> {
+        let buf = self
+            .gpu
+            .dedicated(4 * values.len() as u64, "vector weight")?;
         self.gpu.write(&buf, bytes_of_f32(values));
         Ok(WgpuWeight {
             format: WeightFormat::F32,
-            rows: 1,
-            cols: values.len(),
+            rows,
+            cols,
             chunks: vec![WeightChunk {
                 row_start: 0,
-                rows: 1,
+                rows,
                 buf,
             }],
         })
@@ -222,7 +228,11 @@ fn bytes_of_f32(values: &[f32]) -> &[u8] {
 }
 
 fn u32_of(n: usize, what: &str) -> Result<u32> {
-    u32::try_from(n).map_err(|_| backend_error(format!("{what} = {n} does not fit the kernels' 32-bit indices")))
+    u32::try_from(n).map_err(|_| {
+        backend_error(format!(
+            "{what} = {n} does not fit the kernels' 32-bit indices"
+        ))
+    })
 }
 
 /// `have >= need` elements, or an error naming the operand.
@@ -306,7 +316,7 @@ impl Backend for WgpuBackend {
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<WgpuWeight> {
         let format = w.format;
-        if w.cols % format.block_elems() != 0 {
+        if !w.cols.is_multiple_of(format.block_elems()) {
             return Err(backend_error(format!(
                 "a {format} weight needs columns in multiples of {}, got {}",
                 format.block_elems(),
@@ -324,7 +334,7 @@ impl Backend for WgpuBackend {
             )));
         }
         if w.rows == 1 || w.cols == 1 {
-            return self.upload_vector(&w.to_f32());
+            return self.upload_vector(w.rows, w.cols, &w.to_f32());
         }
         let rows_per_chunk = (self.max_chunk_bytes / row_bytes.max(1) as u64) as usize;
         if rows_per_chunk == 0 {
@@ -385,8 +395,10 @@ impl Backend for WgpuBackend {
         let scratch = self.gpu.pooled(block_bytes)?;
         for &(src, dst) in pairs {
             for buf in [&cache.k, &cache.v] {
-                self.gpu.copy(buf, src as u64 * block_bytes, &scratch, 0, block_bytes);
-                self.gpu.copy(&scratch, 0, buf, dst as u64 * block_bytes, block_bytes);
+                self.gpu
+                    .copy(buf, src as u64 * block_bytes, &scratch, 0, block_bytes);
+                self.gpu
+                    .copy(&scratch, 0, buf, dst as u64 * block_bytes, block_bytes);
             }
         }
         Ok(())
@@ -440,7 +452,11 @@ impl Backend for WgpuBackend {
         check_len("rms_norm x", x.len, n)?;
         check_len("rms_norm out", out.len, n)?;
         let w = weight.vector(p.dim, "rms_norm weight")?;
-        let params = [u32_of(p.rows, "rows")?, u32_of(p.dim, "dim")?, p.eps.to_bits()];
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.dim, "dim")?,
+            p.eps.to_bits(),
+        ];
         self.dispatch(
             simple("rms_norm"),
             "main",
@@ -464,7 +480,11 @@ impl Backend for WgpuBackend {
         check_len("rms_norm_residual delta", delta.len, n)?;
         check_len("rms_norm_residual out", out.len, n)?;
         let w = weight.vector(p.dim, "rms_norm_residual weight")?;
-        let params = [u32_of(p.rows, "rows")?, u32_of(p.dim, "dim")?, p.eps.to_bits()];
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.dim, "dim")?,
+            p.eps.to_bits(),
+        ];
         self.dispatch(
             simple("rms_norm_residual"),
             "main",
@@ -523,7 +543,7 @@ impl Backend for WgpuBackend {
         inv_freq: &WgpuTensor,
         p: RopeParams,
     ) -> Result<()> {
-        if p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim {
+        if !p.rotary_dim.is_multiple_of(2) || p.rotary_dim > p.head_dim {
             return Err(backend_error(format!(
                 "rope: rotary_dim {} must be even and at most head_dim {}",
                 p.rotary_dim, p.head_dim
@@ -591,7 +611,7 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         let layout = &cache.layout;
         if p.kv_heads == 0
-            || p.heads % p.kv_heads != 0
+            || !p.heads.is_multiple_of(p.kv_heads)
             || p.kv_heads != layout.kv_heads
             || p.head_dim != layout.head_dim
             || p.block_size != layout.block_size
@@ -599,7 +619,12 @@ impl Backend for WgpuBackend {
             return Err(backend_error(format!(
                 "paged_attention: {} heads over {} KV heads of {} dims in blocks of {} do not \
                  fit a cache of {} KV heads of {} dims in blocks of {}",
-                p.heads, p.kv_heads, p.head_dim, p.block_size, layout.kv_heads, layout.head_dim,
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.block_size,
+                layout.kv_heads,
+                layout.head_dim,
                 layout.block_size
             )));
         }
@@ -612,7 +637,9 @@ impl Backend for WgpuBackend {
         let window = match p.sliding_window {
             None => 0,
             Some(0) => {
-                return Err(backend_error("paged_attention: a sliding window of 0 sees nothing"))
+                return Err(backend_error(
+                    "paged_attention: a sliding window of 0 sees nothing",
+                ))
             }
             Some(w) => u32_of(w, "sliding window")?,
         };
@@ -685,7 +712,7 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         check_len("gather_rows rows", rows.len, n)?;
         check_len("gather_rows out", out.len, n * width)?;
-        let src_rows = if width == 0 { 0 } else { x.len / width };
+        let src_rows = x.len.checked_div(width).unwrap_or(0);
         let params = [
             u32_of(n, "n")?,
             u32_of(width, "width")?,

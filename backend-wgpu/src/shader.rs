@@ -47,10 +47,22 @@ const SOURCES: &[(&str, &str)] = &[
     ),
     ("matmul_f32", include_str!("../../shaders/matmul_f32.wgsl")),
     ("matmul_f16", include_str!("../../shaders/matmul_f16.wgsl")),
-    ("matmul_bf16", include_str!("../../shaders/matmul_bf16.wgsl")),
-    ("matmul_q8_0", include_str!("../../shaders/matmul_q8_0.wgsl")),
-    ("matmul_q4_0", include_str!("../../shaders/matmul_q4_0.wgsl")),
-    ("matmul_q4_1", include_str!("../../shaders/matmul_q4_1.wgsl")),
+    (
+        "matmul_bf16",
+        include_str!("../../shaders/matmul_bf16.wgsl"),
+    ),
+    (
+        "matmul_q8_0",
+        include_str!("../../shaders/matmul_q8_0.wgsl"),
+    ),
+    (
+        "matmul_q4_0",
+        include_str!("../../shaders/matmul_q4_0.wgsl"),
+    ),
+    (
+        "matmul_q4_1",
+        include_str!("../../shaders/matmul_q4_1.wgsl"),
+    ),
     ("rope", include_str!("../../shaders/rope.wgsl")),
     (
         "paged_kv_write",
@@ -61,7 +73,10 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("../../shaders/paged_attention.wgsl"),
     ),
     ("swiglu", include_str!("../../shaders/swiglu.wgsl")),
-    ("gather_rows", include_str!("../../shaders/gather_rows.wgsl")),
+    (
+        "gather_rows",
+        include_str!("../../shaders/gather_rows.wgsl"),
+    ),
     ("argmax", include_str!("../../shaders/argmax.wgsl")),
 ];
 

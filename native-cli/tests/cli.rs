@@ -143,3 +143,18 @@ fn inspect_perplexity_and_bench_run() {
     assert!(json["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(json["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn cuda_without_a_driver_is_a_clear_error() {
+    if tandem_cuda::driver_present() {
+        eprintln!("a CUDA driver is present: the no-driver error cannot be checked here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let out = tandem(&["run", "--backend", "cuda", "--model", model.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["no CUDA driver found"]);
+    // `auto` falls back to the CPU quietly.
+    let out = tandem(&["run", "--backend", "auto", "-n", "2", "--model", model.to_str().unwrap(), "hi"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -51,8 +51,15 @@ impl Report {
             .flat_map(|k| k.failures.iter().map(move |f| format!("{}: {f}", k.kernel)))
             .collect();
         for entry in MANIFEST {
-            if !self.kernels.iter().any(|k| k.kernel == entry.name && k.cases > 0) {
-                problems.push(format!("{}: no case exercised this manifest entry", entry.name));
+            if !self
+                .kernels
+                .iter()
+                .any(|k| k.kernel == entry.name && k.cases > 0)
+            {
+                problems.push(format!(
+                    "{}: no case exercised this manifest entry",
+                    entry.name
+                ));
             }
         }
         problems
@@ -61,7 +68,11 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "kernel conformance of {} against the CPU reference", self.backend)?;
+        writeln!(
+            f,
+            "kernel conformance of {} against the CPU reference",
+            self.backend
+        )?;
         for k in &self.kernels {
             writeln!(
                 f,
@@ -70,7 +81,11 @@ impl fmt::Display for Report {
                 k.cases,
                 k.max_error,
                 k.tolerance,
-                if k.failures.is_empty() { "ok" } else { "FAILED" }
+                if k.failures.is_empty() {
+                    "ok"
+                } else {
+                    "FAILED"
+                }
             )?;
         }
         Ok(())
@@ -239,7 +254,11 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         let (got, want) = match (got, want) {
             (Ok(g), Ok(w)) => (g, w),
             (Err(e), _) => return report.failures.push(format!("{case}: {e}")),
-            (_, Err(e)) => return report.failures.push(format!("{case}: reference failed: {e}")),
+            (_, Err(e)) => {
+                return report
+                    .failures
+                    .push(format!("{case}: reference failed: {e}"))
+            }
         };
         if got.len() != want.len() {
             return report.failures.push(format!(
@@ -276,13 +295,22 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
 
     fn embedding(&mut self) {
         for format in WeightFormat::ALL {
-            let (vocab, dim) = if format.is_quantized() { (37, 96) } else { (37, 13) };
+            let (vocab, dim) = if format.is_quantized() {
+                (37, 96)
+            } else {
+                (37, 13)
+            };
             let table = HostWeight::new(format, vocab, dim, &self.rng.values(vocab * dim, 1.0));
             for rows in [1, 3, 17] {
                 let tokens: Vec<u32> = (0..rows).map(|_| self.rng.below(vocab) as u32).collect();
                 let got = embedding(self.backend, &table, &tokens);
                 let want = embedding(self.reference, &table, &tokens);
-                self.check("embedding", format!("{format} table {vocab}x{dim}, {rows} rows"), got, want);
+                self.check(
+                    "embedding",
+                    format!("{format} table {vocab}x{dim}, {rows} rows"),
+                    got,
+                    want,
+                );
             }
         }
     }
@@ -291,7 +319,11 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         for (rows, dim) in [(1, 7), (3, 129), (17, 300)] {
             let x = self.rng.values(rows * dim, 2.0);
             let w = self.rng.values(dim, 1.0);
-            let p = RmsNormParams { rows, dim, eps: 1e-5 };
+            let p = RmsNormParams {
+                rows,
+                dim,
+                eps: 1e-5,
+            };
             let got = rms_norm(self.backend, &x, &w, p);
             let want = rms_norm(self.reference, &x, &w, p);
             self.check("rms_norm", format!("{rows}x{dim}"), got, want);
@@ -303,7 +335,11 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let residual = self.rng.values(rows * dim, 2.0);
             let delta = self.rng.values(rows * dim, 1.0);
             let w = self.rng.values(dim, 1.0);
-            let p = RmsNormParams { rows, dim, eps: 1e-6 };
+            let p = RmsNormParams {
+                rows,
+                dim,
+                eps: 1e-6,
+            };
             let got = rms_norm_residual(self.backend, &residual, &delta, &w, p);
             let want = rms_norm_residual(self.reference, &residual, &delta, &w, p);
             self.check("rms_norm_residual", format!("{rows}x{dim}"), got, want);
@@ -313,10 +349,17 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     fn matmul(&mut self) {
         for format in WeightFormat::ALL {
             let kernel = matmul_kernel_name(format);
-            let widths: &[usize] = if format.is_quantized() { &[96, 160] } else { &[45, 161] };
+            let widths: &[usize] = if format.is_quantized() {
+                &[96, 160]
+            } else {
+                &[45, 161]
+            };
             // Rows 1 and 3 take GEMV paths, 17 and 40 tiled ones (40: two row tiles);
             // 67 outputs: one full 64-row tile and a ragged one.
-            for (i, (rows, n)) in [(1, 67), (3, 5), (17, 67), (40, 67)].into_iter().enumerate() {
+            for (i, (rows, n)) in [(1, 67), (3, 5), (17, 67), (40, 67)]
+                .into_iter()
+                .enumerate()
+            {
                 let cols = widths[i % widths.len()];
                 let w = HostWeight::new(format, n, cols, &self.rng.values(n * cols, 1.0));
                 let x = if format.is_quantized() {
@@ -328,8 +371,22 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
                 let got = matmul(self.backend, &x, &w, bias.as_deref(), rows);
                 let want = matmul(self.reference, &x, &w, bias.as_deref(), rows);
                 let with = if bias.is_some() { " + bias" } else { "" };
-                self.check(kernel, format!("{rows}x{cols} by {n}x{cols}{with}"), got, want);
+                self.check(
+                    kernel,
+                    format!("{rows}x{cols} by {n}x{cols}{with}"),
+                    got,
+                    want,
+                );
             }
+        }
+        // Matrices with a single row or column (a backend may store them as vectors).
+        for (format, n, cols) in [(WeightFormat::Q8_0, 1, 96), (WeightFormat::F16, 5, 1)] {
+            let w = HostWeight::new(format, n, cols, &self.rng.values(n * cols, 1.0));
+            let x = self.q8_exact_activations(3 * cols);
+            let got = matmul(self.backend, &x, &w, None, 3);
+            let want = matmul(self.reference, &x, &w, None, 3);
+            let kernel = matmul_kernel_name(format);
+            self.check(kernel, format!("3x{cols} by {n}x{cols}"), got, want);
         }
         // More output rows than one dispatch dimension holds workgroups (65535 on most GPUs).
         let (n, cols) = (70_001, 33);
@@ -352,7 +409,11 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             .collect();
         for block in x.chunks_mut(32) {
             let at = self.rng.below(block.len());
-            block[at] = if self.rng.below(2) == 0 { 127.0 } else { -127.0 } / 128.0;
+            block[at] = if self.rng.below(2) == 0 {
+                127.0
+            } else {
+                -127.0
+            } / 128.0;
         }
         x
     }
@@ -435,7 +496,12 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             };
             let got = attention(self.backend, &case);
             let want = attention(self.reference, &case);
-            self.check("paged_kv_write", format!("{dtype:?} cache, {rows} scattered rows"), got, want);
+            self.check(
+                "paged_kv_write",
+                format!("{dtype:?} cache, {rows} scattered rows"),
+                got,
+                want,
+            );
         }
     }
 
@@ -531,11 +597,20 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     }
 
     fn gather_rows(&mut self) {
-        for (src_rows, width, picks) in [(1, 1, vec![0]), (20, 13, vec![3, 3, 19, 0, 7]), (5, 300, vec![4, 1, 2])] {
+        for (src_rows, width, picks) in [
+            (1, 1, vec![0]),
+            (20, 13, vec![3, 3, 19, 0, 7]),
+            (5, 300, vec![4, 1, 2]),
+        ] {
             let x = self.rng.values(src_rows * width, 1.0);
             let got = gather_rows(self.backend, &x, &picks, width);
             let want = gather_rows(self.reference, &x, &picks, width);
-            self.check("gather_rows", format!("{} of {src_rows} rows of {width}", picks.len()), got, want);
+            self.check(
+                "gather_rows",
+                format!("{} of {src_rows} rows of {width}", picks.len()),
+                got,
+                want,
+            );
         }
     }
 
@@ -551,7 +626,12 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             }
             let got = argmax(self.backend, &x, rows, width);
             let want = argmax(self.reference, &x, rows, width);
-            self.check("argmax", format!("{rows} rows of {width} with tied maxima"), got, want);
+            self.check(
+                "argmax",
+                format!("{rows} rows of {width} with tied maxima"),
+                got,
+                want,
+            );
         }
     }
 }
@@ -676,5 +756,9 @@ fn argmax<X: Backend>(be: &X, x: &[f32], rows: usize, width: usize) -> Out {
     let xs = be.upload(x)?;
     let mut out = be.upload_indices(&vec![u32::MAX; rows])?;
     be.argmax(&xs, rows, width, &mut out)?;
-    Ok(be.download_indices(&out, rows)?.into_iter().map(|i| i as f32).collect())
+    Ok(be
+        .download_indices(&out, rows)?
+        .into_iter()
+        .map(|i| i as f32)
+        .collect())
 }

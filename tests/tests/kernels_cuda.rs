@@ -1,4 +1,4 @@
-//! The cross-backend kernel suite on the CUDA backend, against the CPU
+//! The cross-backend kernel suite (`tandem_tests::conformance`) on the CUDA backend, against the CPU
 //! reference. On a machine without a CUDA driver or device it says so
 //! ("CUDA: no device, conformance not run") and passes, unless
 //! `TANDEM_REQUIRE_CUDA=1` (the GPU check script sets it), where that fails.
@@ -10,6 +10,8 @@
 //! A few shapes the generic suite does not reach (float weights with
 //! 16-byte-aligned rows, which take the vector GEMV) are checked here too.
 
+use tandem_tests::conformance;
+
 use std::io::Write;
 
 use tandem_core::backend::{Backend, MatmulParams};
@@ -17,7 +19,6 @@ use tandem_core::kernels::{matmul_kernel_name, spec};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
 use tandem_cpu::CpuBackend;
 use tandem_cuda::{AttentionPath, CudaBackend, CudaConfig, DensePrefill};
-use tandem_tests::conformance::run_conformance;
 
 fn cuda_required() -> bool {
     std::env::var("TANDEM_REQUIRE_CUDA").as_deref() == Ok("1")
@@ -70,7 +71,7 @@ fn cuda_kernels_match_the_cpu_reference() {
         let Some(backend) = cuda_backend(config) else {
             return;
         };
-        let report = run_conformance(&backend);
+        let report = conformance::run_conformance(&backend);
         println!("[{label}] {report}");
         let problems = report.problems();
         assert!(
@@ -167,9 +168,19 @@ mod gpu_check_script {
     }
 
     fn run(args: &[&str], bin_dir: &Path, out_dir: &Path) -> (Output, String) {
+        run_with_budget(args, bin_dir, out_dir, "450")
+    }
+
+    fn run_with_budget(
+        args: &[&str],
+        bin_dir: &Path,
+        out_dir: &Path,
+        budget_s: &str,
+    ) -> (Output, String) {
         let output = Command::new("bash")
             .arg(script())
             .args(args)
+            .env("GPU_CHECK_BUDGET_S", budget_s)
             .env("TANDEM_GPU_BIN", bin_dir)
             .env("OUT", out_dir)
             .env_remove("TANDEM_CACHE")
@@ -237,7 +248,7 @@ esac"#,
         let (output, summary) = run(&["--dry-run"], bins.path(), out.path());
         assert!(output.status.success(), "{summary}");
         for step in [
-            "would run test-kernels_cuda",
+            "would run test-kernels_cuda (limit 120s): ",
             "would run test-end_to_end",
             "would run bench-smollm2-135m",
             "--random-weights llama3-8b --weight-format f16",
@@ -281,6 +292,22 @@ esac"#,
         );
         assert!(
             summary.contains("Llama-3-8B Q4_1: decode 700.0 tokens/s"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn steps_past_the_time_budget_are_skipped_and_fail_the_run() {
+        let bins = stand_ins(0);
+        let out = tempfile::tempdir().expect("temp dir");
+        let (output, summary) = run_with_budget(&[], bins.path(), out.path(), "0");
+        assert!(!output.status.success(), "{summary}");
+        assert!(
+            summary.contains("SKIPPED test-kernels_cuda: the time budget is spent"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("bench-llama3-8b-q4_1 (not run: time budget spent)"),
             "{summary}"
         );
     }

@@ -6,6 +6,7 @@
 //!   the pool, and cached blocks are exactly the unreferenced registered ones;
 //! - a running or finished sequence's table covers exactly its computed
 //!   tokens, and a waiting one holds no blocks;
+//!
 //! and at the end, that everything drains and every block is free.
 //! Releasing a free block panics in the allocator, so a double free fails too.
 
@@ -159,7 +160,7 @@ impl World {
 
     fn check(&self) -> Result<(), TestCaseError> {
         let alloc = self.kv.allocator();
-        let mut holders = vec![0u32; NUM_BLOCKS];
+        let mut holders = [0u32; NUM_BLOCKS];
         for (id, t) in self.kv.sequences() {
             prop_assert_eq!(t.blocks().len(), t.num_tokens().div_ceil(BLOCK_SIZE));
             for &b in t.blocks() {
@@ -278,7 +279,7 @@ fn preempted_sequences_resume_with_identical_output() {
     };
     let alone: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| run(&[p.clone()], 64).0.remove(0))
+        .map(|p| run(std::slice::from_ref(p), 64).0.remove(0))
         .collect();
     let (together, preemptions) = run(&prompts, 14);
     assert!(preemptions > 0, "the small pool forces preemptions");

@@ -3,12 +3,14 @@
 //!
 //! One call:
 //! 1. Quantized weights (Q8_0, Q4_0, Q4_1): the activation rows are
-//!    quantized once to Q8 blocks ([`quantize`]), so each block product is
-//!    an integer dot product scaled by the two block scales, as llama.cpp
-//!    does. The 4-bit formats' offset (`m`, or `-8 * d` for Q4_0, whose
-//!    nibbles are used unsigned) adds `offset * scale_x * sum(quants_x)`,
-//!    computed as one f32 dot product per weight row and token. Float weights
-//!    (F32, F16, BF16) multiply the f32 activations directly.
+//!    quantized once to 16-bit blocks ([`quantize`]), so each block product
+//!    is an integer dot product scaled by the two block scales, as in
+//!    llama.cpp (which uses 8-bit activations; [`quantize`] says why 16).
+//!    The 4-bit formats' offset (`m`, or `-8 * d` for Q4_0, whose nibbles
+//!    are used unsigned) adds `offset * scale_x * sum(quants_x)` per
+//!    block, from the block heads `[scale, offset]` decoded once per row
+//!    and the activation stats `[scale, scale * sum]`. Float weights (F32,
+//!    F16, BF16) multiply the f32 activations directly.
 //! 2. The output is split into tasks: by output rows when there are few
 //!    tokens (decode: the matrix is streamed from memory once, each thread
 //!    reading its share of rows), by token ranges when there are many
@@ -38,7 +40,7 @@ use crate::buffers::{Weight, WeightData};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
-use quantize::{quantize_activations_q8, QuantRow, QuantizedActivations};
+use quantize::{quantize_activations, QuantRow, QuantizedActivations};
 
 /// A call with at least this many tokens per thread splits tokens across
 /// threads; below, it splits output rows.
@@ -73,7 +75,7 @@ pub(crate) fn matmul(
         return Ok(());
     }
     let quantized = OnceCell::new();
-    let quantize = || quantized.get_or_init(|| quantize_activations_q8(workers, x, rows, cols));
+    let quantize = || quantized.get_or_init(|| quantize_activations(workers, isa, x, rows, cols));
     let operands = match w.data() {
         WeightData::F32(w) => Operands::F32 { w, x },
         WeightData::F16(w) => Operands::F16 { w, x },
@@ -233,16 +235,6 @@ trait BlockFormat {
         };
         (d, offset)
     }
-
-    /// `K`'s tile kernel for this format.
-    ///
-    /// # Safety
-    /// As [`MicroKernels::q8_tile`].
-    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R];
 }
 
 struct Q8_0;
@@ -257,55 +249,29 @@ impl BlockFormat for Q8_0 {
     const BLOCK_BYTES: usize = 34;
     const QUANTS_AT: usize = 2;
     const OFFSET: Offset = Offset::None;
-
-    #[inline(always)]
-    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R] {
-        K::q8_tile(w, w_heads, x)
-    }
 }
 
 impl BlockFormat for Q4_0 {
     const BLOCK_BYTES: usize = 18;
     const QUANTS_AT: usize = 2;
     const OFFSET: Offset = Offset::MinusEightScales;
-
-    #[inline(always)]
-    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R] {
-        K::nibble_tile::<Self, R, T>(w, w_heads, x)
-    }
 }
 
 impl BlockFormat for Q4_1 {
     const BLOCK_BYTES: usize = 20;
     const QUANTS_AT: usize = 4;
     const OFFSET: Offset = Offset::Stored;
-
-    #[inline(always)]
-    unsafe fn tile<K: MicroKernels, const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R] {
-        K::nibble_tile::<Self, R, T>(w, w_heads, x)
-    }
 }
 
 /// Element type of a float weight matrix.
 trait FloatElem: Copy + Sync {
     /// Which one, for kernels that load eight at a time with intrinsics.
+    #[cfg(target_arch = "x86_64")]
     const KIND: FloatKind;
     fn to_f32(self) -> f32;
 }
 
-#[derive(PartialEq, Eq)]
+#[cfg(target_arch = "x86_64")]
 enum FloatKind {
     F32,
     F16,
@@ -313,6 +279,7 @@ enum FloatKind {
 }
 
 impl FloatElem for f32 {
+    #[cfg(target_arch = "x86_64")]
     const KIND: FloatKind = FloatKind::F32;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -321,6 +288,7 @@ impl FloatElem for f32 {
 }
 
 impl FloatElem for f16 {
+    #[cfg(target_arch = "x86_64")]
     const KIND: FloatKind = FloatKind::F16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -329,6 +297,7 @@ impl FloatElem for f16 {
 }
 
 impl FloatElem for bf16 {
+    #[cfg(target_arch = "x86_64")]
     const KIND: FloatKind = FloatKind::BF16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -350,18 +319,12 @@ trait MicroKernels {
     /// (two values per block; the offset is unspecified for Q8_0).
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
 
-    /// 4-bit weight blocks (`F::QUANTS_AT` gives the quants) times Q8
-    /// activations: `sum_b w_scale[b] * x_scale[b] * (nibbles_b · quants_b)`
-    /// with the scales read from `w_heads` and `x`, the offset term left to
-    /// the caller.
-    unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R];
-
-    /// Q8_0 weight blocks times Q8 activations.
-    unsafe fn q8_tile<const R: usize, const T: usize>(
+    /// Weight blocks of format `F` times quantized activations:
+    /// `sum_b w_scale[b] * x_scale[b] * (w_quants_b · x_quants_b) +
+    /// w_offset[b] * x_sum[b]`, with the scales and offsets read from
+    /// `w_heads` and `x` (no offset term for Q8_0). 4-bit quants are taken
+    /// unsigned, their `-8` being part of Q4_0's offset.
+    unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         w: [&[u8]; R],
         w_heads: [&[f32]; R],
         x: [QuantRow<'_>; T],
@@ -460,43 +423,14 @@ unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const 
     while t < task.tokens.end {
         let width = if task.tokens.end - t >= T { T } else { 1 };
         if width == T {
-            let acc = F::tile::<K, R, T>(w, w_heads, std::array::from_fn(|j| x.row(t + j)));
-            store_tile(task, rows.first, t, acc, |i, j| {
-                offset_term::<F>(w_heads[i], x.row(t + j))
-            });
+            let acc = K::block_tile::<F, R, T>(w, w_heads, std::array::from_fn(|j| x.row(t + j)));
+            store_tile(task, rows.first, t, acc);
         } else {
-            let acc = F::tile::<K, R, 1>(w, w_heads, [x.row(t)]);
-            store_tile(task, rows.first, t, acc, |i, _| {
-                offset_term::<F>(w_heads[i], x.row(t))
-            });
+            let acc = K::block_tile::<F, R, 1>(w, w_heads, [x.row(t)]);
+            store_tile(task, rows.first, t, acc);
         }
         t += width;
     }
-}
-
-/// `sum_b offset[b] * x_sum[b]`: the 4-bit offsets' share of a dot
-/// product. Weight heads `[scale, offset]` and activation stats `[scale,
-/// sum]` interleave alike, so this is their elementwise product summed over
-/// the odd positions, in eight lanes so it vectorizes.
-#[inline(always)]
-fn offset_term<F: BlockFormat>(w_heads: &[f32], x: QuantRow<'_>) -> f32 {
-    if F::OFFSET == Offset::None {
-        return 0.0;
-    }
-    let mut lanes = [0f32; 8];
-    let (w8, x8) = (w_heads.chunks_exact(8), x.stats.chunks_exact(8));
-    let tail: f32 = w8
-        .remainder()
-        .chunks_exact(2)
-        .zip(x8.remainder().chunks_exact(2))
-        .map(|(a, b)| a[1] * b[1])
-        .sum();
-    for (a, b) in w8.zip(x8) {
-        for i in 0..8 {
-            lanes[i] += a[i] * b[i];
-        }
-    }
-    lanes[1] + lanes[3] + lanes[5] + lanes[7] + tail
 }
 
 /// A task over a float weight matrix: tiles of `R` rows × `T` tokens.
@@ -538,31 +472,30 @@ unsafe fn float_row_tile<K: MicroKernels, E: FloatElem, const R: usize, const T:
     while t < task.tokens.end {
         if task.tokens.end - t >= T {
             let acc = K::float_tile::<E, R, T>(w, std::array::from_fn(|j| row(t + j)));
-            store_tile(task, first, t, acc, |_, _| 0.0);
+            store_tile(task, first, t, acc);
             t += T;
         } else {
             let acc = K::float_tile::<E, R, 1>(w, [row(t)]);
-            store_tile(task, first, t, acc, |_, _| 0.0);
+            store_tile(task, first, t, acc);
             t += 1;
         }
     }
 }
 
 /// Writes tile `acc` (weight rows from `r`, tokens from `t`) to the task's
-/// output, adding `extra(i, j)` and the bias.
+/// output, adding the bias.
 #[inline(always)]
 fn store_tile<const R: usize, const T: usize>(
     task: &mut Task<'_>,
     r: usize,
     t: usize,
     acc: [[f32; T]; R],
-    extra: impl Fn(usize, usize) -> f32,
 ) {
     for (i, acc) in acc.iter().enumerate() {
         let bias = task.bias.map_or(0.0, |b| b[r + i]);
         for (j, &value) in acc.iter().enumerate() {
             let at = (t + j - task.tokens.start) * task.stride + (r + i - task.rows.start);
-            task.out[at] = value + extra(i, j) + bias;
+            task.out[at] = value + bias;
         }
     }
 }

@@ -8,7 +8,7 @@ use tandem_core::quant::QK;
 use super::quantize::QuantRow;
 use super::{
     decode_block_heads_scalar, float_task, quant_task, BlockFormat, FloatElem, MicroKernels,
-    Operands, Task, Q4_0, Q4_1, Q8_0,
+    Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
 };
 
 /// Tile shape: rows × tokens.
@@ -16,6 +16,20 @@ const R: usize = 4;
 const T: usize = 4;
 
 pub(super) struct Portable;
+
+/// The 32 quants of a block as integers: Q8_0's signed bytes, or the 4-bit
+/// formats' unsigned nibbles (low nibbles first).
+#[inline(always)]
+fn block_quants<F: BlockFormat>(block: &[u8]) -> [i8; QK] {
+    let quants = &block[F::QUANTS_AT..];
+    match F::OFFSET {
+        Offset::None => std::array::from_fn(|i| quants[i] as i8),
+        _ => std::array::from_fn(|i| {
+            let byte = quants[i % (QK / 2)];
+            (if i < QK / 2 { byte & 0x0f } else { byte >> 4 }) as i8
+        }),
+    }
+}
 
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the portable kernels use no instruction beyond the build target's.
@@ -43,7 +57,7 @@ impl MicroKernels for Portable {
     }
 
     #[inline(always)]
-    unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
+    unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         w: [&[u8]; R],
         w_heads: [&[f32]; R],
         x: [QuantRow<'_>; T],
@@ -51,38 +65,20 @@ impl MicroKernels for Portable {
         let mut acc = [[0f32; T]; R];
         for b in 0..x[0].blocks() {
             for r in 0..R {
-                let quants = &w[r][b * F::BLOCK_BYTES + F::QUANTS_AT..][..QK / 2];
-                for t in 0..T {
-                    let xq = &x[t].quants[b].0;
-                    let mut sum = 0i32;
-                    for i in 0..QK / 2 {
-                        sum += (quants[i] & 0x0f) as i32 * xq[i] as i32
-                            + (quants[i] >> 4) as i32 * xq[i + QK / 2] as i32;
-                    }
-                    acc[r][t] += sum as f32 * (w_heads[r][2 * b] * x[t].stats[2 * b]);
-                }
-            }
-        }
-        acc
-    }
-
-    #[inline(always)]
-    unsafe fn q8_tile<const R: usize, const T: usize>(
-        w: [&[u8]; R],
-        w_heads: [&[f32]; R],
-        x: [QuantRow<'_>; T],
-    ) -> [[f32; T]; R] {
-        let mut acc = [[0f32; T]; R];
-        for b in 0..x[0].blocks() {
-            for r in 0..R {
-                let quants = &w[r][b * Q8_0::BLOCK_BYTES + Q8_0::QUANTS_AT..][..QK];
+                let block = &w[r][b * F::BLOCK_BYTES..][..F::BLOCK_BYTES];
+                let weights = block_quants::<F>(block);
+                let [w_scale, w_offset] = [w_heads[r][2 * b], w_heads[r][2 * b + 1]];
                 for t in 0..T {
                     let xq = &x[t].quants[b].0;
                     let mut sum = 0i32;
                     for i in 0..QK {
-                        sum += quants[i] as i8 as i32 * xq[i] as i32;
+                        sum += weights[i] as i32 * xq[i] as i32;
                     }
-                    acc[r][t] += sum as f32 * (w_heads[r][2 * b] * x[t].stats[2 * b]);
+                    let [x_scale, x_sum] = [x[t].stats[2 * b], x[t].stats[2 * b + 1]];
+                    acc[r][t] += sum as f32 * (w_scale * x_scale);
+                    if F::OFFSET != Offset::None {
+                        acc[r][t] += w_offset * x_sum;
+                    }
                 }
             }
         }

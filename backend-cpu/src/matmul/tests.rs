@@ -4,7 +4,7 @@
 use tandem_core::kernels::{matmul_kernel_name, spec};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView, QK};
 
-use super::quantize::quantize_activations_q8;
+use super::quantize::quantize_activations;
 use super::*;
 use crate::reference;
 
@@ -26,7 +26,7 @@ impl Values {
 
 fn check(isa: Isa, workers: &Workers, format: WeightFormat, rows: usize, n: usize, cols: usize) {
     let mut values = Values(0x2545_f491_4f6c_dd1d ^ (rows * 1000 + n * 10 + cols) as u64);
-    let bytes = quantize_row(format, &values.take(n * cols, 0.5 / (cols as f32).sqrt()));
+    let bytes = quantize_row(format, &values.take(n * cols, 1.0));
     let view = WeightView {
         format,
         rows: n,
@@ -90,27 +90,29 @@ fn every_instruction_set_matches_the_reference() {
 fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);
     let x = Values(7).take(3 * 64, 4.0);
-    let q = quantize_activations_q8(&workers, &x, 3, 64);
-    for t in 0..3 {
-        let row = q.row(t);
-        for b in 0..2 {
-            let block = &x[t * 64 + b * QK..][..QK];
-            let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let scale = row.stats[2 * b];
-            assert_eq!(scale, max_abs / 127.0);
-            let quants = &row.quants[b].0;
-            for (v, &q) in block.iter().zip(quants) {
-                assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
+    for isa in Isa::available() {
+        let q = quantize_activations(&workers, isa, &x, 3, 64);
+        for t in 0..3 {
+            let row = q.row(t);
+            for b in 0..2 {
+                let block = &x[t * 64 + b * QK..][..QK];
+                let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = row.stats[2 * b];
+                assert_eq!(scale, max_abs / 32767.0);
+                let quants = &row.quants[b].0;
+                for (v, &q) in block.iter().zip(quants) {
+                    assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
+                }
+                let sum: i32 = quants.iter().map(|&q| q as i32).sum();
+                assert_eq!(row.stats[2 * b + 1], scale * sum as f32);
             }
-            let sum: i32 = quants.iter().map(|&q| q as i32).sum();
-            assert_eq!(row.stats[2 * b + 1], scale * sum as f32);
         }
     }
 }
 
 #[test]
 fn an_all_zero_block_quantizes_to_zeros() {
-    let q = quantize_activations_q8(&Workers::new(1), &[0.0; 32], 1, 32);
+    let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32);
     assert_eq!(q.row(0).stats, &[0.0, 0.0]);
     assert_eq!(q.row(0).quants[0].0, [0; 32]);
 }

@@ -1,14 +1,13 @@
 //! x86-64 micro-kernels: AVX2, and a variant with AVX-512 VNNI.
 //!
-//! The block kernels follow llama.cpp: a 4-bit block's 16 bytes are spread
-//! to 32 unsigned nibbles (low nibbles are elements 0..16, high nibbles
-//! 16..32), multiplied with the 32 signed activation quants and summed in
-//! groups of four into eight i32 lanes (`vpmaddubsw` + `vpmaddwd` on AVX2,
-//! one `vpdpbusd` with VNNI), converted to f32 and accumulated with the
-//! product of the two block scales. Q8_0 weights are signed, so the weight
-//! bytes' signs move onto the activations (`vpsignb`) first. Each `(row,
-//! token)` pair of a tile keeps its own vector accumulator, summed
-//! horizontally once at the end.
+//! The block kernels follow llama.cpp with 16-bit activations: a block's
+//! 32 weight quants are widened to i16 (a 4-bit block's 16 bytes spread to
+//! unsigned nibbles, low nibbles being elements 0..16; Q8_0's bytes
+//! sign-extended), multiplied with the 32 i16 activation quants and summed
+//! in groups of four into eight i32 lanes (two `vpmaddwd` and an add on
+//! AVX2, two `vpdpwssd` with VNNI), converted to f32 and accumulated with
+//! the product of the two block scales. Each `(row, token)` pair of a tile
+//! keeps its own vector accumulator, summed horizontally once at the end.
 //!
 //! The kernels are `#[inline(always)]` generic code; `run_avx2` and
 //! `run_vnni` instantiate them inside functions compiled with the target
@@ -57,28 +56,32 @@ pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_
     }
 }
 
-/// How a kernel multiplies 32 unsigned bytes with 32 signed bytes, summing
-/// each group of four products into one of eight i32 lanes.
-trait ByteDot {
+/// How a kernel multiplies two pairs of sixteen i16 lanes (a block's two
+/// halves of weights and activations) and sums each group of four products
+/// into one of eight i32 lanes. No sum can overflow: weights are at most
+/// 128 and activations 32767 in magnitude, so a lane sums to at most
+/// 4 * 128 * 32767 < 2^24.
+trait WordDot {
     /// # Safety
     /// The CPU supports the implementor's instruction set.
-    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i;
+    unsafe fn dot(low: [__m256i; 2], high: [__m256i; 2]) -> __m256i;
 }
 
-impl ByteDot for Avx2 {
+impl WordDot for Avx2 {
     #[inline(always)]
-    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i {
-        // Pair sums are at most 2 * 255 * 128 in magnitude only for Q8_0's
-        // |w| = 128 with x = ±127... = 32512, inside i16: no saturation.
-        let pairs = _mm256_maddubs_epi16(unsigned, signed);
-        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    unsafe fn dot([w_low, x_low]: [__m256i; 2], [w_high, x_high]: [__m256i; 2]) -> __m256i {
+        _mm256_add_epi32(
+            _mm256_madd_epi16(w_low, x_low),
+            _mm256_madd_epi16(w_high, x_high),
+        )
     }
 }
 
-impl ByteDot for Vnni {
+impl WordDot for Vnni {
     #[inline(always)]
-    unsafe fn dot(unsigned: __m256i, signed: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned, signed)
+    unsafe fn dot([w_low, x_low]: [__m256i; 2], [w_high, x_high]: [__m256i; 2]) -> __m256i {
+        let low = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w_low, x_low);
+        _mm256_dpwssd_epi32(low, w_high, x_high)
     }
 }
 
@@ -96,21 +99,12 @@ macro_rules! delegate_micro_kernels {
             }
 
             #[inline(always)]
-            unsafe fn nibble_tile<F: BlockFormat, const R: usize, const T: usize>(
+            unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
                 w: [&[u8]; R],
                 w_heads: [&[f32]; R],
                 x: [QuantRow<'_>; T],
             ) -> [[f32; T]; R] {
-                nibble_tile::<$isa, F, R, T>(w, w_heads, x)
-            }
-
-            #[inline(always)]
-            unsafe fn q8_tile<const R: usize, const T: usize>(
-                w: [&[u8]; R],
-                w_heads: [&[f32]; R],
-                x: [QuantRow<'_>; T],
-            ) -> [[f32; T]; R] {
-                q8_tile::<$isa, R, T>(w, w_heads, x)
+                block_tile::<$isa, F, R, T>(w, w_heads, x)
             }
 
             #[inline(always)]
@@ -173,67 +167,103 @@ fn check_block_tile<const R: usize, const T: usize>(
 /// # Safety
 /// The CPU supports AVX2, FMA and `D`'s instruction set.
 #[inline(always)]
-unsafe fn nibble_tile<D: ByteDot, F: BlockFormat, const R: usize, const T: usize>(
+unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
     let blocks = check_block_tile(&w, &w_heads, &x, F::BLOCK_BYTES);
-    let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
+        // SAFETY (all loads below): `check_block_tile` checked that every
+        // row and activation holds `blocks` blocks; activation blocks are
+        // 64-byte aligned.
+        let x_scales: [__m256; T] =
+            std::array::from_fn(|t| _mm256_broadcast_ss(x[t].stats.get_unchecked(2 * b)));
         for r in 0..R {
-            // SAFETY (all loads below): `check_block_tile` checked that every
-            // row and activation holds `blocks` blocks.
-            let packed =
-                _mm_loadu_si128(w[r].as_ptr().add(b * F::BLOCK_BYTES + F::QUANTS_AT).cast());
-            let nibbles = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
-                low_nibbles,
-            );
-            let w_scale = _mm256_set1_ps(*w_heads[r].get_unchecked(2 * b));
+            let [w_low, w_high] = widen_block::<F>(w[r].as_ptr().add(b * F::BLOCK_BYTES));
+            let w_scale = _mm256_broadcast_ss(w_heads[r].get_unchecked(2 * b));
             for t in 0..T {
-                let quants = _mm256_load_si256(x[t].quants.as_ptr().add(b).cast());
-                let products = D::dot(nibbles, quants);
-                let scale =
-                    _mm256_mul_ps(w_scale, _mm256_set1_ps(*x[t].stats.get_unchecked(2 * b)));
+                let quants: *const __m256i = x[t].quants.as_ptr().add(b).cast();
+                let products = D::dot(
+                    [w_low, _mm256_load_si256(quants)],
+                    [w_high, _mm256_load_si256(quants.add(1))],
+                );
+                let scale = _mm256_mul_ps(w_scale, x_scales[t]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
+            }
+        }
+    }
+    if F::OFFSET != Offset::None {
+        for r in 0..R {
+            for t in 0..T {
+                let offsets = offset_terms(w_heads[r], x[t].stats, blocks);
+                acc[r][t] = _mm256_add_ps(acc[r][t], offsets);
             }
         }
     }
     horizontal_sums(acc)
 }
 
+/// The 32 quants of the block at `block` widened to i16, as elements
+/// `0..16` and `16..32`: Q8_0's signed bytes sign-extended, the 4-bit
+/// formats' nibbles (low nibbles are elements `0..16`) zero-extended.
+///
 /// # Safety
-/// The CPU supports AVX2, FMA and `D`'s instruction set.
+/// A whole block of format `F` is readable at `block`; the CPU supports AVX2.
 #[inline(always)]
-unsafe fn q8_tile<D: ByteDot, const R: usize, const T: usize>(
-    w: [&[u8]; R],
-    w_heads: [&[f32]; R],
-    x: [QuantRow<'_>; T],
-) -> [[f32; T]; R] {
-    let blocks = check_block_tile(&w, &w_heads, &x, Q8_0::BLOCK_BYTES);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    for b in 0..blocks {
-        for r in 0..R {
-            // SAFETY (all loads below): checked by `check_block_tile`.
-            let weights = _mm256_loadu_si256(
-                w[r].as_ptr()
-                    .add(b * Q8_0::BLOCK_BYTES + Q8_0::QUANTS_AT)
-                    .cast(),
-            );
-            let magnitudes = _mm256_sign_epi8(weights, weights);
-            let w_scale = _mm256_set1_ps(*w_heads[r].get_unchecked(2 * b));
-            for t in 0..T {
-                let quants = _mm256_load_si256(x[t].quants.as_ptr().add(b).cast());
-                let products = D::dot(magnitudes, _mm256_sign_epi8(quants, weights));
-                let scale =
-                    _mm256_mul_ps(w_scale, _mm256_set1_ps(*x[t].stats.get_unchecked(2 * b)));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
-            }
+unsafe fn widen_block<F: BlockFormat>(block: *const u8) -> [__m256i; 2] {
+    let quants = block.add(F::QUANTS_AT);
+    match F::OFFSET {
+        Offset::None => [
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(quants.cast())),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(quants.add(16).cast())),
+        ],
+        Offset::MinusEightScales | Offset::Stored => {
+            let packed = _mm_loadu_si128(quants.cast());
+            let low_nibbles = _mm_set1_epi8(0x0f);
+            [
+                _mm256_cvtepu8_epi16(_mm_and_si128(packed, low_nibbles)),
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles)),
+            ]
         }
     }
-    horizontal_sums(acc)
+}
+
+/// The offsets' share of a 4-bit dot product, `sum_b offset[b] * x_sum[b]`,
+/// spread over the lanes of a vector. Weight heads `[scale, offset]` and
+/// activation stats `[scale, sum]` interleave alike, so it is their
+/// elementwise product with the even (scale) lanes dropped.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; both slices hold `2 * blocks` values.
+#[inline(always)]
+unsafe fn offset_terms(w_heads: &[f32], x_stats: &[f32], blocks: usize) -> __m256 {
+    let len = 2 * blocks;
+    let mut acc = _mm256_setzero_ps();
+    let mut c = 0;
+    while c + 8 <= len {
+        // SAFETY: `c + 8 <= len` and both slices hold `len` values.
+        let products = _mm256_mul_ps(
+            _mm256_loadu_ps(w_heads.as_ptr().add(c)),
+            _mm256_loadu_ps(x_stats.as_ptr().add(c)),
+        );
+        acc = _mm256_add_ps(acc, products);
+        c += 8;
+    }
+    if c < len {
+        // SAFETY: masked-off lanes are not read, so only `c..len` is accessed.
+        let mask = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32((len - c) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let products = _mm256_mul_ps(
+            _mm256_maskload_ps(w_heads.as_ptr().add(c), mask),
+            _mm256_maskload_ps(x_stats.as_ptr().add(c), mask),
+        );
+        acc = _mm256_add_ps(acc, products);
+    }
+    _mm256_blend_ps::<0b1010_1010>(_mm256_setzero_ps(), acc)
 }
 
 /// # Safety

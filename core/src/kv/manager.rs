@@ -108,7 +108,7 @@ impl KvCacheManager {
     /// Whether the next write lands in a partially filled block that others
     /// hold or whose content the prefix cache keeps.
     fn last_block_needs_copy(&self, table: &BlockTable) -> bool {
-        table.num_tokens() % self.block_size != 0
+        !table.num_tokens().is_multiple_of(self.block_size)
             && table.blocks().last().is_some_and(|&b| {
                 self.allocator.ref_count(b) > 1 || self.allocator.is_registered(b)
             })

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::gguf::{GgufFile, GgufValue, GgufWriter};
+#[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::{hf_name, SafetensorsWriter};
 use super::{Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore};
 use crate::backend::RopeStyle;

@@ -215,7 +215,7 @@ fn keep_min_p(cands: &mut Vec<(u32, f32)>, min_p: f32) {
         return;
     }
     // p_i / p_max = exp(l_i - l_max)
-    let threshold = cands[0].1 + (min_p as f32).ln();
+    let threshold = cands[0].1 + min_p.ln();
     cands.retain(|c| c.1 >= threshold);
 }
 

@@ -7,6 +7,8 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use tandem_core::engine::Engine;
+use tandem_core::model::synthetic::SyntheticModel;
+use tandem_core::quant::WeightFormat;
 use tandem_core::sched::{Rng, SamplingParams};
 use tandem_core::Backend;
 
@@ -28,6 +30,39 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Benchmark a model of this shape with random weights instead of a file:
+    /// `smollm2-135m`, `llama3-8b`, `tiny`.
+    #[arg(long, value_name = "SHAPE")]
+    pub random_weights: Option<String>,
+    /// Storage format of the random weights' matrices.
+    #[arg(long, value_enum, default_value = "q4_1", requires = "random_weights")]
+    pub weight_format: RandomWeightFormat,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum RandomWeightFormat {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+}
+
+impl From<RandomWeightFormat> for WeightFormat {
+    fn from(f: RandomWeightFormat) -> Self {
+        match f {
+            RandomWeightFormat::F32 => WeightFormat::F32,
+            RandomWeightFormat::F16 => WeightFormat::F16,
+            RandomWeightFormat::Bf16 => WeightFormat::BF16,
+            RandomWeightFormat::Q8_0 => WeightFormat::Q8_0,
+            RandomWeightFormat::Q4_0 => WeightFormat::Q4_0,
+            RandomWeightFormat::Q4_1 => WeightFormat::Q4_1,
+        }
+    }
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -80,7 +115,10 @@ impl WithBackend for BenchArgs {
     type Output = ();
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let files = self.model.load_files()?;
+        let files = match &self.random_weights {
+            Some(shape) => SyntheticModel::preset(shape, self.weight_format.into(), 0)?.files()?,
+            None => self.model.load_files()?,
+        };
         let ctx = (self.prompt_tokens.max(self.gen_tokens) + 2).min(files.config.max_context);
         let mut engine = build_engine(backend, &files, ctx, 1)?;
         let info = engine.backend().info();

@@ -107,4 +107,18 @@ fn print_devices() {
     use tandem_core::Backend;
     let info = tandem_cpu::CpuBackend::new(0).info();
     println!("{}: {}", info.name, info.device);
+    #[cfg(feature = "wgpu")]
+    for adapter in tandem_wgpu::list_adapters() {
+        println!("wgpu: {adapter}");
+    }
+    #[cfg(feature = "cuda")]
+    match tandem_cuda::list_devices() {
+        Ok(devices) if devices.is_empty() => println!("cuda: driver present, no devices"),
+        Ok(devices) => {
+            for d in devices {
+                println!("cuda: {d}");
+            }
+        }
+        Err(e) => println!("cuda: {e}"),
+    }
 }

@@ -216,16 +216,25 @@ impl WithBackend for BenchServeArgs {
         );
         let line = |name: &str, r: &RunReport| {
             println!(
-                "{name:<22} {:>6} tokens in {:>7.2} s = {:>7.1} tokens/s | KV used/allocated {:>5.1}% | prefix hits {:>5.1}% | {} preemptions, {} steps",
+                "{name:<24} {:>5} tokens in {:>6.2} s = {:>6.1} tokens/s | first token {:>5.2} s, done {:>5.2} s (mean) | KV used/allocated {:>5.1}% | prefix hits {:>5.1}% | {} preemptions, {} steps",
                 r.output_tokens,
                 r.seconds,
                 r.tokens_per_second(),
+                r.mean_first_token,
+                r.mean_latency,
                 100.0 * r.kv_utilization,
                 100.0 * r.prefix_hit_rate,
                 r.preemptions,
                 r.steps
             )
         };
+        // Warm-up (first touches of the KV pool, thread pools), not reported.
+        bench::run(
+            &mut engine,
+            &mixed[..mixed.len().min(8)],
+            Batching::Continuous,
+        )?;
+        engine.clear_prefix_cache();
         let continuous = bench::run(&mut engine, &mixed, Batching::Continuous)?;
         line("continuous batching", &continuous);
         // The static run must not profit from the first run's cached prefixes.
