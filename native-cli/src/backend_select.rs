@@ -2,9 +2,9 @@
 //! [`WithBackend`] visitor, generic over the backend type, and this module
 //! instantiates them for the backend the user chose.
 
-use anyhow::Result;
 #[cfg(not(all(feature = "wgpu", feature = "cuda")))]
 use anyhow::bail;
+use anyhow::Result;
 use clap::ValueEnum;
 use tandem_core::Backend;
 use tandem_cpu::CpuBackend;
@@ -27,7 +27,11 @@ pub trait WithBackend {
     fn run<B: Backend>(self, backend: B) -> Result<Self::Output>;
 }
 
-pub fn dispatch<W: WithBackend>(choice: BackendChoice, threads: usize, body: W) -> Result<W::Output> {
+pub fn dispatch<W: WithBackend>(
+    choice: BackendChoice,
+    threads: usize,
+    body: W,
+) -> Result<W::Output> {
     match choice {
         BackendChoice::Cpu => body.run(CpuBackend::new(threads)),
         BackendChoice::Wgpu => run_wgpu(body),
@@ -57,7 +61,9 @@ pub fn dispatch<W: WithBackend>(choice: BackendChoice, threads: usize, body: W) 
 /// An explicit `--backend wgpu` accepts software adapters too (lavapipe, WARP).
 #[cfg(feature = "wgpu")]
 fn run_wgpu<W: WithBackend>(body: W) -> Result<W::Output> {
-    body.run(tandem_wgpu::WgpuBackend::new(tandem_wgpu::WgpuOptions::default())?)
+    body.run(tandem_wgpu::WgpuBackend::new(
+        tandem_wgpu::WgpuOptions::default(),
+    )?)
 }
 
 #[cfg(not(feature = "wgpu"))]

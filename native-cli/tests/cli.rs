@@ -25,7 +25,11 @@ fn assert_clear_error(out: &Output, needles: &[&str]) {
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     for n in needles {
-        assert!(errors[0].contains(n), "{:?} does not mention {n:?}", errors[0]);
+        assert!(
+            errors[0].contains(n),
+            "{:?} does not mention {n:?}",
+            errors[0]
+        );
     }
 }
 
@@ -81,10 +85,12 @@ fn gguf_without_tokenizer() {
             w.add_metadata(&k, v).unwrap();
         }
     }
-    w.add_metadata("general.note", GgufValue::String("no tokenizer".into())).unwrap();
+    w.add_metadata("general.note", GgufValue::String("no tokenizer".into()))
+        .unwrap();
     for t in model.f32_tensors() {
         let bytes = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.add_tensor(&t.name, WeightFormat::F32, &t.shape, bytes).unwrap();
+        w.add_tensor(&t.name, WeightFormat::F32, &t.shape, bytes)
+            .unwrap();
     }
     let path = dir.path().join("notok.gguf");
     w.write(&path).unwrap();
@@ -97,7 +103,14 @@ fn prompt_longer_than_the_context() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let prompt = "a b c d ".repeat(200);
-    let out = tandem(&["run", "--model", model.to_str().unwrap(), "--ctx", "64", &prompt]);
+    let out = tandem(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--ctx",
+        "64",
+        &prompt,
+    ]);
     assert_clear_error(&out, &["context"]);
 }
 
@@ -105,7 +118,14 @@ fn prompt_longer_than_the_context() {
 fn bad_sampling_option() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let out = tandem(&["run", "--model", model.to_str().unwrap(), "--top-p", "3", "hi"]);
+    let out = tandem(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--top-p",
+        "3",
+        "hi",
+    ]);
     assert_clear_error(&out, &["top_p"]);
 }
 
@@ -113,11 +133,25 @@ fn bad_sampling_option() {
 fn run_streams_only_the_completion() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let out = tandem(&["run", "--model", model.to_str().unwrap(), "-n", "6", "--seed", "3", "--temperature", "0.8", "hello there"]);
+    let out = tandem(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "-n",
+        "6",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.8",
+        "hello there",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hello there"));
-    assert!(stderr.contains("prefill:") && stderr.contains("decode:"), "{stderr}");
+    assert!(
+        stderr.contains("prefill:") && stderr.contains("decode:"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -127,18 +161,50 @@ fn inspect_perplexity_and_bench_run() {
     let m = model.to_str().unwrap();
     let out = tandem(&["inspect", m]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("architecture:   llama") && text.contains("Q4_1"), "{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("architecture:   llama") && text.contains("Q4_1"),
+        "{text}"
+    );
 
     let corpus = dir.path().join("text.txt");
-    std::fs::write(&corpus, "the quick brown fox jumps over the lazy dog. ".repeat(30)).unwrap();
-    let out = tandem(&["perplexity", "--model", m, "--file", corpus.to_str().unwrap(), "--ctx", "64"]);
+    std::fs::write(
+        &corpus,
+        "the quick brown fox jumps over the lazy dog. ".repeat(30),
+    )
+    .unwrap();
+    let out = tandem(&[
+        "perplexity",
+        "--model",
+        m,
+        "--file",
+        corpus.to_str().unwrap(),
+        "--ctx",
+        "64",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.starts_with("PPL = ") && text.contains(" +/- "), "{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("PPL = ") && text.contains(" +/- "),
+        "{text}"
+    );
 
-    let out = tandem(&["bench", "--model", m, "-p", "16", "-n", "4", "-r", "1", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tandem(&[
+        "bench", "--model", m, "-p", "16", "-n", "4", "-r", "1", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(json["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(json["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
@@ -152,9 +218,29 @@ fn cuda_without_a_driver_is_a_clear_error() {
     }
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let out = tandem(&["run", "--backend", "cuda", "--model", model.to_str().unwrap(), "hi"]);
+    let out = tandem(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--model",
+        model.to_str().unwrap(),
+        "hi",
+    ]);
     assert_clear_error(&out, &["no CUDA driver found"]);
     // `auto` falls back to the CPU quietly.
-    let out = tandem(&["run", "--backend", "auto", "-n", "2", "--model", model.to_str().unwrap(), "hi"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tandem(&[
+        "run",
+        "--backend",
+        "auto",
+        "-n",
+        "2",
+        "--model",
+        model.to_str().unwrap(),
+        "hi",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

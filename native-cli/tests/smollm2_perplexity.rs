@@ -9,17 +9,35 @@ use std::process::Command;
 fn perplexity_agrees_with_the_reference_within_one_percent() {
     let model = tandem_tests::smollm2_path();
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/opticks-part1.txt");
-    assert!(text.exists(), "{} is missing (the shared/ folder sits beside the repository)", text.display());
-    let fixture: serde_json::Value =
-        serde_json::from_str(include_str!("../../tests/fixtures/smollm2_perplexity_reference.json")).unwrap();
+    assert!(
+        text.exists(),
+        "{} is missing (the shared/ folder sits beside the repository)",
+        text.display()
+    );
+    let fixture: serde_json::Value = serde_json::from_str(include_str!(
+        "../../tests/fixtures/smollm2_perplexity_reference.json"
+    ))
+    .unwrap();
     let want = fixture["ppl"].as_f64().unwrap();
 
     let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["perplexity", "--model", model.to_str().unwrap(), "--file", text.to_str().unwrap(), "--ctx", "512"])
+        .args([
+            "perplexity",
+            "--model",
+            model.to_str().unwrap(),
+            "--file",
+            text.to_str().unwrap(),
+            "--ctx",
+            "512",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: f64 = stdout
         .trim()
         .strip_prefix("PPL = ")
@@ -27,6 +45,13 @@ fn perplexity_agrees_with_the_reference_within_one_percent() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("unexpected output {stdout:?}"));
     let rel = (got - want).abs() / want;
-    eprintln!("perplexity {got} vs reference {want} ({:+.3}%)", 100.0 * (got - want) / want);
-    assert!(rel < 0.01, "perplexity {got} differs from the reference {want} by {:.2}%", rel * 100.0);
+    eprintln!(
+        "perplexity {got} vs reference {want} ({:+.3}%)",
+        100.0 * (got - want) / want
+    );
+    assert!(
+        rel < 0.01,
+        "perplexity {got} differs from the reference {want} by {:.2}%",
+        rel * 100.0
+    );
 }

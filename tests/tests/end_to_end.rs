@@ -236,7 +236,10 @@ fn gguf_and_hugging_face_files_of_one_model_give_the_same_logits() {
         model.write_hf_dir(&hf_dir).unwrap();
         let hf = tandem_core::model::load(&hf_dir).unwrap();
         assert_eq!(hf.config.rope_style, tandem_core::backend::RopeStyle::NeoX);
-        assert_eq!(gguf.config.rope_style, tandem_core::backend::RopeStyle::Interleaved);
+        assert_eq!(
+            gguf.config.rope_style,
+            tandem_core::backend::RopeStyle::Interleaved
+        );
         let text = "the inner heat of a tin can";
         let ids = gguf.tokenizer.encode(text, true).unwrap();
         assert_eq!(hf.tokenizer.encode(text, true).unwrap(), ids);

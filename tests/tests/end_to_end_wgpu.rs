@@ -10,7 +10,12 @@ use tandem_core::Backend;
 use tandem_tests::{cpu_engine, max_abs_diff, smollm2_path, tiny, tiny_gguf};
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
-fn wgpu_engine(files: &ModelFiles, tokens: usize, max_batch_tokens: usize, options: WgpuOptions) -> Engine<WgpuBackend> {
+fn wgpu_engine(
+    files: &ModelFiles,
+    tokens: usize,
+    max_batch_tokens: usize,
+    options: WgpuOptions,
+) -> Engine<WgpuBackend> {
     let backend = WgpuBackend::new(options).unwrap_or_else(|e| {
         panic!("{e}\nthe wgpu tests need an adapter: `apt-get install mesa-vulkan-drivers` (make test does it)")
     });
@@ -23,7 +28,9 @@ fn wgpu_engine(files: &ModelFiles, tokens: usize, max_batch_tokens: usize, optio
 }
 
 fn greedy<B: Backend>(engine: &mut Engine<B>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let seq = engine.add_request(prompt.to_vec(), SamplingParams::default(), n, vec![]).unwrap();
+    let seq = engine
+        .add_request(prompt.to_vec(), SamplingParams::default(), n, vec![])
+        .unwrap();
     while !engine.is_finished(seq) {
         engine.step().unwrap();
     }
@@ -50,15 +57,24 @@ fn tiny_model_logits_match_the_cpu_over_prefill_and_decode() {
             ..Default::default()
         };
         let mut gpu = wgpu_engine(&files, 128, 512, options.clone());
-        assert_eq!(greedy(&mut gpu, &prompt, 20), generated, "{format}: greedy tokens");
+        assert_eq!(
+            greedy(&mut gpu, &prompt, 20),
+            generated,
+            "{format}: greedy tokens"
+        );
         let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
         let want = cpu_engine(&files, 128, 512).score(&all, 0).unwrap();
         // The prompt in one pass, then the 20 generated tokens one decode step at a time.
         let prefill = gpu.score(&all[..40], 0).unwrap();
-        let decode = wgpu_engine(&files, 128, 1, options).score(&all, 40).unwrap();
+        let decode = wgpu_engine(&files, 128, 1, options)
+            .score(&all, 40)
+            .unwrap();
         let d1 = max_abs_diff(&prefill, &want[..40 * vocab]);
         let d2 = max_abs_diff(&decode, &want[40 * vocab..]);
-        assert!(d1 < tolerance && d2 < tolerance, "{format}: prefill diff {d1}, decode diff {d2}");
+        assert!(
+            d1 < tolerance && d2 < tolerance,
+            "{format}: prefill diff {d1}, decode diff {d2}"
+        );
     }
 }
 
@@ -67,8 +83,16 @@ fn smollm2_greedy_output_equals_the_cpu_backend() {
     let files = tandem_core::model::load(&smollm2_path()).unwrap();
     let mut cpu = cpu_engine(&files, 256, 512);
     let mut gpu = wgpu_engine(&files, 256, 512, WgpuOptions::default());
-    for prompt in ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"] {
+    for prompt in [
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village,",
+    ] {
         let ids = files.tokenizer.encode(prompt, true).unwrap();
-        assert_eq!(greedy(&mut gpu, &ids, 16), greedy(&mut cpu, &ids, 16), "{prompt:?}");
+        assert_eq!(
+            greedy(&mut gpu, &ids, 16),
+            greedy(&mut cpu, &ids, 16),
+            "{prompt:?}"
+        );
     }
 }

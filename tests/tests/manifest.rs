@@ -38,11 +38,24 @@ fn names_are_unique_and_methods_exist() {
     let names: BTreeSet<_> = MANIFEST.iter().map(|k| k.name).collect();
     assert_eq!(names.len(), MANIFEST.len(), "duplicate manifest names");
     for k in MANIFEST {
-        assert!(BACKEND_KERNEL_METHODS.contains(&k.method), "{}: unknown method {}", k.name, k.method);
-        assert!(k.tolerance >= 0.0 && k.tolerance < 0.1, "{}: tolerance {}", k.name, k.tolerance);
+        assert!(
+            BACKEND_KERNEL_METHODS.contains(&k.method),
+            "{}: unknown method {}",
+            k.name,
+            k.method
+        );
+        assert!(
+            k.tolerance >= 0.0 && k.tolerance < 0.1,
+            "{}: tolerance {}",
+            k.name,
+            k.tolerance
+        );
     }
     for m in BACKEND_KERNEL_METHODS {
-        assert!(MANIFEST.iter().any(|k| k.method == *m), "Backend::{m} has no manifest entry");
+        assert!(
+            MANIFEST.iter().any(|k| k.method == *m),
+            "Backend::{m} has no manifest entry"
+        );
     }
 }
 
@@ -51,8 +64,14 @@ fn assert_one_file_per_entry(dir: &str, ext: &str) {
     let names: BTreeSet<String> = MANIFEST.iter().map(|k| k.name.to_string()).collect();
     let missing: Vec<_> = names.difference(&files).collect();
     let stray: Vec<_> = files.difference(&names).collect();
-    assert!(missing.is_empty(), "manifest entries without {dir}/NAME.{ext}: {missing:?}");
-    assert!(stray.is_empty(), "{dir}/*.{ext} files without a manifest entry: {stray:?}");
+    assert!(
+        missing.is_empty(),
+        "manifest entries without {dir}/NAME.{ext}: {missing:?}"
+    );
+    assert!(
+        stray.is_empty(),
+        "{dir}/*.{ext} files without a manifest entry: {stray:?}"
+    );
 }
 
 #[test]

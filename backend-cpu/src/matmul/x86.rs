@@ -160,7 +160,9 @@ fn check_block_tile<const R: usize, const T: usize>(
     let blocks = x[0].blocks();
     assert!(w.iter().all(|w| w.len() >= blocks * block_bytes));
     assert!(w_heads.iter().all(|h| h.len() >= 2 * blocks));
-    assert!(x.iter().all(|x| x.stats.len() >= 2 * blocks));
+    assert!(x
+        .iter()
+        .all(|x| x.quants.len() >= blocks && x.stats.len() >= 2 * blocks));
     blocks
 }
 
