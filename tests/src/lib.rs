@@ -2,6 +2,7 @@
 //! models written to disk, and an independent dense forward pass (no KV
 //! cache, no paging, no fusion) that the engine is checked against.
 
+pub mod backend_e2e;
 pub mod conformance;
 pub mod dense_reference;
 

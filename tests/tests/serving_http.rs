@@ -310,7 +310,7 @@ fn load_request(addr: SocketAddr, i: usize) -> Option<(u64, u64, String)> {
     let prompt: Vec<u32> = (0..(4 + i % 50))
         .map(|t| ((i * 31 + t * 7) % 250) as u32 + 1)
         .collect();
-    let stream = i % 2 == 0;
+    let stream = i.is_multiple_of(2);
     let body = json!({
         "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "stream": stream, "stream_options": {"include_usage": true},

@@ -82,19 +82,24 @@ impl ModelConfig {
                 return bad(format!("{name} = {v} is out of range (1..={max})"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "num_heads {} is not a multiple of num_kv_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rotary_dim == 0 || self.rotary_dim > self.head_dim || self.rotary_dim % 2 != 0 {
+        if self.rotary_dim == 0
+            || self.rotary_dim > self.head_dim
+            || !self.rotary_dim.is_multiple_of(2)
+        {
             return bad(format!(
                 "rotary_dim {} must be even and at most head_dim {}",
                 self.rotary_dim, self.head_dim
             ));
         }
-        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_theta > 0.0) {
+        let eps_ok = self.rms_eps > 0.0 && self.rms_eps < 1.0;
+        let theta_ok = self.rope_theta > 0.0 && self.rope_theta.is_finite();
+        if !eps_ok || !theta_ok {
             return bad(format!(
                 "rms_eps {} or rope_theta {} out of range",
                 self.rms_eps, self.rope_theta
@@ -152,26 +157,14 @@ fn scale_frequency(freq: f64, pair: usize, scaling: &RopeScaling) -> f64 {
 mod tests {
     use super::*;
 
-    pub(crate) fn smol() -> ModelConfig {
-        ModelConfig {
-            arch: "llama".into(),
-            vocab_size: 49152,
-            hidden_size: 576,
-            intermediate_size: 1536,
-            num_layers: 30,
-            num_heads: 9,
-            num_kv_heads: 3,
-            head_dim: 64,
-            rotary_dim: 64,
-            rms_eps: 1e-5,
-            rope_theta: 100000.0,
-            rope_scaling: RopeScaling::None,
-            rope_style: RopeStyle::Interleaved,
-            max_context: 8192,
-            tied_embeddings: true,
-            qkv_bias: false,
-            sliding_window: None,
-        }
+    fn smol() -> ModelConfig {
+        crate::model::synthetic::SyntheticModel::preset(
+            "smollm2-135m",
+            crate::quant::WeightFormat::Q4_1,
+            0,
+        )
+        .unwrap()
+        .config
     }
 
     #[test]

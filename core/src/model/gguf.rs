@@ -680,15 +680,8 @@ impl GgufWriter {
                 format.block_elems()
             ));
         }
-        let expected = shape
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
-            .and_then(|elems| format.bytes_for(elems));
-        if expected != Some(data.len() as u64) {
-            return invalid(format!(
-                "{} bytes of data, but shape {shape:?} in {format} needs {expected:?}",
-                data.len()
-            ));
+        if let Some(reason) = super::data_size_mismatch(format, shape, data.len()) {
+            return invalid(reason);
         }
         self.tensors.push(PendingTensor {
             name: name.to_string(),

@@ -87,21 +87,9 @@ fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Seconds to prefill `prompt` and produce its first token.
-fn time_prefill<B: Backend>(engine: &mut Engine<B>, prompt: Vec<u32>) -> Result<f64> {
-    let seq = engine.add_request(prompt, SamplingParams::default(), 1, Vec::new())?;
-    let t = Instant::now();
-    while !engine.is_finished(seq) {
-        engine.step()?;
-    }
-    let secs = t.elapsed().as_secs_f64();
-    engine.remove(seq);
-    Ok(secs)
-}
-
-/// Seconds to decode `n` tokens one at a time after a one-token prompt.
-fn time_decode<B: Backend>(engine: &mut Engine<B>, first: u32, n: usize) -> Result<f64> {
-    let seq = engine.add_request(vec![first], SamplingParams::default(), n, Vec::new())?;
+/// Seconds to run `prompt` and generate `n` tokens (a prefill test is `n = 1`).
+fn time_request<B: Backend>(engine: &mut Engine<B>, prompt: Vec<u32>, n: usize) -> Result<f64> {
+    let seq = engine.add_request(prompt, SamplingParams::default(), n, Vec::new())?;
     let t = Instant::now();
     while !engine.is_finished(seq) {
         engine.step()?;
@@ -125,26 +113,20 @@ impl WithBackend for BenchArgs {
         let vocab = files.config.vocab_size;
         let mut rng = Rng::new(42);
         // Warm-up: first-touch of weights and buffers is not what we measure.
-        time_prefill(
-            &mut engine,
-            random_tokens(&mut rng, 16.min(self.prompt_tokens).max(1), vocab),
-        )?;
+        let warmup = random_tokens(&mut rng, 16.min(self.prompt_tokens).max(1), vocab);
+        time_request(&mut engine, warmup, 1)?;
         let mut prefill = Vec::new();
         let mut decode = Vec::new();
         for _ in 0..self.repetitions.max(1) {
             if self.prompt_tokens > 0 {
-                let secs = time_prefill(
-                    &mut engine,
-                    random_tokens(&mut rng, self.prompt_tokens, vocab),
-                )?;
+                let prompt = random_tokens(&mut rng, self.prompt_tokens, vocab);
+                let secs = time_request(&mut engine, prompt, 1)?;
                 prefill.push(self.prompt_tokens as f64 / secs);
             }
             if self.gen_tokens > 0 {
-                let secs = time_decode(
-                    &mut engine,
-                    random_tokens(&mut rng, 1, vocab)[0],
-                    self.gen_tokens,
-                )?;
+                // A one-token prompt, then `gen_tokens` single-token forward passes.
+                let prompt = random_tokens(&mut rng, 1, vocab);
+                let secs = time_request(&mut engine, prompt, self.gen_tokens)?;
                 decode.push(self.gen_tokens as f64 / secs);
             }
         }

@@ -66,23 +66,26 @@ impl WithBackend for ChatArgs {
             });
             let text = tokenizer.apply_chat_template(&messages, true)?;
             let all = tokenizer.encode(&text, true)?;
-            let id = match seq {
-                None => engine.add_request(
-                    all.clone(),
-                    self.sampling.params(),
-                    self.max_tokens,
-                    tokenizer.eos_tokens().to_vec(),
-                )?,
+            // Only the tokens after the longest prefix the sequence already holds are new.
+            let (id, new_tokens) = match seq {
+                None => {
+                    let params = self.sampling.params();
+                    let stop = tokenizer.eos_tokens().to_vec();
+                    (
+                        engine.add_request(all.clone(), params, self.max_tokens, stop)?,
+                        all.len(),
+                    )
+                }
                 Some(id) => {
                     let cached = engine.tokens(id).unwrap_or_default();
                     let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count();
                     engine.rewind(id, common)?;
                     engine.extend(id, &all[common..], self.max_tokens)?;
-                    id
+                    (id, all.len() - common)
                 }
             };
             seq = Some(id);
-            let (reply, stats) = stream_turn(&mut engine, tokenizer, id, all.len(), &mut stdout)?;
+            let (reply, stats) = stream_turn(&mut engine, tokenizer, id, new_tokens, &mut stdout)?;
             writeln!(stdout)?;
             eprintln!("[{}]", stats.report());
             let content = tokenizer.decode(

@@ -1,0 +1,96 @@
+//! End-to-end checks of a GPU backend against the CPU backend, written once
+//! and instantiated per backend (`tests/tests/end_to_end_{wgpu,cuda}.rs`):
+//! logits of tiny random models over a 40-token prompt and 20 single-token
+//! decode steps, and SmolLM2-135M's greedy output for three prompts.
+
+use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::model::ModelFiles;
+use tandem_core::quant::WeightFormat;
+use tandem_core::sched::SamplingParams;
+use tandem_core::Backend;
+
+use crate::{cpu_engine, max_abs_diff, smollm2_path, tiny, tiny_gguf};
+
+/// An engine on the backend under test with room for `tokens` tokens.
+pub fn engine_on<B: Backend>(
+    backend: B,
+    files: &ModelFiles,
+    tokens: usize,
+    max_batch_tokens: usize,
+) -> Engine<B> {
+    let config = EngineConfig {
+        max_batch_tokens,
+        ..EngineConfig::default()
+    }
+    .with_capacity_tokens(tokens);
+    Engine::new(backend, files, config, &mut |_, _| {}).expect("engine on the backend under test")
+}
+
+/// `n` greedy tokens after `prompt`.
+pub fn greedy<B: Backend>(engine: &mut Engine<B>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let seq = engine
+        .add_request(prompt.to_vec(), SamplingParams::default(), n, vec![])
+        .unwrap();
+    while !engine.is_finished(seq) {
+        engine.step().unwrap();
+    }
+    let out = engine.tokens(seq).unwrap()[prompt.len()..].to_vec();
+    engine.remove(seq);
+    out
+}
+
+/// Tiny random models in several formats: greedy tokens equal the CPU's, and
+/// logits of the prompt (one pass) and of 20 single-token decode steps agree
+/// within `tolerance(format)`. `make_backend(format)` opens the backend (it
+/// may pick a shader variant per case).
+pub fn tiny_models_match_the_cpu<B: Backend>(
+    formats: &[WeightFormat],
+    make_backend: impl Fn(WeightFormat) -> B,
+    tolerance: impl Fn(WeightFormat) -> f32,
+) {
+    for &format in formats {
+        let dir = tempfile::tempdir().unwrap();
+        let files = tiny_gguf(dir.path(), &tiny(format, 11));
+        let vocab = files.config.vocab_size;
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 300).collect();
+        let generated = greedy(&mut cpu_engine(&files, 128, 512), &prompt, 20);
+        let mut gpu = engine_on(make_backend(format), &files, 128, 512);
+        assert_eq!(
+            greedy(&mut gpu, &prompt, 20),
+            generated,
+            "{format}: greedy tokens"
+        );
+        let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+        let want = cpu_engine(&files, 128, 512).score(&all, 0).unwrap();
+        let prefill = gpu.score(&all[..40], 0).unwrap();
+        let decode = engine_on(make_backend(format), &files, 128, 1)
+            .score(&all, 40)
+            .unwrap();
+        let d1 = max_abs_diff(&prefill, &want[..40 * vocab]);
+        let d2 = max_abs_diff(&decode, &want[40 * vocab..]);
+        let tol = tolerance(format);
+        assert!(
+            d1 < tol && d2 < tol,
+            "{format}: prefill diff {d1}, decode diff {d2} (tolerance {tol})"
+        );
+    }
+}
+
+/// SmolLM2-135M: 16 greedy tokens for three prompts equal the CPU backend's.
+pub fn smollm2_greedy_matches_the_cpu<B: Backend>(backend: B) {
+    let files = tandem_core::model::load(&smollm2_path()).unwrap();
+    let mut cpu = cpu_engine(&files, 256, 512);
+    let mut gpu = engine_on(backend, &files, 256, 512);
+    for prompt in [
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village,",
+    ] {
+        let ids = files.tokenizer.encode(prompt, true).unwrap();
+        assert_eq!(
+            greedy(&mut gpu, &ids, 16),
+            greedy(&mut cpu, &ids, 16),
+            "{prompt:?}"
+        );
+    }
+}

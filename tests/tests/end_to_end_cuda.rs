@@ -1,0 +1,55 @@
+//! The whole model on the CUDA backend against the CPU backend
+//! (`tandem_tests::backend_e2e`). Without a CUDA driver or device the tests
+//! say so and pass, unless `TANDEM_REQUIRE_CUDA=1` (scripts/gpu-check.sh sets
+//! it), where that fails.
+
+use std::io::Write;
+
+use tandem_core::quant::WeightFormat;
+use tandem_cuda::CudaBackend;
+use tandem_tests::backend_e2e;
+
+fn cuda() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(
+                std::env::var("TANDEM_REQUIRE_CUDA").as_deref() != Ok("1"),
+                "TANDEM_REQUIRE_CUDA=1 but {e}"
+            );
+            // Written past libtest's capture so the skip shows in every run's output.
+            let _ = writeln!(
+                std::io::stderr(),
+                "CUDA: no device, end-to-end tests not run ({e})"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn tiny_model_logits_match_the_cpu_over_prefill_and_decode() {
+    if cuda().is_none() {
+        return;
+    }
+    let formats = [
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::F32,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+    ];
+    backend_e2e::tiny_models_match_the_cpu(
+        &formats,
+        |_| CudaBackend::new(0).expect("CUDA device"),
+        |format| if format.is_quantized() { 1e-2 } else { 2e-3 },
+    );
+}
+
+#[test]
+fn smollm2_greedy_output_equals_the_cpu_backend() {
+    if let Some(backend) = cuda() {
+        backend_e2e::smollm2_greedy_matches_the_cpu(backend);
+    }
+}
