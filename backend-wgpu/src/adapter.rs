@@ -138,13 +138,18 @@ pub(crate) const REQUIRED_WORKGROUP_STORAGE: u32 = 16 * 1024 - 32;
 const INSTALL_HINT: &str = "no usable wgpu adapter: install a Vulkan driver \
      (on Debian/Ubuntu without a GPU: `apt-get install mesa-vulkan-drivers` for lavapipe)";
 
-fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+/// An instance of just `backends`: starting GL wakes EGL, which is slow and
+/// prints errors on headless machines, so it is started only when asked for.
+fn instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
+    descriptor.backends = backends;
+    wgpu::Instance::new(descriptor)
 }
 
 /// Every adapter wgpu finds, best first.
 pub async fn list_adapters_async() -> Vec<AdapterReport> {
-    ranked_adapters(&instance(), wgpu::Backends::all())
+    let backends = wgpu::Backends::all();
+    ranked_adapters(&instance(backends), backends)
         .await
         .iter()
         .map(AdapterReport::of)
@@ -191,7 +196,6 @@ pub(crate) struct OpenDevice {
 }
 
 pub(crate) async fn open(options: &WgpuOptions) -> Result<OpenDevice> {
-    let instance = instance();
     let usable = |a: &wgpu::Adapter| {
         let report = AdapterReport::of(a);
         report.compute
@@ -200,11 +204,16 @@ pub(crate) async fn open(options: &WgpuOptions) -> Result<OpenDevice> {
                 .api
                 .is_none_or(|api| GraphicsApi::of(a.get_info().backend) == Some(api))
     };
-    // GL is asked for only when nothing else serves: probing it wakes EGL,
-    // which is slow and noisy on headless machines.
+    // GL only when asked for, or as the last resort of a caller that takes
+    // software adapters too (hardware GL without Vulkan, Metal or DX12 is rare).
+    let stages = match (options.api, options.adapter) {
+        (Some(GraphicsApi::Gl), _) => vec![wgpu::Backends::GL],
+        (_, AdapterPreference::HardwareOnly) => vec![wgpu::Backends::PRIMARY],
+        (_, AdapterPreference::AllowSoftware) => vec![wgpu::Backends::PRIMARY, wgpu::Backends::GL],
+    };
     let mut candidates: Vec<wgpu::Adapter> = Vec::new();
-    for backends in [wgpu::Backends::PRIMARY, wgpu::Backends::GL] {
-        candidates = ranked_adapters(&instance, backends).await;
+    for backends in stages {
+        candidates = ranked_adapters(&instance(backends), backends).await;
         candidates.retain(usable);
         if !candidates.is_empty() {
             break;

@@ -250,7 +250,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trip_error_is_within_half_a_step() {
+    fn round_trip_error_is_bounded_by_the_step() {
         let src: Vec<f32> = (0..96)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
@@ -261,14 +261,17 @@ mod tests {
             dequantize_row(format, &bytes, &mut back);
             for (blk, bblk) in src.chunks(32).zip(back.chunks(32)) {
                 let range = blk.iter().fold(0f32, |a, v| a.max(v.abs())) * 2.0;
-                let step = match format {
-                    WeightFormat::Q4_0 | WeightFormat::Q4_1 => range / 15.0,
-                    WeightFormat::Q8_0 => range / 254.0,
-                    WeightFormat::F16 | WeightFormat::BF16 => range / 256.0,
+                // Q4_0 maps the block's largest magnitude to -8 exactly, so the
+                // opposite extreme can be clamped at +7: a whole step of error.
+                let max_err = match format {
+                    WeightFormat::Q4_0 => range / 16.0,
+                    WeightFormat::Q4_1 => range / 15.0 * 0.51,
+                    WeightFormat::Q8_0 => range / 254.0 * 0.51,
+                    WeightFormat::F16 | WeightFormat::BF16 => range / 256.0 * 0.51,
                     WeightFormat::F32 => 0.0,
                 };
                 for (a, b) in blk.iter().zip(bblk) {
-                    assert!((a - b).abs() <= step * 0.51 + 1e-3, "{format}: {a} vs {b}");
+                    assert!((a - b).abs() <= max_err + 1e-3, "{format}: {a} vs {b}");
                 }
             }
         }
