@@ -39,3 +39,41 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----
+
+WEB_SITE := target/web-site
+WEB_ARTIFACTS ?= target/web-artifacts
+WEB_PORT ?= 8000
+WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = "\(.*\)"/\1/p}' Cargo.lock)
+
+.PHONY: web web-tools serve-web test-web
+
+## The npm package (web/pkg, by wasm-pack) and the demo site in target/web-site.
+web: web-tools model
+	wasm-pack build web --target web --release
+	rm -rf $(WEB_SITE)
+	mkdir -p $(WEB_SITE)/models
+	cp web/www/* $(WEB_SITE)/
+	cp -r web/pkg $(WEB_SITE)/pkg
+	ln -s $(MODEL) $(WEB_SITE)/models/
+	@ls -l web/pkg/tandem_web_bg.wasm
+	@echo "gzipped: $$(gzip -9c web/pkg/tandem_web_bg.wasm | wc -c) bytes"
+
+## wasm-pack and the wasm-bindgen CLI of Cargo.lock's version, from crates.io when missing.
+web-tools:
+	@wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $(WASM_BINDGEN_VERSION)" \
+		|| $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+	@command -v wasm-pack >/dev/null || $(CARGO) install wasm-pack
+
+## The demo page with the default model on http://127.0.0.1:$(WEB_PORT)/.
+serve-web: web
+	cd $(WEB_SITE) && python3 -m http.server --bind 127.0.0.1 $(WEB_PORT)
+
+## The demo page in headless Chromium against the native CPU's tokens, on
+## the page's CPU backend (wasm) and on WebGPU (SwiftShader).
+test-web: web
+	@command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	cd tests/web && npm ci --no-audit --no-fund
+	TANDEM_WEB_BACKEND=cpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+	TANDEM_WEB_BACKEND=webgpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)

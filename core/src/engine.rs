@@ -135,6 +135,39 @@ pub struct EngineStats {
     pub steps: u64,
 }
 
+/// A step whose forward pass is queued but whose tokens are not sampled
+/// yet: made by [`Engine::begin_step`], completed by [`Engine::finish_step`].
+pub struct PendingStep<B: Backend> {
+    /// The sequences that sample a token, in the order of the readback's rows.
+    seqs: Vec<SeqId>,
+    readback: Readback<B>,
+}
+
+impl<B: Backend> PendingStep<B> {
+    /// What to read back from the device before [`Engine::finish_step`].
+    pub fn readback(&self) -> &Readback<B> {
+        &self.readback
+    }
+}
+
+/// The device data a [`PendingStep`] needs on the host.
+pub enum Readback<B: Backend> {
+    /// Nothing: no sequence samples in this step (prompt chunks only, or no work).
+    Nothing,
+    /// `len` logits (one vocabulary row per sampling sequence), sampled on the host.
+    Logits { tensor: B::Tensor, len: usize },
+    /// `len` token ids, the device's argmax (batches that are all greedy).
+    TokenIds { ids: B::Indices, len: usize },
+}
+
+/// The host's copy of a [`Readback`], of the same variant and length.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReadValues {
+    Nothing,
+    Logits(Vec<f32>),
+    TokenIds(Vec<u32>),
+}
+
 /// Where a sampled sequence's next token comes from.
 #[derive(Clone, Copy)]
 enum Pick<'a> {
@@ -466,7 +499,30 @@ impl<B: Backend> Engine<B> {
     /// chunks within `max_batch_tokens` (preempting when KV blocks run
     /// out), they run as one forward pass, and every sequence whose tokens
     /// are all computed samples its next one. Returns the sampled tokens.
+    ///
+    /// The same as [`Engine::begin_step`], a blocking read of its
+    /// [`Readback`], then [`Engine::finish_step`].
     pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+        let pending = self.begin_step()?;
+        let values = match &pending.readback {
+            Readback::Nothing => ReadValues::Nothing,
+            Readback::Logits { tensor, len } => {
+                ReadValues::Logits(self.backend.download(tensor, *len)?)
+            }
+            Readback::TokenIds { ids, len } => {
+                ReadValues::TokenIds(self.backend.download_indices(ids, *len)?)
+            }
+        };
+        self.finish_step(pending, values)
+    }
+
+    /// The first half of [`Engine::step`]: schedules the batch and queues its
+    /// forward pass (and the argmax of greedy batches) without reading
+    /// anything back. Read the returned step's [`PendingStep::readback`] (with
+    /// an async download where blocking is not allowed, as in the browser)
+    /// and hand the values to [`Engine::finish_step`] before anything else
+    /// touches the engine.
+    pub fn begin_step(&mut self) -> Result<PendingStep<B>> {
         let schedule = self.scheduler.schedule(&mut self.kv_manager)?;
         if schedule.chunks.is_empty() {
             if self.scheduler.num_waiting() > 0 && self.scheduler.num_running() == 0 {
@@ -476,7 +532,10 @@ impl<B: Backend> Engine<B> {
                     self.kv_manager.num_blocks()
                 )));
             }
-            return Ok(Vec::new());
+            return Ok(PendingStep {
+                seqs: Vec::new(),
+                readback: Readback::Nothing,
+            });
         }
         self.steps += 1;
         self.computed_tokens += schedule.num_tokens() as u64;
@@ -513,31 +572,63 @@ impl<B: Backend> Engine<B> {
         }
         let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
         self.scheduler.complete(&schedule, &mut self.kv_manager)?;
-        self.sample(&logits, &sampled)
+        let readback = self.readback_for(logits, &sampled)?;
+        Ok(PendingStep {
+            seqs: sampled,
+            readback,
+        })
     }
 
-    /// Samples the next token of each sequence in `seqs` (one logits row
-    /// each), forks pending samples off parents whose prompt is now
-    /// computed, and applies the stop conditions.
-    fn sample(&mut self, logits: &B::Tensor, seqs: &[SeqId]) -> Result<Vec<TokenEvent>> {
+    /// What the host needs to sample the sequences `seqs` (one logits row
+    /// each): greedy batches take the device's argmax, so only token ids
+    /// come back; any other batch reads its logits.
+    fn readback_for(&self, logits: B::Tensor, seqs: &[SeqId]) -> Result<Readback<B>> {
         if seqs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Readback::Nothing);
         }
         let vocab = self.model.config.vocab_size;
         let host_logits = seqs.iter().any(|&id| {
             let g = &self.scheduler.get(id).expect("sampled").data;
             !g.sampler.params().is_greedy() || g.logprobs.is_some()
         });
-        // Greedy batches take the device's argmax: only token ids come back.
-        let (rows, argmax) = if host_logits {
-            (
-                self.backend.download(logits, seqs.len() * vocab)?,
-                Vec::new(),
-            )
-        } else {
-            let mut ids = self.backend.upload_indices(&vec![0; seqs.len()])?;
-            self.backend.argmax(logits, seqs.len(), vocab, &mut ids)?;
-            (Vec::new(), self.backend.download_indices(&ids, seqs.len())?)
+        if host_logits {
+            return Ok(Readback::Logits {
+                tensor: logits,
+                len: seqs.len() * vocab,
+            });
+        }
+        let mut ids = self.backend.upload_indices(&vec![0; seqs.len()])?;
+        self.backend.argmax(&logits, seqs.len(), vocab, &mut ids)?;
+        Ok(Readback::TokenIds {
+            ids,
+            len: seqs.len(),
+        })
+    }
+
+    /// The second half of [`Engine::step`]: samples the next token of each
+    /// sequence of `pending` from the host copy of its readback, forks
+    /// pending samples off parents whose prompt is now computed, and applies
+    /// the stop conditions. Returns the sampled tokens.
+    pub fn finish_step(
+        &mut self,
+        pending: PendingStep<B>,
+        values: ReadValues,
+    ) -> Result<Vec<TokenEvent>> {
+        let seqs = pending.seqs;
+        let vocab = self.model.config.vocab_size;
+        let (rows, argmax) = match (&pending.readback, values) {
+            (Readback::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
+            (Readback::Logits { len, .. }, ReadValues::Logits(rows)) if rows.len() == *len => {
+                (rows, Vec::new())
+            }
+            (Readback::TokenIds { len, .. }, ReadValues::TokenIds(ids)) if ids.len() == *len => {
+                (Vec::new(), ids)
+            }
+            _ => {
+                return Err(Error::InvalidRequest(
+                    "finish_step: the values read back do not match the step's readback".into(),
+                ))
+            }
         };
         let mut events = Vec::with_capacity(seqs.len());
         for (i, &id) in seqs.iter().enumerate() {
