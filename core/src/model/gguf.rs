@@ -1064,6 +1064,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::model::synthetic::llama_tensor_shapes;
     use crate::quant::quantize_row;
 
     fn parse(bytes: Vec<u8>) -> Result<GgufFile> {
@@ -1492,25 +1493,7 @@ mod tests {
                 ("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(0)),
             ];
             let vocab = TOKENS.len();
-            let kv_dim = KV_HEADS * HEAD_DIM;
-            let mut tensors = vec![
-                ("token_embd.weight".to_string(), vec![HIDDEN, vocab]),
-                ("output_norm.weight".to_string(), vec![HIDDEN]),
-            ];
-            for layer in 0..LAYERS {
-                let name = |t: &str| format!("blk.{layer}.{t}");
-                tensors.extend([
-                    (name("attn_norm.weight"), vec![HIDDEN]),
-                    (name("attn_q.weight"), vec![HIDDEN, HIDDEN]),
-                    (name("attn_k.weight"), vec![HIDDEN, kv_dim]),
-                    (name("attn_v.weight"), vec![HIDDEN, kv_dim]),
-                    (name("attn_output.weight"), vec![HIDDEN, HIDDEN]),
-                    (name("ffn_norm.weight"), vec![HIDDEN]),
-                    (name("ffn_gate.weight"), vec![HIDDEN, FFN]),
-                    (name("ffn_up.weight"), vec![HIDDEN, FFN]),
-                    (name("ffn_down.weight"), vec![FFN, HIDDEN]),
-                ]);
-            }
+            let tensors = llama_tensor_shapes(HIDDEN, FFN, HEADS, KV_HEADS, LAYERS, vocab);
             TinyModel { metadata, tensors }
         }
 

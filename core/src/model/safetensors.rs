@@ -598,6 +598,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::model::synthetic::llama_tensor_shapes;
     use crate::quant::quantize_row;
 
     fn parse(bytes: Vec<u8>) -> Result<SafetensorsFile> {
@@ -828,25 +829,11 @@ mod tests {
 
     /// The tensors of a tiny Llama under Hugging Face names, shapes outermost first.
     fn hf_tensors() -> Vec<(String, Vec<usize>)> {
-        let mut tensors = vec![
-            ("model.embed_tokens.weight".to_string(), vec![VOCAB, HIDDEN]),
-            ("model.norm.weight".to_string(), vec![HIDDEN]),
-        ];
-        for layer in 0..LAYERS {
-            let name = |t: &str| format!("model.layers.{layer}.{t}.weight");
-            tensors.extend([
-                (name("input_layernorm"), vec![HIDDEN]),
-                (name("self_attn.q_proj"), vec![HIDDEN, HIDDEN]),
-                (name("self_attn.k_proj"), vec![KV_DIM, HIDDEN]),
-                (name("self_attn.v_proj"), vec![KV_DIM, HIDDEN]),
-                (name("self_attn.o_proj"), vec![HIDDEN, HIDDEN]),
-                (name("post_attention_layernorm"), vec![HIDDEN]),
-                (name("mlp.gate_proj"), vec![FFN, HIDDEN]),
-                (name("mlp.up_proj"), vec![FFN, HIDDEN]),
-                (name("mlp.down_proj"), vec![HIDDEN, FFN]),
-            ]);
-        }
-        tensors
+        let heads = HIDDEN / KV_DIM;
+        llama_tensor_shapes(HIDDEN, FFN, heads, 1, LAYERS, VOCAB)
+            .into_iter()
+            .map(|(name, shape)| (hf_name(&name).unwrap(), shape.into_iter().rev().collect()))
+            .collect()
     }
 
     fn safetensors_bytes(tensors: &[(String, Vec<usize>)]) -> Vec<u8> {
@@ -939,7 +926,11 @@ mod tests {
         assert!(message.contains("missing tensor 'blk."), "{message}");
 
         let mut broken = second.to_vec();
-        broken[0].1.reverse();
+        let matrix = broken
+            .iter_mut()
+            .find(|(_, s)| s.len() == 2 && s[0] != s[1])
+            .unwrap();
+        matrix.1.reverse();
         dir.write(
             "model-00002-of-00002.safetensors",
             safetensors_bytes(&broken),

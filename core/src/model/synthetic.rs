@@ -295,6 +295,30 @@ impl SyntheticModel {
     }
 }
 
+/// Canonical names and shapes (innermost first) of a tied-embedding Llama of
+/// these sizes, for loader tests that write their own files.
+#[cfg(test)]
+pub(crate) fn llama_tensor_shapes(
+    hidden: usize,
+    ffn: usize,
+    heads: usize,
+    kv_heads: usize,
+    layers: usize,
+    vocab: usize,
+) -> Vec<(String, Vec<usize>)> {
+    let mut model = SyntheticModel::preset("tiny", WeightFormat::F32, 0).expect("tiny preset");
+    let c = &mut model.config;
+    (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+    ) = (hidden, ffn, heads, kv_heads);
+    (c.num_layers, c.vocab_size, c.head_dim, c.tied_embeddings) =
+        (layers, vocab, hidden / heads, true);
+    model.tensor_shapes()
+}
+
 fn describe(c: &ModelConfig) -> String {
     format!("{}x{}x{}", c.num_layers, c.hidden_size, c.vocab_size)
 }
