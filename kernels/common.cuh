@@ -3,10 +3,12 @@
 // must not include anything itself: half-precision conversions are inline
 // PTX rather than cuda_fp16.h, and the kernels need no include path at all.
 //
-// Weight layouts are GGML's, documented in core/src/quant/mod.rs: a weight
-// matrix is row-major, each row a run of blocks; multi-byte fields are
+// Weight layouts are documented in core/src/quant/mod.rs (GGML's, and
+// Tandem's INT8/W8A8/INT4): a weight matrix is row-major, each row an optional
+// head (INT8's f32 scale) then a run of blocks; multi-byte fields are
 // little-endian (as is the GPU). Q8_0 (34-byte) and Q4_0 (18-byte) blocks are
-// only 2-byte aligned, so they are read as 16-bit halves.
+// only 2-byte aligned, so they are read as 16-bit halves; the others are
+// 4-byte aligned.
 
 #pragma once
 
@@ -22,6 +24,10 @@ typedef unsigned long long u64;
 #define FMT_Q8_0 3
 #define FMT_Q4_0 4
 #define FMT_Q4_1 5
+#define FMT_INT8 6
+#define FMT_W8A8 7
+#define FMT_INT4_G64 8
+#define FMT_INT4_G128 9
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu
@@ -65,7 +71,19 @@ __device__ __forceinline__ u32 load_u32(const u8* p) {
 
 // ---- weight elements ----
 
-// Bytes per 32-element block (quantized formats) or per element (float formats).
+// Elements per block: 1 for float formats, 32 for GGML's and INT8, the group for INT4.
+__device__ __forceinline__ constexpr int block_elems(int fmt) {
+    switch (fmt) {
+        case FMT_F32:
+        case FMT_F16:
+        case FMT_BF16: return 1;
+        case FMT_INT4_G64: return 64;
+        case FMT_INT4_G128: return 128;
+        default: return 32;
+    }
+}
+
+// Bytes per block (per element for float formats).
 __device__ __forceinline__ constexpr int block_bytes(int fmt) {
     switch (fmt) {
         case FMT_F32: return 4;
@@ -73,18 +91,37 @@ __device__ __forceinline__ constexpr int block_bytes(int fmt) {
         case FMT_BF16: return 2;
         case FMT_Q8_0: return 34;
         case FMT_Q4_0: return 18;
+        case FMT_INT8:
+        case FMT_W8A8: return 32;
+        case FMT_INT4_G64: return 36;
+        case FMT_INT4_G128: return 68;
         default: return 20;
     }
 }
 
+// Bytes before a row's first block: INT8's per-row scale.
+__device__ __forceinline__ constexpr int row_head_bytes(int fmt) {
+    return fmt == FMT_INT8 || fmt == FMT_W8A8 ? 4 : 0;
+}
+
 __device__ __forceinline__ constexpr bool is_quantized(int fmt) {
-    return fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
+    return block_elems(fmt) > 1;
 }
 
 // Bytes of one row of `cols` weights.
 template <int FMT>
 __device__ __forceinline__ u64 row_bytes_of(u32 cols) {
-    return is_quantized(FMT) ? (u64)(cols / 32) * block_bytes(FMT) : (u64)cols * block_bytes(FMT);
+    return row_head_bytes(FMT) + (u64)(cols / block_elems(FMT)) * block_bytes(FMT);
+}
+
+// The run of 32 quants holding element `i` of a 4-bit row: 16 bytes of
+// nibbles, and the block's `d` and `m` (Q4_1 and INT4; one `[d, m]` per group).
+__device__ __forceinline__ const u8* nibble_run(int fmt, const u8* row, u32 i, float& d, float& m) {
+    const u32 runs_per_block = block_elems(fmt) / 32;
+    const u8* block = row + (u64)(i / block_elems(fmt)) * block_bytes(fmt);
+    d = f16_to_f32(load_u16(block));
+    m = f16_to_f32(load_u16(block + 2));
+    return block + 4 + 16 * ((i >> 5) % runs_per_block);
 }
 
 // Element `i` of a weight row in any format. For the kernels that touch a
@@ -95,16 +132,18 @@ __device__ __forceinline__ float weight_at(int fmt, const u8* row, u32 i) {
     if (fmt == FMT_F16) return f16_to_f32(load_u16(row + 2 * (u64)i));
     if (fmt == FMT_BF16) return bf16_to_f32(load_u16(row + 2 * (u64)i));
     const u32 j = i & 31;
+    if (fmt == FMT_INT8 || fmt == FMT_W8A8)
+        return __ldg(reinterpret_cast<const float*>(row)) * (float)(signed char)__ldg(row + 4 + i);
+    if (fmt == FMT_Q4_1 || fmt == FMT_INT4_G64 || fmt == FMT_INT4_G128) {
+        float d, m;
+        const u32 byte = __ldg(nibble_run(fmt, row, i, d, m) + (j & 15));
+        return d * (float)(j < 16 ? (byte & 15) : (byte >> 4)) + m;
+    }
     const u8* block = row + (u64)(i >> 5) * block_bytes(fmt);
     const float d = f16_to_f32(load_u16(block));
     if (fmt == FMT_Q8_0) return d * (float)(signed char)__ldg(block + 2 + j);
-    if (fmt == FMT_Q4_0) {
-        const u32 byte = __ldg(block + 2 + (j & 15));
-        return d * ((float)(j < 16 ? (byte & 15) : (byte >> 4)) - 8.0f);
-    }
-    const float m = f16_to_f32(load_u16(block + 2));
-    const u32 byte = __ldg(block + 4 + (j & 15));
-    return d * (float)(j < 16 ? (byte & 15) : (byte >> 4)) + m;
+    const u32 byte = __ldg(block + 2 + (j & 15));
+    return d * ((float)(j < 16 ? (byte & 15) : (byte >> 4)) - 8.0f);
 }
 
 // ---- groups of eight weights (matmuls) ----
@@ -164,11 +203,23 @@ __device__ __forceinline__ void load_group(const u8* row, u32 g, float w[8]) {
         half2_to_f32<FMT>(v.y, w[2], w[3]);
         half2_to_f32<FMT>(v.z, w[4], w[5]);
         half2_to_f32<FMT>(v.w, w[6], w[7]);
-    } else if (FMT == FMT_Q4_1) {
-        const u8* block = row + 20 * (u64)(g >> 2);
+    } else if (FMT == FMT_Q4_1 || FMT == FMT_INT4_G64 || FMT == FMT_INT4_G128) {
+        // Group g lies in run g / 4 (32 elements); a block holds block_elems / 32 runs.
+        constexpr u32 runs = block_elems(FMT) / 32;
+        const u8* block = row + block_bytes(FMT) * (u64)((g >> 2) / runs);
         const u32 dm = load_u32(block);
-        const u32 q = load_u32(block + 4 + 4 * (g & 3));
+        const u32 q = load_u32(block + 4 + 16 * ((g >> 2) % runs) + 4 * (g & 3));
         unpack_nibbles(q, f16_to_f32((u16)(dm & 0xffff)), f16_to_f32((u16)(dm >> 16)), w);
+    } else if (FMT == FMT_INT8 || FMT == FMT_W8A8) {
+        const float s = __ldg(reinterpret_cast<const float*>(row));
+        const u8* run = row + 4 + 32 * (u64)(g >> 2);
+        const u32 lo = load_u32(run + 4 * (g & 3));
+        const u32 hi = load_u32(run + 16 + 4 * (g & 3));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[j] = s * (float)(signed char)(lo >> (8 * j));
+            w[4 + j] = s * (float)(signed char)(hi >> (8 * j));
+        }
     } else if (FMT == FMT_Q4_0) {
         const u8* block = row + 18 * (u64)(g >> 2);
         const float d = f16_to_f32(load_u16(block));

@@ -27,3 +27,22 @@ if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3"
 fi
+
+# The browser tests (make test-web): Debian's Chromium (WebGPU through
+# SwiftShader), Node with the npm packages of tests/web (playwright-core),
+# the wasm-bindgen CLI of Cargo.lock's version and wasm-pack, from crates.io.
+if ! command -v chromium >/dev/null || ! command -v npm >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq chromium nodejs npm >/dev/null
+fi
+root="$here/.."
+if [ ! -d "$root/tests/web/node_modules/playwright-core" ]; then
+    (cd "$root/tests/web" && npm ci --no-audit --no-fund)
+fi
+wasm_bindgen=$(sed -n '/^name = "wasm-bindgen"$/{n;s/version = "\(.*\)"/\1/p}' "$root/Cargo.lock")
+if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $wasm_bindgen"; then
+    cargo install --locked wasm-bindgen-cli --version "$wasm_bindgen" \
+        || cargo install wasm-bindgen-cli --version "$wasm_bindgen"
+fi
+command -v wasm-pack >/dev/null || cargo install --locked wasm-pack || cargo install wasm-pack

@@ -28,8 +28,8 @@ fn beats(v: f32, i: u32, best: f32, best_i: u32) -> bool {
 }
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
-    let row = group_index(ids);
+fn main(ids: Ids, group: Group) {
+    let row = group_index(group);
     if row >= P.rows {
         return;
     }

@@ -20,9 +20,9 @@ struct Params {
 const WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
+fn main(ids: Ids, group: Group) {
     let pieces = (P.cols + 3u) / 4u;
-    let i = group_index(ids) * WG + ids.lid;
+    let i = group_index(group) * WG + ids.lid;
     if i >= P.rows * pieces {
         return;
     }

@@ -97,8 +97,8 @@ fn slot_of(seq: u32, j: u32) -> u32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
-    let g = group_index(ids);
+fn main(ids: Ids, group: Group) {
+    let g = group_index(group);
     let t = g / P.heads;
     let head = g % P.heads;
     if t >= P.rows {

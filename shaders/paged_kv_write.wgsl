@@ -36,8 +36,8 @@ struct Params {
 const WG: u32 = 256u;
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
-    let i = group_index(ids) * WG + ids.lid;
+fn main(ids: Ids, group: Group) {
+    let i = group_index(group) * WG + ids.lid;
     if i >= P.rows * P.slot_units {
         return;
     }

@@ -18,8 +18,8 @@ struct Params {
 const WG: u32 = 256u;
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
-    let row = group_index(ids);
+fn main(ids: Ids, group: Group) {
+    let row = group_index(group);
     if row >= P.rows {
         return;
     }

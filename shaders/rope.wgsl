@@ -33,9 +33,9 @@ fn reduce_angle(a: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(ids: Ids) {
+fn main(ids: Ids, group: Group) {
     let half_rot = P.rotary_dim / 2u;
-    let i = group_index(ids) * WG + ids.lid;
+    let i = group_index(group) * WG + ids.lid;
     if i >= P.rows * P.heads * half_rot {
         return;
     }

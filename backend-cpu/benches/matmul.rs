@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tandem_core::backend::MatmulParams;
-use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
+use tandem_core::quant::{quantize_matrix, Int4Group, WeightFormat, WeightView};
 use tandem_core::Backend;
 use tandem_cpu::{reference, CpuBackend, Tensor, Weight};
 
@@ -36,7 +36,7 @@ fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 /// A `cols × n` matrix (`n` rows of `cols`) in `format`, as bytes.
 fn weight_bytes(format: WeightFormat, cols: usize, n: usize, seed: u64) -> Vec<u8> {
-    quantize_row(format, &values(cols * n, seed, 0.05))
+    quantize_matrix(format, cols, &values(cols * n, seed, 0.05))
 }
 
 fn view(format: WeightFormat, cols: usize, n: usize, bytes: &[u8]) -> WeightView<'_> {
@@ -81,13 +81,29 @@ fn run(backend: &CpuBackend, ops: &mut Operands, tokens: usize) {
         .unwrap();
 }
 
-const FORMATS: [WeightFormat; 2] = [WeightFormat::Q4_1, WeightFormat::Q8_0];
+/// GGML's formats the model files use, then Tandem's (`tandem quantize`):
+/// INT4 groups of 128 only run at the shapes whose width they divide.
+const FORMATS: [WeightFormat; 6] = [
+    WeightFormat::Q4_1,
+    WeightFormat::Q8_0,
+    WeightFormat::Int8PerChannel,
+    WeightFormat::W8A8,
+    WeightFormat::Int4 {
+        group: Int4Group::G64,
+    },
+    WeightFormat::Int4 {
+        group: Int4Group::G128,
+    },
+];
 
 fn gemv(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("gemv");
     for format in FORMATS {
-        for (cols, n) in [(576, 1536), (1536, 576), (576, 49152)] {
+        for (cols, n) in [(576usize, 1536), (1536, 576), (576, 49152)] {
+            if !cols.is_multiple_of(format.block_elems()) {
+                continue;
+            }
             let bytes = weight_bytes(format, cols, n, 1);
             let mut ops = operands(&backend, &bytes, format, cols, n, 1);
             group.throughput(Throughput::Bytes(bytes.len() as u64));
@@ -104,7 +120,10 @@ fn gemm(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("gemm512");
     for format in FORMATS {
-        for (cols, n) in [(576, 576), (576, 192), (576, 1536), (1536, 576)] {
+        for (cols, n) in [(576usize, 576), (576, 192), (576, 1536), (1536, 576)] {
+            if !cols.is_multiple_of(format.block_elems()) {
+                continue;
+            }
             let bytes = weight_bytes(format, cols, n, 2);
             let mut ops = operands(&backend, &bytes, format, cols, n, PREFILL_TOKENS);
             group.throughput(Throughput::Elements((2 * PREFILL_TOKENS * cols * n) as u64));

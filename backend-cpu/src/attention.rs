@@ -7,7 +7,8 @@
 //! running weighted sum of values (in the output slice itself): each block's
 //! scores are computed, the old sums are rescaled by `e^(old_max - new_max)`
 //! once per block, then the block's values are added. K and V are read in
-//! place through the block table; an F16 cache is widened one row at a time.
+//! place through the block table; an F16 cache is widened and a quantized
+//! (INT8, INT4) one dequantized one head row at a time.
 //! Rows of different sequences, prefill chunks starting mid-sequence and
 //! single-token decode rows are all the same case: a row sees positions
 //! `0..=positions[t]` (or the last `sliding_window` of them).
@@ -15,6 +16,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::AttentionParams;
+use tandem_core::kv::quant::KvQuantLayout;
 use tandem_core::Result;
 
 use crate::check;
@@ -59,6 +61,14 @@ pub(crate) fn paged_attention(
         }
         KvStorage::F16 { keys, values } => {
             attend_all(workers, isa, &inputs, &keys[..], &values[..], p, chunk, out)
+        }
+        KvStorage::Quant {
+            quant,
+            keys,
+            values,
+        } => {
+            let (keys, values) = (QuantRows::new(quant, keys), QuantRows::new(quant, values));
+            attend_all(workers, isa, &inputs, keys, values, p, chunk, out)
         }
     }
     Ok(())
@@ -207,7 +217,7 @@ fn block_table(block_tables: &[u32], seq: u32, p: AttentionParams) -> &[u32] {
 }
 
 /// Per-task buffers: one block's scores (then softmax weights), and four
-/// key or value rows widened to f32 (used only by an F16 cache).
+/// key or value rows widened to f32 (used only by F16 and quantized caches).
 struct Scratch {
     weights: Vec<f32>,
     rows: [Vec<f32>; 4],
@@ -238,6 +248,31 @@ impl KvRows for &[f32] {
 impl KvRows for &[f16] {
     fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
         self[at..at + scratch.len()].convert_to_f32_slice(scratch);
+        scratch
+    }
+}
+
+/// A quantized K or V store. Element offsets `at` are those of the float
+/// layout (`slot * kv_heads * head_dim + head * head_dim`), so the attention
+/// loop is the same for every dtype.
+struct QuantRows<'a> {
+    quant: &'a KvQuantLayout,
+    words: &'a [u32],
+}
+
+impl<'a> QuantRows<'a> {
+    fn new(quant: &'a KvQuantLayout, words: &'a [u32]) -> Self {
+        QuantRows { quant, words }
+    }
+}
+
+impl KvRows for QuantRows<'_> {
+    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        let q = self.quant;
+        let width = q.kv_heads * q.head_dim;
+        let (slot, head) = (at / width, at % width / q.head_dim);
+        let words = q.slot_words();
+        q.dequantize_head(&self.words[slot * words..][..words], head, scratch);
         scratch
     }
 }
@@ -352,7 +387,7 @@ mod tests {
         };
         let block_tables = [5, 1, 7, 2, 0, 3, 6, 4];
         let (row_seq, positions) = ([0, 1, 1, 1], [9, 5, 6, 7]);
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in KvDtype::ALL {
             let layout = KvCacheLayout {
                 num_blocks: 8,
                 block_size: 3,

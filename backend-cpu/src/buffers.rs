@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use tandem_core::quant::{dequantize_row, WeightFormat, WeightView, QK};
+use tandem_core::quant::{dequantize_row, Int4Group, WeightFormat, WeightView};
 use tandem_core::Result;
 
 use crate::check;
@@ -95,17 +95,21 @@ pub(crate) enum WeightData {
     Q8_0(Vec<u8>),
     Q4_0(Vec<u8>),
     Q4_1(Vec<u8>),
+    /// Rows of `[scale: f32, cols × i8]`, as documented in `tandem_core::quant`.
+    Int8PerChannel(Vec<u8>),
+    W8A8(Vec<u8>),
+    /// Rows of INT4 groups.
+    Int4(Int4Group, Vec<u8>),
 }
 
 impl Weight {
     /// Copies `view` after checking that its byte length matches its shape.
     pub fn from_view(view: WeightView<'_>) -> Result<Self> {
         let kernel = "upload_weight";
-        let elems = check::product(kernel, &[view.rows, view.cols])?;
+        check::product(kernel, &[view.rows, view.cols])?;
         let expected = view
             .format
-            .bytes_for(elems as u64)
-            .filter(|_| view.cols.is_multiple_of(view.format.block_elems()))
+            .bytes_for(view.rows as u64, view.cols as u64)
             .ok_or_else(|| {
                 check::error(
                     kernel,
@@ -143,6 +147,9 @@ impl Weight {
             WeightFormat::Q8_0 => WeightData::Q8_0(view.data.to_vec()),
             WeightFormat::Q4_0 => WeightData::Q4_0(view.data.to_vec()),
             WeightFormat::Q4_1 => WeightData::Q4_1(view.data.to_vec()),
+            WeightFormat::Int8PerChannel => WeightData::Int8PerChannel(view.data.to_vec()),
+            WeightFormat::W8A8 => WeightData::W8A8(view.data.to_vec()),
+            WeightFormat::Int4 { group } => WeightData::Int4(group, view.data.to_vec()),
         };
         Ok(Weight {
             rows: view.rows,
@@ -159,6 +166,9 @@ impl Weight {
             WeightData::Q8_0(_) => WeightFormat::Q8_0,
             WeightData::Q4_0(_) => WeightFormat::Q4_0,
             WeightData::Q4_1(_) => WeightFormat::Q4_1,
+            WeightData::Int8PerChannel(_) => WeightFormat::Int8PerChannel,
+            WeightData::W8A8(_) => WeightFormat::W8A8,
+            WeightData::Int4(group, _) => WeightFormat::Int4 { group },
         }
     }
 
@@ -189,9 +199,14 @@ impl Weight {
             WeightData::F32(values) => out.copy_from_slice(&values[elems]),
             WeightData::F16(values) => values[elems].convert_to_f32_slice(out),
             WeightData::BF16(values) => values[elems].convert_to_f32_slice(out),
-            WeightData::Q8_0(bytes) | WeightData::Q4_0(bytes) | WeightData::Q4_1(bytes) => {
+            WeightData::Q8_0(bytes)
+            | WeightData::Q4_0(bytes)
+            | WeightData::Q4_1(bytes)
+            | WeightData::Int8PerChannel(bytes)
+            | WeightData::W8A8(bytes)
+            | WeightData::Int4(_, bytes) => {
                 let format = self.format();
-                let row_bytes = self.cols / QK * format.block_bytes();
+                let row_bytes = format.row_bytes(self.cols).unwrap_or(0);
                 for (r, dst) in range.zip(out.chunks_exact_mut(self.cols.max(1))) {
                     dequantize_row(format, &bytes[r * row_bytes..(r + 1) * row_bytes], dst);
                 }

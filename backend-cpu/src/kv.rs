@@ -1,15 +1,17 @@
 //! One layer's paged K/V storage and the kernels that write it:
-//! `paged_kv_write` and `copy_kv_blocks`.
+//! `paged_kv_write` and `copy_kv_blocks`. Quantized caches (INT8, INT4) hold
+//! the slots of `tandem_core::kv::quant`, scales and zero points included.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::{KvCacheLayout, KvDtype};
+use tandem_core::kv::quant::KvQuantLayout;
 use tandem_core::Result;
 
 use crate::check;
 
-/// K and V of one layer, each `[num_blocks, block_size, kv_heads, head_dim]`
-/// in the layout's element type.
+/// K and V of one layer, each `[num_blocks, block_size]` slots of the
+/// layout's element type.
 #[derive(Clone, Debug)]
 pub struct KvCache {
     layout: KvCacheLayout,
@@ -19,8 +21,20 @@ pub struct KvCache {
 /// K and V storage; one variant per element type, so K and V always agree.
 #[derive(Clone, Debug)]
 pub(crate) enum KvStorage {
-    F32 { keys: Vec<f32>, values: Vec<f32> },
-    F16 { keys: Vec<f16>, values: Vec<f16> },
+    F32 {
+        keys: Vec<f32>,
+        values: Vec<f32>,
+    },
+    F16 {
+        keys: Vec<f16>,
+        values: Vec<f16>,
+    },
+    /// `slot_words` words per slot.
+    Quant {
+        quant: KvQuantLayout,
+        keys: Vec<u32>,
+        values: Vec<u32>,
+    },
 }
 
 /// A zeroed vector, or an error (not an abort) when memory runs out.
@@ -51,15 +65,23 @@ impl KvCache {
                 layout.head_dim,
             ],
         )?;
-        let storage = match layout.dtype {
-            KvDtype::F32 => KvStorage::F32 {
-                keys: zeroed(len, 0.0)?,
-                values: zeroed(len, 0.0)?,
-            },
-            KvDtype::F16 => KvStorage::F16 {
+        let storage = if let Some(quant) = layout.quant() {
+            let words = check::product(kernel, &[layout.num_slots(), quant.slot_words()])?;
+            KvStorage::Quant {
+                quant,
+                keys: zeroed(words, 0)?,
+                values: zeroed(words, 0)?,
+            }
+        } else if layout.dtype == KvDtype::F16 {
+            KvStorage::F16 {
                 keys: zeroed(len, f16::ZERO)?,
                 values: zeroed(len, f16::ZERO)?,
-            },
+            }
+        } else {
+            KvStorage::F32 {
+                keys: zeroed(len, 0.0)?,
+                values: zeroed(len, 0.0)?,
+            }
         };
         Ok(KvCache { layout, storage })
     }
@@ -74,6 +96,7 @@ impl KvCache {
         match &self.storage {
             KvStorage::F32 { keys, .. } => keys.clone(),
             KvStorage::F16 { keys, .. } => keys.to_f32_vec(),
+            KvStorage::Quant { quant, keys, .. } => dequantize_all(quant, keys),
         }
     }
 
@@ -82,6 +105,7 @@ impl KvCache {
         match &self.storage {
             KvStorage::F32 { values, .. } => values.clone(),
             KvStorage::F16 { values, .. } => values.to_f32_vec(),
+            KvStorage::Quant { quant, values, .. } => dequantize_all(quant, values),
         }
     }
 
@@ -125,6 +149,18 @@ pub(crate) fn paged_kv_write(
                 values[at..at + width].convert_from_f32_slice(v);
             }
         }
+        KvStorage::Quant {
+            quant,
+            keys,
+            values,
+        } => {
+            let words = quant.slot_words();
+            for ((&slot, k), v) in rows {
+                let at = slot as usize * words;
+                quant.quantize_row(k, &mut keys[at..at + words]);
+                quant.quantize_row(v, &mut values[at..at + words]);
+            }
+        }
     }
     Ok(())
 }
@@ -142,7 +178,11 @@ pub(crate) fn copy_kv_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Resul
             format!("pair ({src}, {dst}) names a block outside 0..{num_blocks}"),
         ));
     }
-    let block_elems = cache.layout.block_size * cache.layout.row_width();
+    let slot_units = match &cache.storage {
+        KvStorage::Quant { quant, .. } => quant.slot_words(),
+        KvStorage::F32 { .. } | KvStorage::F16 { .. } => cache.layout.row_width(),
+    };
+    let block_elems = cache.layout.block_size * slot_units;
     for &(src, dst) in pairs {
         let (src, dst) = (src as usize * block_elems, dst as usize * block_elems);
         match &mut cache.storage {
@@ -154,7 +194,25 @@ pub(crate) fn copy_kv_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Resul
                 keys.copy_within(src..src + block_elems, dst);
                 values.copy_within(src..src + block_elems, dst);
             }
+            KvStorage::Quant { keys, values, .. } => {
+                keys.copy_within(src..src + block_elems, dst);
+                values.copy_within(src..src + block_elems, dst);
+            }
         }
     }
     Ok(())
+}
+
+/// Every slot of a quantized K or V store, dequantized.
+fn dequantize_all(quant: &KvQuantLayout, words: &[u32]) -> Vec<f32> {
+    let width = quant.kv_heads * quant.head_dim;
+    let slots = words.len() / quant.slot_words();
+    let mut out = vec![0.0; slots * width];
+    for (slot, out) in words
+        .chunks_exact(quant.slot_words())
+        .zip(out.chunks_exact_mut(width))
+    {
+        quant.dequantize_row(slot, out);
+    }
+    out
 }

@@ -9,12 +9,14 @@
 //! They work on plain slices so any backend's downloaded results can be
 //! checked. They are test oracles: they trust their inputs and panic (index
 //! out of bounds) where the backend would return an error. KV caches are
-//! given as f32 slices of `[num_slots, kv_heads * head_dim]` (an F16 cache
-//! converted first).
+//! given as f32 slices of `[num_slots, kv_heads * head_dim]` (an F16 or
+//! quantized cache converted first).
 
 use half::f16;
-use tandem_core::backend::{AttentionParams, KvDtype, RmsNormParams, RopeParams, RopeStyle};
-use tandem_core::quant::{dequantize_row, WeightView};
+use tandem_core::backend::{
+    AttentionParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams, RopeStyle,
+};
+use tandem_core::quant::{dequantize_row, quantize_activation_row_i8, WeightFormat, WeightView};
 
 /// `out[t] = table[tokens[t]]`, decoding only the rows looked up.
 pub fn embedding(table: WeightView<'_>, tokens: &[u32], out: &mut [f32]) {
@@ -56,10 +58,24 @@ pub fn rms_norm_residual(
 }
 
 /// `out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r])`, with `w` fully
-/// dequantized and the activations left in f32.
+/// dequantized and the activations left in f32 — except for W8A8 weights,
+/// whose definition quantizes each activation row to INT8 first
+/// ([`quantize_activation_row_i8`]): the sum is then over the decoded
+/// `scale * quant` activations.
 pub fn matmul(x: &[f32], w: WeightView<'_>, bias: Option<&[f32]>, rows: usize, out: &mut [f32]) {
     let weights = w.to_f32();
     let (n, cols) = (w.rows, w.cols);
+    let mut int8_x = Vec::new();
+    let x = if w.format == WeightFormat::W8A8 {
+        let mut quants = vec![0i8; cols];
+        for row in x[..rows * cols].chunks(cols.max(1)) {
+            let scale = quantize_activation_row_i8(row, &mut quants);
+            int8_x.extend(quants.iter().map(|&q| scale * q as f32));
+        }
+        &int8_x
+    } else {
+        x
+    };
     for t in 0..rows {
         for r in 0..n {
             let mut sum = 0f64;
@@ -96,26 +112,35 @@ pub fn rope(x: &mut [f32], positions: &[u32], inv_freq: &[f32], p: RopeParams) {
 }
 
 /// Writes row `t` of `k` and `v` to slot `slots[t]` of the caches, rounded
-/// to the cache's element type.
+/// to the cache's element type (quantized caches: through the quantize and
+/// dequantize of `tandem_core::kv::quant`).
 pub fn paged_kv_write(
     k: &[f32],
     v: &[f32],
     slots: &[u32],
-    row_width: usize,
-    dtype: KvDtype,
+    layout: KvCacheLayout,
     k_cache: &mut [f32],
     v_cache: &mut [f32],
 ) {
-    let round = |x: f32| match dtype {
-        KvDtype::F32 => x,
-        KvDtype::F16 => f16::from_f32(x).to_f32(),
+    let row_width = layout.row_width();
+    let round = |row: &[f32], out: &mut [f32]| match (layout.dtype, layout.quant()) {
+        (_, Some(quant)) => {
+            let mut slot = vec![0; quant.slot_words()];
+            quant.quantize_row(row, &mut slot);
+            quant.dequantize_row(&slot, out);
+        }
+        (KvDtype::F16, None) => {
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o = f16::from_f32(x).to_f32();
+            }
+        }
+        _ => out.copy_from_slice(row),
     };
     for (t, &slot) in slots.iter().enumerate() {
-        let dst = slot as usize * row_width;
-        for c in 0..row_width {
-            k_cache[dst + c] = round(k[t * row_width + c]);
-            v_cache[dst + c] = round(v[t * row_width + c]);
-        }
+        let dst = slot as usize * row_width..(slot as usize + 1) * row_width;
+        let src = t * row_width..(t + 1) * row_width;
+        round(&k[src.clone()], &mut k_cache[dst.clone()]);
+        round(&v[src], &mut v_cache[dst]);
     }
 }
 

@@ -25,7 +25,11 @@ fn embedding_matches_reference_for_every_format() {
     let mut rng = Rng::new(1);
     for backend in backends() {
         for format in WeightFormat::ALL {
-            let dim = if is_block_format(format) { 96 } else { 37 };
+            let dim = if is_block_format(format) {
+                3 * format.block_elems()
+            } else {
+                37
+            };
             let table = RandomWeight::new(&mut rng, format, 50, dim, 1.0);
             for rows in [1, 3, 17] {
                 let tokens: Vec<u32> = (0..rows).map(|_| rng.below(50) as u32).collect();
@@ -152,8 +156,9 @@ fn matmul_matches_reference_for_every_format_and_awkward_shape() {
     let mut rng = Rng::new(4);
     for backend in [CpuBackend::new(1), CpuBackend::new(2), CpuBackend::new(3)] {
         for format in WeightFormat::ALL {
+            let block = format.block_elems();
             let cols_set: &[usize] = if is_block_format(format) {
-                &[32, 96, 288]
+                &[block, 3 * block, 9 * block]
             } else {
                 &[1, 7, 33, 100]
             };
@@ -173,10 +178,67 @@ fn matmul_matches_reference_for_every_format_and_awkward_shape() {
 fn matmul_handles_model_sized_shapes() {
     let mut rng = Rng::new(5);
     let backend = CpuBackend::new(2);
-    for format in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q4_0] {
+    for format in [
+        WeightFormat::Q4_1,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Int8PerChannel,
+        WeightFormat::W8A8,
+        WeightFormat::int4(64).unwrap(),
+    ] {
         check_matmul(&backend, &mut rng, format, 1, 1536, 576, false);
         check_matmul(&backend, &mut rng, format, 2, 576, 1536, false);
         check_matmul(&backend, &mut rng, format, 70, 200, 576, true);
+    }
+    let g128 = WeightFormat::int4(128).unwrap();
+    check_matmul(&backend, &mut rng, g128, 1, 1536, 640, false);
+    check_matmul(&backend, &mut rng, g128, 70, 200, 1536, true);
+}
+
+/// Activation rows with a few huge channels (what SmoothQuant exists for):
+/// W8A8's per-token INT8 activations lose the small channels, and the fast
+/// kernel must lose exactly what the reference loses.
+#[test]
+fn w8a8_matches_reference_with_outlier_activations() {
+    let mut rng = Rng::new(8);
+    let backend = CpuBackend::new(2);
+    let (n, cols) = (13, 256);
+    let w = RandomWeight::new(&mut rng, WeightFormat::W8A8, n, cols, 1.0);
+    let wt = backend.upload_weight(w.view()).unwrap();
+    for rows in [1, 17] {
+        let mut x = rng.vec(rows * cols, 1.0);
+        for t in 0..rows {
+            x[t * cols + 7] = 60.0;
+            x[t * cols + 200] = -45.0 * (t + 1) as f32;
+        }
+        let mut out = backend.alloc(rows * n).unwrap();
+        backend
+            .matmul(
+                &backend.upload(&x).unwrap(),
+                &wt,
+                None,
+                MatmulParams { rows },
+                &mut out,
+            )
+            .unwrap();
+        let mut want = vec![0.0; rows * n];
+        reference::matmul(&x, w.view(), None, rows, &mut want);
+        assert_close("matmul_w8a8", out.as_slice(), &want);
+        // The quantization is real: the f32 product differs.
+        let mut exact = vec![0.0; rows * n];
+        let as_f32 = w.view().to_f32();
+        for (t, row) in exact.chunks_mut(n).enumerate() {
+            for (r, v) in row.iter_mut().enumerate() {
+                *v = (0..cols)
+                    .map(|c| x[t * cols + c] * as_f32[r * cols + c])
+                    .sum();
+            }
+        }
+        let moved = exact.iter().zip(&want).any(|(e, w)| (e - w).abs() > 1e-3);
+        assert!(
+            moved,
+            "INT8 activations should not reproduce the f32 product"
+        );
     }
 }
 
@@ -421,15 +483,7 @@ fn fill_cache(backend: &CpuBackend, case: &AttentionCase, rng: &mut Rng) -> tand
                 &mut cache,
             )
             .unwrap();
-        reference::paged_kv_write(
-            &k,
-            &v,
-            &slots,
-            width,
-            case.layout.dtype,
-            &mut want_k,
-            &mut want_v,
-        );
+        reference::paged_kv_write(&k, &v, &slots, case.layout, &mut want_k, &mut want_v);
     }
     assert_close("paged_kv_write", &cache.keys_f32(), &want_k);
     assert_close("paged_kv_write", &cache.values_f32(), &want_v);
@@ -440,7 +494,7 @@ fn fill_cache(backend: &CpuBackend, case: &AttentionCase, rng: &mut Rng) -> tand
 fn paged_attention_matches_reference_across_sequences_blocks_and_gqa() {
     let mut rng = Rng::new(9);
     for backend in backends() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in KvDtype::ALL {
             let case = AttentionCase::mixed(dtype);
             let cache = fill_cache(&backend, &case, &mut rng);
             for (heads, window) in [(9, None), (3, None), (9, Some(5)), (6, Some(1))] {
@@ -520,7 +574,7 @@ fn paged_attention_is_stable_with_large_scores() {
 fn copy_kv_blocks_copies_whole_blocks_in_order() {
     let mut rng = Rng::new(11);
     let backend = CpuBackend::new(1);
-    for dtype in [KvDtype::F32, KvDtype::F16] {
+    for dtype in KvDtype::ALL {
         let case = AttentionCase::mixed(dtype);
         let mut cache = fill_cache(&backend, &case, &mut rng);
         let (mut want_k, mut want_v) = (cache.keys_f32(), cache.values_f32());

@@ -31,7 +31,7 @@ proptest! {
         with_bias: bool,
         seed: u64,
     ) {
-        let cols = if format.is_quantized() { blocks * 32 } else { blocks * 32 - 31 + extra_cols };
+        let cols = if format.is_quantized() { blocks * format.block_elems() } else { blocks * 32 - 31 + extra_cols };
         let mut rng = Rng::new(seed);
         let backend = CpuBackend::new(threads);
         let w = RandomWeight::new(&mut rng, format, n, cols, 1.0);

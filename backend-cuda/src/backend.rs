@@ -24,7 +24,7 @@ use tandem_core::backend::{
     RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::matmul_kernel_name;
-use tandem_core::quant::{WeightFormat, WeightView};
+use tandem_core::quant::{Int4Group, WeightFormat, WeightView};
 use tandem_core::Result;
 
 use crate::blas::{Blas, HalfGemm, HalfType};
@@ -78,7 +78,8 @@ impl CudaWeight {
     }
 
     fn row_bytes(&self) -> usize {
-        self.cols / self.format.block_elems() * self.format.block_bytes()
+        self.format.row_head_bytes()
+            + self.cols / self.format.block_elems() * self.format.block_bytes()
     }
 
     fn elems(&self) -> usize {
@@ -108,6 +109,14 @@ fn format_code(format: WeightFormat) -> i32 {
         WeightFormat::Q8_0 => 3,
         WeightFormat::Q4_0 => 4,
         WeightFormat::Q4_1 => 5,
+        WeightFormat::Int8PerChannel => 6,
+        WeightFormat::W8A8 => 7,
+        WeightFormat::Int4 {
+            group: Int4Group::G64,
+        } => 8,
+        WeightFormat::Int4 {
+            group: Int4Group::G128,
+        } => 9,
     }
 }
 
@@ -128,6 +137,20 @@ struct AttentionShape {
 // SAFETY: plain `#[repr(C)]` data with the kernel's field order and types.
 unsafe impl DeviceRepr for AttentionShape {}
 
+/// Mirror of `QuantAttentionShape` in `kernels/paged_attention_quant.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QuantAttentionShape {
+    shape: AttentionShape,
+    groups_per_head: u32,
+    bits: u32,
+    slot_words: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` data with the kernel's field order and types
+// (the nested struct is all 4-byte fields, so no padding appears).
+unsafe impl DeviceRepr for QuantAttentionShape {}
+
 // ---- tuning constants, mirrored from the kernels ----
 
 /// Tokens the decode GEMV takes (`gemv_t8`); more go to the tiled kernel or cuBLAS.
@@ -147,6 +170,8 @@ const MAX_HEAD_DIM: usize = 256;
 const KEY_TILE: usize = 32;
 const PREFILL_ROWS: usize = 16;
 const ATTENTION_THREADS: u32 = 128;
+/// One warp per (head, row) in `paged_attention_quant`.
+const WARP_THREADS: u32 = 32;
 /// Static shared memory a block may use without opting in.
 const DEFAULT_SMEM_LIMIT: usize = 48 * 1024;
 /// The y and z grid dimensions' limit.
@@ -494,8 +519,7 @@ impl Backend for CudaBackend {
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
         self.refuse_while_capturing("upload_weight")?;
-        let elems = (w.rows as u64).checked_mul(w.cols as u64);
-        let expected = elems.and_then(|e| w.format.bytes_for(e));
+        let expected = w.format.bytes_for(w.rows as u64, w.cols as u64);
         if expected != Some(w.data.len() as u64) || !w.cols.is_multiple_of(w.format.block_elems()) {
             return Err(backend_error(format!(
                 "weight of {}x{} {} needs whole blocks per row and {:?} bytes, got {}",
@@ -525,8 +549,7 @@ impl Backend for CudaBackend {
         self.refuse_while_capturing("alloc_kv_cache")?;
         let bytes = layout
             .num_slots()
-            .checked_mul(layout.row_width())
-            .and_then(|e| e.checked_mul(layout.dtype.bytes_per_elem()))
+            .checked_mul(layout.dtype.row_bytes(layout.kv_heads, layout.head_dim))
             .ok_or_else(|| backend_error("KV cache size overflows"))?;
         Ok(CudaKvCache {
             layout,
@@ -537,7 +560,9 @@ impl Backend for CudaBackend {
 
     fn copy_kv_blocks(&self, cache: &mut CudaKvCache, pairs: &[(u32, u32)]) -> Result<()> {
         let layout = cache.layout;
-        let block_bytes = layout.block_size * layout.row_width() * layout.dtype.bytes_per_elem();
+        // Quantized slots carry their scales, so whole slots copy everything.
+        let block_bytes =
+            layout.block_size * layout.dtype.row_bytes(layout.kv_heads, layout.head_dim);
         for &(src, dst) in pairs {
             if src as usize >= layout.num_blocks || dst as usize >= layout.num_blocks {
                 return Err(backend_error(format!(
@@ -565,8 +590,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn supports_format(&self, _format: WeightFormat) -> bool {
-        true
+    fn supports_format(&self, format: WeightFormat) -> bool {
+        format_code(format) >= 0
     }
 
     fn embedding(
@@ -746,9 +771,30 @@ impl Backend for CudaBackend {
         if rows == 0 || width == 0 {
             return Ok(());
         }
+        if let Some(quant) = layout.quant() {
+            let entry = "paged_kv_write_quant";
+            let f = self.function(entry, entry)?;
+            let sizes = [
+                to_u32(rows, "rows")?,
+                to_u32(quant.kv_heads, "kv_heads")?,
+                to_u32(quant.head_dim, "head_dim")?,
+                to_u32(quant.groups_per_head, "groups per head")?,
+                to_u32(layout.num_slots(), "KV slots")?,
+                to_u32(quant.slot_words(), "slot words")?,
+                to_u32(quant.bits, "bits")?,
+            ];
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&k.buf).arg(&v.buf).arg(&slots.buf);
+            for size in &sizes {
+                args.arg(size);
+            }
+            args.arg(&mut cache.k).arg(&mut cache.v);
+            let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
+            return self.launch(entry, &mut args, config(grid, 128, 0));
+        }
         let entry = match layout.dtype {
-            KvDtype::F32 => "paged_kv_write_f32",
             KvDtype::F16 => "paged_kv_write_f16",
+            _ => "paged_kv_write_f32",
         };
         let f = self.function("paged_kv_write", entry)?;
         let (rows32, width32) = (to_u32(rows, "rows")?, to_u32(width, "KV width")?);
@@ -818,9 +864,30 @@ impl Backend for CudaBackend {
             window: to_u32(p.sliding_window.unwrap_or(0), "sliding_window")?,
             scale: p.scale,
         };
+        if let Some(quant) = layout.quant() {
+            let entry = "paged_attention_quant";
+            let f = self.function(entry, entry)?;
+            let shape = QuantAttentionShape {
+                shape,
+                groups_per_head: to_u32(quant.groups_per_head, "groups per head")?,
+                bits: to_u32(quant.bits, "bits")?,
+                slot_words: to_u32(quant.slot_words(), "slot words")?,
+            };
+            let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&q.buf)
+                .arg(&cache.k)
+                .arg(&cache.v)
+                .arg(&idx.row_seq.buf)
+                .arg(&idx.positions.buf)
+                .arg(&idx.block_tables.buf)
+                .arg(&shape)
+                .arg(&mut out.buf);
+            return self.launch(entry, &mut args, config(grid, WARP_THREADS, 0));
+        }
         let suffix = match layout.dtype {
-            KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            _ => "f32",
         };
         match self.config.attention {
             AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
@@ -929,13 +996,23 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         let file = matmul_kernel_name(w.format);
+        // `matmul_int4.cu` holds one set of entry points per group size.
+        let prefix = match w.format {
+            WeightFormat::Int4 {
+                group: Int4Group::G64,
+            } => "matmul_int4_g64",
+            WeightFormat::Int4 {
+                group: Int4Group::G128,
+            } => "matmul_int4_g128",
+            _ => file,
+        };
         let (n, cols) = (w.rows, w.cols);
         let vector_rows = w.format.is_quantized() || cols.is_multiple_of(8);
         let (entry, cfg) = if rows <= GEMV_MAX_TOKENS && vector_rows {
             let tokens = rows.next_power_of_two();
             let grid = (blocks_for(n, GEMV_ROWS_PER_BLOCK, "rows of w")?, 1, 1);
             (
-                format!("{file}_gemv_t{tokens}"),
+                format!("{prefix}_gemv_t{tokens}"),
                 config(grid, GEMV_THREADS, 0),
             )
         } else if rows <= GEMV_MAX_TOKENS {
@@ -955,7 +1032,7 @@ impl CudaBackend {
                 grid_yz(rows.div_ceil(TILE), "token tiles")?,
                 1,
             );
-            (format!("{file}_tiled"), config(grid, TILE_THREADS, 0))
+            (format!("{prefix}_tiled"), config(grid, TILE_THREADS, 0))
         };
         let f = self.function(file, &entry)?;
         let bias_fmt = bias.map_or(0, |b| format_code(b.format));

@@ -52,6 +52,12 @@ pub struct WgpuOptions {
     /// adapter's storage binding limit is larger (tests use it to exercise
     /// the split path with small matrices).
     pub max_weight_chunk_bytes: Option<u64>,
+    /// Decode-sized matmuls with one thread per weight row (`gemv_rows` in
+    /// `wgsl/matmul.wgsl`) instead of one workgroup per row (`gemv`). `None`:
+    /// per row on CPU adapters (SwiftShader, lavapipe), where each workgroup
+    /// barrier costs a switch of every invocation and the reductions
+    /// dominate; per workgroup on GPUs, where reads must be coalesced.
+    pub gemv_per_row: Option<bool>,
 }
 
 /// What an adapter is and what it offers, for `tandem inspect --devices`.

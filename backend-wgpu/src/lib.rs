@@ -80,12 +80,15 @@ pub struct WgpuKvCache {
     layout: KvCacheLayout,
     k: GpuBuffer,
     v: GpuBuffer,
-    /// Storage units (f32 values, or u32 words holding two halves) per slot.
+    /// Storage units (f32 values, or u32 words holding two halves or
+    /// quantized codes and scales) per slot.
     slot_units: usize,
 }
 
 /// Activation rows up to which `matmul` takes the GEMV path (`wgsl/matmul.wgsl`).
 const GEMV_MAX_ROWS: usize = 8;
+/// Workgroup size of `gemv_rows` (one thread per weight row).
+const GEMV_ROWS_WG: usize = 64;
 /// Largest head the attention kernel holds (`shaders/paged_attention.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -101,6 +104,8 @@ pub struct WgpuBackend {
     no_bias: GpuBuffer,
     /// Rows of a weight chunk are limited to this many bytes.
     max_chunk_bytes: u64,
+    /// Decode-sized matmuls run `gemv_rows` rather than `gemv`.
+    gemv_per_row: bool,
 }
 
 impl WgpuBackend {
@@ -123,11 +128,13 @@ impl WgpuBackend {
         let max_chunk_bytes = options
             .max_weight_chunk_bytes
             .map_or(binding_limit, |cap| cap.min(binding_limit));
+        let gemv_per_row = options.gemv_per_row.unwrap_or(open.report.software);
         Ok(WgpuBackend {
             gpu,
             adapter: open.report,
             no_bias,
             max_chunk_bytes,
+            gemv_per_row,
         })
     }
 
@@ -363,9 +370,10 @@ impl Backend for WgpuBackend {
     }
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<WgpuKvCache> {
-        let slot_units = match layout.dtype {
-            KvDtype::F32 => layout.row_width(),
-            KvDtype::F16 => layout.row_width().div_ceil(2),
+        let slot_units = match layout.quant() {
+            Some(quant) => quant.slot_words(),
+            None if layout.dtype == KvDtype::F16 => layout.row_width().div_ceil(2),
+            None => layout.row_width(),
         };
         let bytes = 4 * (layout.num_slots() * slot_units) as u64;
         Ok(WgpuKvCache {
@@ -509,7 +517,11 @@ impl Backend for WgpuBackend {
             Some(b) => b.vector(w.rows, "matmul bias")?,
             None => &self.no_bias,
         };
-        let variant = simple(matmul_kernel_name(w.format));
+        let variant = ShaderVariant {
+            kernel: matmul_kernel_name(w.format),
+            format: Some(w.format),
+            kv_f16: false,
+        };
         for chunk in &w.chunks {
             let params = [
                 u32_of(p.rows, "rows")?,
@@ -519,10 +531,12 @@ impl Backend for WgpuBackend {
                 u32_of(chunk.rows, "rows")?,
                 u32::from(bias.is_some()),
             ];
-            let (entry, workgroups) = if p.rows <= GEMV_MAX_ROWS {
-                ("gemv", chunk.rows)
-            } else {
+            let (entry, workgroups) = if p.rows > GEMV_MAX_ROWS {
                 ("tiled", p.rows.div_ceil(32) * chunk.rows.div_ceil(64))
+            } else if self.gemv_per_row {
+                ("gemv_rows", chunk.rows.div_ceil(GEMV_ROWS_WG))
+            } else {
+                ("gemv", chunk.rows)
             };
             self.dispatch(
                 variant,
@@ -581,6 +595,25 @@ impl Backend for WgpuBackend {
         check_len("paged_kv_write k", k.len, rows * width)?;
         check_len("paged_kv_write v", v.len, rows * width)?;
         check_len("paged_kv_write slots", slots.len, rows)?;
+        if let Some(quant) = cache.layout.quant() {
+            let params = [
+                u32_of(rows, "rows")?,
+                u32_of(quant.kv_heads, "kv_heads")?,
+                u32_of(quant.head_dim, "head_dim")?,
+                u32_of(quant.groups_per_head, "groups per head")?,
+                u32_of(cache.layout.num_slots(), "slots")?,
+                u32_of(cache.slot_units, "slot width")?,
+                u32_of(quant.bits, "bits")?,
+            ];
+            return self.dispatch(
+                simple("paged_kv_write_quant"),
+                "main",
+                &[READ, READ, READ, WRITE, WRITE],
+                &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
+                &params,
+                (rows * quant.groups()).div_ceil(64),
+            );
+        }
         let params = [
             u32_of(rows, "rows")?,
             u32_of(width, "width")?,
@@ -648,7 +681,7 @@ impl Backend for WgpuBackend {
         check_len("paged_attention out", out.len, n)?;
         check_len("paged_attention row_seq", idx.row_seq.len, p.rows)?;
         check_len("paged_attention positions", idx.positions.len, p.rows)?;
-        let params = [
+        let mut params = vec![
             u32_of(p.rows, "rows")?,
             u32_of(p.heads, "heads")?,
             u32_of(p.kv_heads, "kv_heads")?,
@@ -660,6 +693,27 @@ impl Backend for WgpuBackend {
             u32_of(cache.slot_units, "slot width")?,
             p.scale.to_bits(),
         ];
+        let buffers = [
+            &q.buf,
+            &cache.k,
+            &cache.v,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            &out.buf,
+        ];
+        if let Some(quant) = layout.quant() {
+            params.push(u32_of(quant.groups_per_head, "groups per head")?);
+            params.push(u32_of(quant.bits, "bits")?);
+            return self.dispatch(
+                simple("paged_attention_quant"),
+                "main",
+                &[READ, READ, READ, READ, READ, READ, WRITE],
+                &buffers,
+                &params,
+                p.rows * p.heads,
+            );
+        }
         self.dispatch(
             ShaderVariant {
                 kernel: "paged_attention",
@@ -668,15 +722,7 @@ impl Backend for WgpuBackend {
             },
             "main",
             &[READ, READ, READ, READ, READ, READ, WRITE],
-            &[
-                &q.buf,
-                &cache.k,
-                &cache.v,
-                &idx.row_seq.buf,
-                &idx.positions.buf,
-                &idx.block_tables.buf,
-                &out.buf,
-            ],
+            &buffers,
             &params,
             p.rows * p.heads,
         )

@@ -10,7 +10,7 @@
 //! because native (naga) and browser WGSL differ there: naga rejects
 //! `enable subgroups;`, which Chrome requires.
 
-use tandem_core::quant::WeightFormat;
+use tandem_core::quant::{Int4Group, WeightFormat};
 
 /// What the target device and WGSL dialect allow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,7 +28,8 @@ pub struct ShaderTarget {
 pub struct ShaderVariant {
     /// Manifest name; `matmul` variants name the format's entry (`matmul_q4_0`).
     pub kernel: &'static str,
-    /// Weight format of `embedding`; implied by the name for `matmul_*`.
+    /// Weight format of `embedding` and `matmul_*` (which the name implies,
+    /// but for INT4's group size).
     pub format: Option<WeightFormat>,
     /// F16 KV cache (`paged_kv_write`, `paged_attention`).
     pub kv_f16: bool,
@@ -63,6 +64,18 @@ const SOURCES: &[(&str, &str)] = &[
         "matmul_q4_1",
         include_str!("../../shaders/matmul_q4_1.wgsl"),
     ),
+    (
+        "matmul_int8",
+        include_str!("../../shaders/matmul_int8.wgsl"),
+    ),
+    (
+        "matmul_w8a8",
+        include_str!("../../shaders/matmul_w8a8.wgsl"),
+    ),
+    (
+        "matmul_int4",
+        include_str!("../../shaders/matmul_int4.wgsl"),
+    ),
     ("rope", include_str!("../../shaders/rope.wgsl")),
     (
         "paged_kv_write",
@@ -71,6 +84,14 @@ const SOURCES: &[(&str, &str)] = &[
     (
         "paged_attention",
         include_str!("../../shaders/paged_attention.wgsl"),
+    ),
+    (
+        "paged_kv_write_quant",
+        include_str!("../../shaders/paged_kv_write_quant.wgsl"),
+    ),
+    (
+        "paged_attention_quant",
+        include_str!("../../shaders/paged_attention_quant.wgsl"),
     ),
     ("swiglu", include_str!("../../shaders/swiglu.wgsl")),
     (
@@ -89,13 +110,16 @@ pub fn kernel_source(name: &str) -> Option<&'static str> {
 pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String, String> {
     let missing = || format!("no WGSL source for kernel `{}`", variant.kernel);
     let mut parts = vec![PRELUDE];
-    if variant.kernel.starts_with("matmul_") {
+    if variant.kernel == W8A8_KERNEL {
+        // W8A8 weights are INT8's bytes; its own integer entry points follow the decoder.
+        parts.push(kernel_source(decoder_of(WeightFormat::W8A8)).ok_or_else(missing)?);
+        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
+    } else if variant.kernel.starts_with("matmul_") {
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
         parts.push(MATMUL_ENTRY_POINTS);
     } else {
         if let Some(format) = variant.format {
-            let decoder = tandem_core::kernels::matmul_kernel_name(format);
-            parts.push(kernel_source(decoder).ok_or_else(missing)?);
+            parts.push(kernel_source(decoder_of(format)).ok_or_else(missing)?);
         }
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
     }
@@ -110,6 +134,13 @@ pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String
     if variant.kv_f16 {
         flags.push("KV_F16");
     }
+    if variant.format
+        == Some(WeightFormat::Int4 {
+            group: Int4Group::G128,
+        })
+    {
+        flags.push("INT4_G128");
+    }
 
     let mut text = String::new();
     if target.f16 {
@@ -123,6 +154,19 @@ pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String
         text.push('\n');
     }
     Ok(text)
+}
+
+/// The matmul entry whose own entry points replace `wgsl/matmul.wgsl`.
+const W8A8_KERNEL: &str = "matmul_w8a8";
+
+/// The file with `format`'s `decode4`: its matmul entry's, except for W8A8,
+/// whose bytes and decoder are INT8's.
+fn decoder_of(format: WeightFormat) -> &'static str {
+    let decoded_as = match format {
+        WeightFormat::W8A8 => WeightFormat::Int8PerChannel,
+        other => other,
+    };
+    tandem_core::kernels::matmul_kernel_name(decoded_as)
 }
 
 /// Keeps the lines whose enclosing `// #if` conditions hold for `flags`.
@@ -212,6 +256,15 @@ mod tests {
                     format: Some(f),
                     kv_f16: false,
                 })),
+                "matmul_int4" => {
+                    variants.extend(
+                        [Int4Group::G64, Int4Group::G128].map(|group| ShaderVariant {
+                            kernel: spec.name,
+                            format: Some(WeightFormat::Int4 { group }),
+                            kv_f16: false,
+                        }),
+                    )
+                }
                 "paged_kv_write" | "paged_attention" => {
                     for kv_f16 in [false, true] {
                         variants.push(ShaderVariant {
@@ -263,6 +316,56 @@ mod tests {
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    /// Chrome's WGSL compiler (Tint) treats a struct parameter of an entry
+    /// point as non-uniform when any of its members is, and then rejects
+    /// barriers that follow a bounds check on the workgroup index; naga
+    /// accepts such shaders. So no entry-point struct may hold a uniform
+    /// builtin (`workgroup_id`, `num_workgroups`) next to a non-uniform one.
+    #[test]
+    fn every_entry_point_keeps_uniform_builtins_apart() {
+        use naga::{Binding, BuiltIn, TypeInner};
+        let uniform = |b: &Option<Binding>| {
+            matches!(
+                b,
+                Some(Binding::BuiltIn(
+                    BuiltIn::WorkGroupId | BuiltIn::NumWorkGroups
+                ))
+            )
+        };
+        let mut mixed = Vec::new();
+        for subgroups in [false, true] {
+            let target = ShaderTarget {
+                f16: false,
+                subgroups,
+                browser: false,
+            };
+            for variant in all_variants() {
+                let text = generate(&variant, &target).unwrap();
+                let module = naga::front::wgsl::parse_str(&text).unwrap();
+                for entry in &module.entry_points {
+                    for arg in &entry.function.arguments {
+                        if let TypeInner::Struct { members, .. } = &module.types[arg.ty].inner {
+                            let uniform_members =
+                                members.iter().filter(|m| uniform(&m.binding)).count();
+                            if uniform_members != 0 && uniform_members != members.len() {
+                                mixed.push(format!(
+                                    "{variant:?} subgroups={subgroups}: entry point `{}`",
+                                    entry.name
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            mixed.is_empty(),
+            "entry points whose struct parameter mixes workgroup_id/num_workgroups with \
+             per-invocation builtins (take `ids: Ids, group: Group` instead):\n{}",
+            mixed.join("\n")
+        );
     }
 
     #[test]

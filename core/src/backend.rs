@@ -19,27 +19,73 @@ pub struct BackendInfo {
     pub device: String,
 }
 
-/// Element type of the paged KV cache.
+/// Element type of the paged KV cache. INT8 and INT4 store codes with
+/// per-token, per-head, per-group scales and zero points; their block layout
+/// is documented in [`crate::kv::quant`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvDtype {
     #[default]
     F32,
     F16,
+    Int8,
+    Int4,
 }
 
 impl KvDtype {
-    pub fn bytes_per_elem(self) -> usize {
+    /// Every dtype, in the order the CLI lists them.
+    pub const ALL: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4];
+
+    /// Name on the command line and in reports.
+    pub fn name(self) -> &'static str {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Int8 => "int8",
+            KvDtype::Int4 => "int4",
+        }
+    }
+
+    /// Bytes of one token's K (or V) row of `kv_heads * head_dim` elements.
+    pub fn row_bytes(self, kv_heads: usize, head_dim: usize) -> usize {
+        match self {
+            KvDtype::F32 => 4 * kv_heads * head_dim,
+            KvDtype::F16 => 2 * kv_heads * head_dim,
+            KvDtype::Int8 | KvDtype::Int4 => {
+                4 * crate::kv::quant::KvQuantLayout::new(self, kv_heads, head_dim)
+                    .map_or(0, |q| q.slot_words())
+            }
         }
     }
 }
 
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Self> {
+        KvDtype::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                let names: Vec<_> = KvDtype::ALL.iter().map(|d| d.name()).collect();
+                crate::Error::InvalidRequest(format!(
+                    "unknown KV dtype `{s}` (expected one of {})",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
 /// Shape of one layer's paged KV storage. Both K and V are
-/// `[num_blocks, block_size, kv_heads, head_dim]`: a token's K (or V) for all
-/// heads is one contiguous row of `kv_heads * head_dim` elements at slot
-/// `block * block_size + offset`.
+/// `[num_blocks, block_size]` slots; a slot holds one token's K (or V) for
+/// all heads: `kv_heads * head_dim` elements (F32, F16) as one contiguous
+/// row at slot `block * block_size + offset`, or the quantized slot of
+/// [`crate::kv::quant`] (INT8, INT4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheLayout {
     pub num_blocks: usize,
@@ -58,9 +104,14 @@ impl KvCacheLayout {
         self.num_blocks * self.block_size
     }
 
+    /// The quantized slot layout (INT8, INT4), `None` for float caches.
+    pub fn quant(&self) -> Option<crate::kv::quant::KvQuantLayout> {
+        crate::kv::quant::KvQuantLayout::new(self.dtype, self.kv_heads, self.head_dim)
+    }
+
     /// Bytes of K plus V for one token in one layer.
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.row_width() * self.dtype.bytes_per_elem()
+        2 * self.dtype.row_bytes(self.kv_heads, self.head_dim)
     }
 }
 
@@ -123,7 +174,7 @@ pub struct AttentionIndices<'a, B: Backend + ?Sized> {
 }
 
 /// A compute device. Implementations: `tandem-cpu`, `tandem-wgpu`, `tandem-cuda`.
-pub trait Backend {
+pub trait Backend: 'static {
     /// f32 activations on the device.
     type Tensor;
     /// u32 indices (tokens, positions, block tables) on the device.

@@ -8,15 +8,26 @@
 //! extra samples are forked from the first (sharing its KV blocks, copied on
 //! write) when its prompt is done, and draw their first token from the same
 //! logits.
+//!
+//! With speculation on ([`Engine::set_speculation`]), decoding sequences
+//! get draft tokens before the step is scheduled; they ride in the same
+//! forward pass as provisional tokens, every drafted position returns
+//! logits, and `finish_step` keeps what the exact acceptance rule accepts
+//! (`crate::spec`), rolling the rest back from the block tables.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::backend::{Backend, KvCacheLayout, KvDtype};
 use crate::kv::{KvCacheManager, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::forward::{ForwardBatch, Model, Progress};
 use crate::model::ModelFiles;
 use crate::sched::{
-    Priority, Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SubmitError,
+    Priority, Sampler, SamplingParams, SchedSeq, Schedule, Scheduler, SchedulerConfig, SeqStatus,
+    SubmitError,
+};
+use crate::spec::{
+    verify::verify, Draft, DraftLength, DraftLengthController, DraftRequest, Proposer,
+    SequenceAcceptance, SpeculationStats, Stopwatch,
 };
 use crate::{Error, Result};
 
@@ -133,14 +144,20 @@ pub struct EngineStats {
     pub computed_tokens: u64,
     pub generated_tokens: u64,
     pub steps: u64,
+    /// Zero when speculation is off.
+    pub speculation: SpeculationStats,
 }
 
 /// A step whose forward pass is queued but whose tokens are not sampled
 /// yet: made by [`Engine::begin_step`], completed by [`Engine::finish_step`].
 pub struct PendingStep<B: Backend> {
-    /// The sequences that sample a token, in the order of the readback's rows.
-    seqs: Vec<SeqId>,
+    /// The sequences that sample, in the order of the readback's rows, with
+    /// how many rows each has (1, or 1 + the drafts to verify).
+    seqs: Vec<(SeqId, usize)>,
     readback: Readback<B>,
+    /// Rows of the forward pass and when it started (for adaptive k).
+    rows: usize,
+    started: Stopwatch,
 }
 
 impl<B: Backend> PendingStep<B> {
@@ -189,6 +206,39 @@ struct Generation {
     /// Further samples of this prompt, forked from it (sharing its blocks)
     /// when its prompt is computed, each with its own sampler.
     forks: Vec<(SeqId, Sampler)>,
+    /// The drafts riding in the current step, if any.
+    drafts: Option<Draft>,
+    acceptance: SequenceAcceptance,
+}
+
+impl Generation {
+    fn new(
+        sampler: Sampler,
+        max_new_tokens: usize,
+        stop_tokens: Vec<u32>,
+        logprobs: Option<usize>,
+    ) -> Self {
+        Self {
+            sampler,
+            max_new_tokens,
+            n_generated: 0,
+            stop_tokens,
+            finished: None,
+            logprobs,
+            forks: Vec::new(),
+            drafts: None,
+            acceptance: SequenceAcceptance::default(),
+        }
+    }
+}
+
+/// The proposer and the draft-length controller of an engine that speculates.
+struct Speculation<B: Backend> {
+    proposer: Box<dyn Proposer<B>>,
+    control: DraftLengthController,
+    stats: SpeculationStats,
+    /// Off: the proposer is kept but nothing is drafted (A/B benchmarks).
+    enabled: bool,
 }
 
 pub struct Engine<B: Backend> {
@@ -205,6 +255,7 @@ pub struct Engine<B: Backend> {
     computed_tokens: u64,
     generated_tokens: u64,
     steps: u64,
+    speculation: Option<Speculation<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -253,7 +304,74 @@ impl<B: Backend> Engine<B> {
             computed_tokens: 0,
             generated_tokens: 0,
             steps: 0,
+            speculation: None,
         })
+    }
+
+    /// Turns on speculative decoding with `proposer` for every sequence
+    /// (greedy or sampled; sequences that ask for logprobs decode plainly).
+    pub fn set_speculation(
+        &mut self,
+        proposer: Box<dyn Proposer<B>>,
+        length: DraftLength,
+    ) -> Result<()> {
+        if matches!(
+            length,
+            DraftLength::Fixed(0) | DraftLength::Adaptive { max: 0 }
+        ) {
+            return Err(Error::InvalidRequest(
+                "the draft length must be at least 1".into(),
+            ));
+        }
+        let mut proposer = proposer;
+        let mut control = DraftLengthController::new(length);
+        if let DraftLength::Adaptive { max } = length {
+            self.measure_step_costs(&mut control, max)?;
+            if let Some(secs) = proposer.measure_cost(&self.backend)? {
+                control.observe_drafting(1, secs);
+            }
+        }
+        self.speculation = Some(Speculation {
+            proposer,
+            control,
+            stats: SpeculationStats::default(),
+            enabled: true,
+        });
+        Ok(())
+    }
+
+    /// Times forward passes of 1 and `max + 1` rows so the draft-length
+    /// controller starts from this device's costs instead of exploring.
+    fn measure_step_costs(
+        &mut self,
+        control: &mut DraftLengthController,
+        max: usize,
+    ) -> Result<()> {
+        let rows = (max + 1).min(self.max_context.saturating_sub(1)).max(1);
+        let tokens = vec![0; rows];
+        for n in [1, rows] {
+            // The first pass warms up; the best of the other two counts.
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let clock = Stopwatch::start();
+                self.score(&tokens[..n], n - 1)?;
+                best = best.min(clock.seconds());
+            }
+            control.observe_step(n, best);
+        }
+        Ok(())
+    }
+
+    /// Pauses or resumes speculation set by [`Engine::set_speculation`].
+    pub fn enable_speculation(&mut self, on: bool) {
+        if let Some(spec) = &mut self.speculation {
+            spec.enabled = on;
+        }
+    }
+
+    /// What drafts, e.g. "n-gram"; `None` without speculation.
+    pub fn speculation(&self) -> Option<String> {
+        self.speculation.as_ref().map(|s| s.proposer.describe())
     }
 
     pub fn backend(&self) -> &B {
@@ -279,7 +397,8 @@ impl<B: Backend> Engine<B> {
     /// KV bytes per token over all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.model.config;
-        c.num_layers * 2 * c.kv_dim() * self.config.kv_dtype.bytes_per_elem()
+        let row_bytes = self.config.kv_dtype.row_bytes(c.num_kv_heads, c.head_dim);
+        c.num_layers * 2 * row_bytes
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -296,6 +415,11 @@ impl<B: Backend> Engine<B> {
             computed_tokens: self.computed_tokens,
             generated_tokens: self.generated_tokens,
             steps: self.steps,
+            speculation: self
+                .speculation
+                .as_ref()
+                .map(|s| s.stats.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -356,17 +480,12 @@ impl<B: Backend> Engine<B> {
             })
         };
         let generation = Generation {
-            sampler: sampler(0),
-            max_new_tokens,
-            n_generated: 0,
-            stop_tokens,
-            finished: None,
-            logprobs,
             forks: ids[1..]
                 .iter()
                 .enumerate()
                 .map(|(i, &id)| (id, sampler(i + 1)))
                 .collect(),
+            ..Generation::new(sampler(0), max_new_tokens, stop_tokens, logprobs)
         };
         for &child in &ids[1..] {
             self.awaiting_fork.insert(child, ids[0]);
@@ -476,18 +595,18 @@ impl<B: Backend> Engine<B> {
             return;
         };
         self.kv_manager.free(seq);
+        if let Some(spec) = &mut self.speculation {
+            spec.proposer.forget(seq);
+        }
         let priority = s.priority();
         for (child, sampler) in s.data.forks {
             self.awaiting_fork.remove(&child);
-            let generation = Generation {
+            let generation = Generation::new(
                 sampler,
-                max_new_tokens: s.data.max_new_tokens,
-                n_generated: 0,
-                stop_tokens: s.data.stop_tokens.clone(),
-                finished: None,
-                logprobs: s.data.logprobs,
-                forks: Vec::new(),
-            };
+                s.data.max_new_tokens,
+                s.data.stop_tokens.clone(),
+                s.data.logprobs,
+            );
             // A parent with pending samples has not sampled yet: its tokens are the prompt.
             self.scheduler
                 .add(child, s.tokens.clone(), priority, generation)
@@ -523,7 +642,10 @@ impl<B: Backend> Engine<B> {
     /// and hand the values to [`Engine::finish_step`] before anything else
     /// touches the engine.
     pub fn begin_step(&mut self) -> Result<PendingStep<B>> {
+        self.propose_drafts()?;
+        let started = Stopwatch::start();
         let schedule = self.scheduler.schedule(&mut self.kv_manager)?;
+        self.drop_unscheduled_drafts(&schedule)?;
         if schedule.chunks.is_empty() {
             if self.scheduler.num_waiting() > 0 && self.scheduler.num_running() == 0 {
                 return Err(Error::KvCacheFull(format!(
@@ -535,6 +657,8 @@ impl<B: Backend> Engine<B> {
             return Ok(PendingStep {
                 seqs: Vec::new(),
                 readback: Readback::Nothing,
+                rows: 0,
+                started,
             });
         }
         self.steps += 1;
@@ -547,27 +671,34 @@ impl<B: Backend> Engine<B> {
             .max()
             .unwrap_or(1);
         let mut batch = ForwardBatch::new(bs, max_blocks);
-        let mut sampled: Vec<SeqId> = Vec::new();
+        let mut sampled: Vec<(SeqId, usize)> = Vec::new();
         for c in &schedule.chunks {
             if !c.reservation.copies.is_empty() {
                 for cache in &mut self.kv {
                     self.backend.copy_kv_blocks(cache, &c.reservation.copies)?;
                 }
             }
-            let tokens = &self.scheduler.get(c.seq).expect("scheduled").tokens;
+            let s = self.scheduler.get(c.seq).expect("scheduled");
             let table = self
                 .kv_manager
                 .table(c.seq)
                 .expect("reserved by the scheduler");
+            let first_row = batch.rows();
             batch.push_sequence(
-                &tokens[c.start..c.start + c.len],
+                &s.tokens[c.start..c.start + c.len],
                 c.start,
                 &c.reservation.slots,
                 table.blocks(),
             );
-            if c.start + c.len == tokens.len() {
-                batch.logit_rows.push((batch.rows() - 1) as u32);
-                sampled.push(c.seq);
+            // The row of the last accepted token predicts the first draft;
+            // each drafted row predicts the next one.
+            let accepted_end = s.tokens.len() - s.num_drafts();
+            if c.start + c.len >= accepted_end {
+                let from = accepted_end - 1 - c.start;
+                batch
+                    .logit_rows
+                    .extend((first_row + from..first_row + c.len).map(|r| r as u32));
+                sampled.push((c.seq, c.len - from));
             }
         }
         let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
@@ -576,39 +707,147 @@ impl<B: Backend> Engine<B> {
         Ok(PendingStep {
             seqs: sampled,
             readback,
+            rows: batch.rows(),
+            started,
         })
     }
 
-    /// What the host needs to sample the sequences `seqs` (one logits row
-    /// each): greedy batches take the device's argmax, so only token ids
-    /// come back; any other batch reads its logits.
-    fn readback_for(&self, logits: B::Tensor, seqs: &[SeqId]) -> Result<Readback<B>> {
-        if seqs.is_empty() {
+    /// Asks the proposer for drafts for every decoding sequence, as many as
+    /// the controller chooses, and appends them as provisional tokens.
+    fn propose_drafts(&mut self) -> Result<()> {
+        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
+            return Ok(());
+        };
+        let max_len = self
+            .max_context
+            .min(self.kv_manager.num_blocks() * self.kv_manager.block_size());
+        let candidates: Vec<SeqId> = self
+            .scheduler
+            .sequences()
+            .filter(|(_, s)| {
+                s.is_decoding() && s.data.logprobs.is_none() && s.data.forks.is_empty()
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let mut wanted = Vec::new();
+        for &id in &candidates {
+            let s = self.scheduler.get_mut(id).expect("listed above");
+            let g = &mut s.data;
+            // After k accepted drafts and one more token the sequence must still fit.
+            let limit = (g.max_new_tokens.saturating_sub(g.n_generated + 1))
+                .min(max_len.saturating_sub(s.tokens.len() + 1));
+            let k = spec
+                .control
+                .choose(&mut g.acceptance, candidates.len(), limit);
+            if k > 0 {
+                wanted.push((id, k));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<DraftRequest<'_>> = wanted
+            .iter()
+            .map(|&(seq, k)| {
+                let s = self.scheduler.get(seq).expect("listed above");
+                DraftRequest {
+                    seq,
+                    context: &s.tokens,
+                    k,
+                    params: s.data.sampler.params(),
+                }
+            })
+            .collect();
+        let clock = Stopwatch::start();
+        let drafts = spec.proposer.propose(&self.backend, &requests)?;
+        let secs = clock.seconds();
+        let vocab = self.model.config.vocab_size;
+        let mut proposed = 0;
+        for ((seq, k), mut draft) in wanted.into_iter().zip(drafts) {
+            // A draft model with a larger vocabulary must not reach the embedding.
+            let valid = draft
+                .tokens
+                .iter()
+                .take(k)
+                .take_while(|&&t| (t as usize) < vocab)
+                .count();
+            draft.tokens.truncate(valid);
+            if let Some(d) = &mut draft.dists {
+                d.truncate(valid);
+            }
+            if draft.tokens.is_empty() {
+                continue;
+            }
+            proposed += valid;
+            self.scheduler.push_drafts(seq, &draft.tokens)?;
+            self.scheduler
+                .get_mut(seq)
+                .expect("listed above")
+                .data
+                .drafts = Some(draft);
+        }
+        spec.control.observe_drafting(proposed, secs);
+        spec.stats.draft_seconds += secs;
+        Ok(())
+    }
+
+    /// Drafts of sequences the scheduler preempted (it dropped their tokens)
+    /// or left out of this step are forgotten.
+    fn drop_unscheduled_drafts(&mut self, schedule: &Schedule) -> Result<()> {
+        if self.speculation.is_none() {
+            return Ok(());
+        }
+        let scheduled: HashSet<SeqId> = schedule.chunks.iter().map(|c| c.seq).collect();
+        let drafted: Vec<SeqId> = self
+            .scheduler
+            .sequences()
+            .filter(|(_, s)| s.data.drafts.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        for id in drafted {
+            if !scheduled.contains(&id) {
+                self.scheduler
+                    .get_mut(id)
+                    .expect("listed above")
+                    .data
+                    .drafts = None;
+                if self.scheduler.get(id).is_some_and(|s| s.num_drafts() > 0) {
+                    self.scheduler.settle_drafts(id, 0, &mut self.kv_manager)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the host needs to sample the sequences `seqs` (`rows` logits
+    /// rows each): greedy batches take the device's argmax, so only token
+    /// ids come back; any other batch reads its logits.
+    fn readback_for(&self, logits: B::Tensor, seqs: &[(SeqId, usize)]) -> Result<Readback<B>> {
+        let rows: usize = seqs.iter().map(|s| s.1).sum();
+        if rows == 0 {
             return Ok(Readback::Nothing);
         }
         let vocab = self.model.config.vocab_size;
-        let host_logits = seqs.iter().any(|&id| {
+        let host_logits = seqs.iter().any(|&(id, _)| {
             let g = &self.scheduler.get(id).expect("sampled").data;
             !g.sampler.params().is_greedy() || g.logprobs.is_some()
         });
         if host_logits {
             return Ok(Readback::Logits {
                 tensor: logits,
-                len: seqs.len() * vocab,
+                len: rows * vocab,
             });
         }
-        let mut ids = self.backend.upload_indices(&vec![0; seqs.len()])?;
-        self.backend.argmax(&logits, seqs.len(), vocab, &mut ids)?;
-        Ok(Readback::TokenIds {
-            ids,
-            len: seqs.len(),
-        })
+        let mut ids = self.backend.upload_indices(&vec![0; rows])?;
+        self.backend.argmax(&logits, rows, vocab, &mut ids)?;
+        Ok(Readback::TokenIds { ids, len: rows })
     }
 
     /// The second half of [`Engine::step`]: samples the next token of each
-    /// sequence of `pending` from the host copy of its readback, forks
-    /// pending samples off parents whose prompt is now computed, and applies
-    /// the stop conditions. Returns the sampled tokens.
+    /// sequence of `pending` from the host copy of its readback (verifying
+    /// its drafts first, if it has any), forks pending samples off parents
+    /// whose prompt is now computed, and applies the stop conditions.
+    /// Returns the new tokens.
     pub fn finish_step(
         &mut self,
         pending: PendingStep<B>,
@@ -630,38 +869,120 @@ impl<B: Backend> Engine<B> {
                 ))
             }
         };
+        let pick = |r: usize| match rows.get(r * vocab..(r + 1) * vocab) {
+            Some(row) => Pick::Logits(row),
+            None => Pick::Argmax(argmax[r]),
+        };
         let mut events = Vec::with_capacity(seqs.len());
-        for (i, &id) in seqs.iter().enumerate() {
-            let pick = match rows.get(i * vocab..(i + 1) * vocab) {
-                Some(row) => Pick::Logits(row),
-                None => Pick::Argmax(argmax[i]),
-            };
-            let forks =
-                std::mem::take(&mut self.scheduler.get_mut(id).expect("sampled").data.forks);
+        let mut row = 0;
+        let mut verified = false;
+        for &(id, n_rows) in &seqs {
+            let picks: Vec<Pick<'_>> = (row..row + n_rows).map(pick).collect();
+            row += n_rows;
+            let data = &mut self.scheduler.get_mut(id).expect("sampled").data;
+            if let Some(draft) = data.drafts.take() {
+                verified = true;
+                self.finish_speculative(id, draft, &picks, &mut events)?;
+                continue;
+            }
+            let forks = std::mem::take(&mut data.forks);
             for (child, sampler) in forks {
                 self.awaiting_fork.remove(&child);
                 self.kv_manager.fork(id, child)?;
                 let parent = &self.scheduler.get(id).expect("sampled").data;
-                let generation = Generation {
+                let generation = Generation::new(
                     sampler,
-                    max_new_tokens: parent.max_new_tokens,
-                    n_generated: 0,
-                    stop_tokens: parent.stop_tokens.clone(),
-                    finished: None,
-                    logprobs: parent.logprobs,
-                    forks: Vec::new(),
-                };
+                    parent.max_new_tokens,
+                    parent.stop_tokens.clone(),
+                    parent.logprobs,
+                );
                 self.scheduler.fork(id, child, generation)?;
-                events.push(self.take_token(child, pick));
+                events.push(self.take_token(child, picks[0]));
             }
-            events.push(self.take_token(id, pick));
+            events.push(self.take_token(id, picks[0]));
+        }
+        if let Some(spec) = &mut self.speculation {
+            let secs = pending.started.seconds();
+            spec.control.observe_step(pending.rows, secs);
+            if verified {
+                spec.stats.verify_seconds += secs;
+            }
         }
         Ok(events)
     }
 
+    /// Verifies the drafts of `seq` against its logits rows `picks` (one per
+    /// covered draft, plus one), keeps the accepted ones and appends the
+    /// verifier's next token, stopping early at a stop condition.
+    fn finish_speculative(
+        &mut self,
+        seq: SeqId,
+        draft: Draft,
+        picks: &[Pick<'_>],
+        events: &mut Vec<TokenEvent>,
+    ) -> Result<()> {
+        let max_len = self.max_context.min(self.kv_capacity());
+        let covered = picks.len() - 1;
+        let s = self.scheduler.get_mut(seq).expect("sampled");
+        let history = s.accepted_tokens().to_vec();
+        let g = &mut s.data;
+        let shaper = g.sampler.clone();
+        let dists = draft.dists.as_deref().map(|d| &d[..covered]);
+        let verdict = verify(
+            &mut g.sampler,
+            &draft.tokens[..covered],
+            dists,
+            |i, accepted| match picks[i] {
+                Pick::Logits(row) => {
+                    let mut h = history.clone();
+                    h.extend_from_slice(accepted);
+                    shaper.distribution(&mut row.to_vec(), &h)
+                }
+                Pick::Argmax(t) => vec![(t, 1.0)],
+            },
+        );
+        g.acceptance.observe(covered, verdict.accepted);
+        // Cut the emitted tokens at the first stop condition.
+        let emitted: Vec<u32> = draft.tokens[..verdict.accepted]
+            .iter()
+            .copied()
+            .chain([verdict.next])
+            .collect();
+        let stop = emitted
+            .iter()
+            .enumerate()
+            .position(|(j, t)| {
+                g.stop_tokens.contains(t)
+                    || g.n_generated + j + 1 >= g.max_new_tokens
+                    || history.len() + j + 1 >= max_len
+            })
+            .unwrap_or(emitted.len() - 1);
+        let emitted = &emitted[..=stop];
+        let kept_drafts = emitted.len().min(verdict.accepted);
+        if let Some(spec) = &mut self.speculation {
+            spec.stats.verified_sequences += 1;
+            spec.stats.proposed_tokens += covered as u64;
+            spec.stats.accepted_tokens += verdict.accepted as u64;
+            spec.stats.emitted_tokens += emitted.len() as u64;
+        }
+        self.scheduler
+            .settle_drafts(seq, kept_drafts, &mut self.kv_manager)?;
+        for (j, &token) in emitted.iter().enumerate() {
+            let len_after = history.len() + j + 1;
+            if j >= kept_drafts {
+                self.scheduler
+                    .get_mut(seq)
+                    .expect("sampled")
+                    .tokens
+                    .push(token);
+            }
+            events.push(self.record_token(seq, token, None, len_after));
+        }
+        Ok(())
+    }
+
     /// Appends the next token of `seq`, from its logits row or the device's argmax.
     fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> TokenEvent {
-        let max_len = self.max_context.min(self.kv_capacity());
         let s = self.scheduler.get_mut(seq).expect("sampled");
         let g = &mut s.data;
         let (token, logprobs) = match pick {
@@ -672,10 +993,25 @@ impl<B: Backend> Engine<B> {
             Pick::Argmax(token) => (token, None),
         };
         s.tokens.push(token);
+        let len = s.tokens.len();
+        self.record_token(seq, token, logprobs, len)
+    }
+
+    /// Counts `token`, already in `seq`'s tokens with `len_after` tokens up
+    /// to and including it, and applies the stop conditions.
+    fn record_token(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+        len_after: usize,
+    ) -> TokenEvent {
+        let max_len = self.max_context.min(self.kv_capacity());
+        let g = &mut self.scheduler.get_mut(seq).expect("sampled").data;
         g.n_generated += 1;
         if g.stop_tokens.contains(&token) {
             g.finished = Some(FinishReason::Stop);
-        } else if g.n_generated >= g.max_new_tokens || s.tokens.len() >= max_len {
+        } else if g.n_generated >= g.max_new_tokens || len_after >= max_len {
             g.finished = Some(FinishReason::Length);
         }
         let finished = g.finished;

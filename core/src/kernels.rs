@@ -85,6 +85,27 @@ pub const MANIFEST: &[KernelSpec] = &[
         tolerance: 1e-2,
     },
     KernelSpec {
+        name: "matmul_int8",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] INT8 rows (f32 scale per row); bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_w8a8",
+        method: "matmul",
+        inputs: "x [rows, cols] f32 (quantized per row to INT8 inside); w [n, cols] W8A8 rows; bias [n] f32 optional",
+        outputs: "out [rows, n] f32 (i8 x i8 products summed in i32)",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_int4",
+        method: "matmul",
+        inputs: "x [rows, cols] f32; w [n, cols] INT4_G64 or INT4_G128 blocks; bias [n] f32 optional",
+        outputs: "out [rows, n] f32",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
         name: "rope",
         method: "rope",
         inputs: "x [rows, heads*head_dim] f32 (in place); positions [rows] u32; inv_freq [rotary_dim/2] f32",
@@ -103,6 +124,20 @@ pub const MANIFEST: &[KernelSpec] = &[
         method: "paged_attention",
         inputs: "q [rows, heads*head_dim]; K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
         outputs: "out [rows, heads*head_dim] f32 (causal, online softmax)",
+        tolerance: 2e-3,
+    },
+    KernelSpec {
+        name: "paged_kv_write_quant",
+        method: "paged_kv_write",
+        inputs: "k, v [rows, kv_heads*head_dim] f32; slots [rows] u32",
+        outputs: "INT8/INT4 K/V cache slots at the given slots: codes and per-(head, group of 32) f16 scale and min (layout: kv::quant)",
+        tolerance: 1e-3,
+    },
+    KernelSpec {
+        name: "paged_attention_quant",
+        method: "paged_attention",
+        inputs: "q [rows, heads*head_dim]; INT8/INT4 K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
+        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax, K/V dequantized on read)",
         tolerance: 2e-3,
     },
     KernelSpec {
@@ -138,6 +173,9 @@ pub fn matmul_kernel_name(format: crate::quant::WeightFormat) -> &'static str {
         Q8_0 => "matmul_q8_0",
         Q4_0 => "matmul_q4_0",
         Q4_1 => "matmul_q4_1",
+        Int8PerChannel => "matmul_int8",
+        W8A8 => "matmul_w8a8",
+        Int4 { .. } => "matmul_int4",
     }
 }
 

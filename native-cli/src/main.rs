@@ -27,6 +27,8 @@ enum Command {
     Chat(commands::chat::ChatArgs),
     /// Perplexity of a text file, computed the way llama.cpp does.
     Perplexity(commands::perplexity::PerplexityArgs),
+    /// Quantize a model's weights (RTN, INT8, SmoothQuant W8A8, GPTQ, AWQ, mixed precision).
+    Quantize(commands::quantize::QuantizeArgs),
     /// Show a model's architecture, tensors, tokenizer and chat template.
     Inspect(commands::inspect::InspectArgs),
     /// Measure prefill and decode speed (like llama-bench's pp512 / tg128).
@@ -43,6 +45,7 @@ fn main() {
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),

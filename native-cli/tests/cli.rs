@@ -249,3 +249,73 @@ fn cuda_without_a_driver_is_a_clear_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn speculative_run_prints_the_same_text_and_its_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let base = [
+        "run",
+        "--model",
+        m,
+        "--backend",
+        "cpu",
+        "-n",
+        "24",
+        "a b a b a b",
+    ];
+    let plain = tandem(&base);
+    assert!(plain.status.success());
+    for method in [
+        &["--speculate", "ngram"][..],
+        &["--speculate", "self:1", "--draft-k", "3"],
+        &["--speculate", "self:auto"],
+        &["--cascade", &format!("ngram,draft:{m}")],
+    ] {
+        let out = tandem(&[&base[..], method].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{method:?}: {stderr}");
+        assert_eq!(out.stdout, plain.stdout, "{method:?}");
+        assert!(stderr.contains("speculation: acceptance"), "{stderr}");
+    }
+}
+
+#[test]
+fn bad_speculation_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let args = [
+            &["run", "--model", m, "--backend", "cpu", "-n", "4"][..],
+            extra,
+            &["hi"],
+        ]
+        .concat();
+        tandem(&args)
+    };
+    assert_clear_error(
+        &run(&["--speculate", "magic"]),
+        &["unknown speculation method", "magic"],
+    );
+    assert_clear_error(
+        &run(&["--speculate", "ngram", "--draft-k", "0"]),
+        &["--draft-k"],
+    );
+    assert_clear_error(&run(&["--speculate", "self:0-7"]), &["layer list", "0-1"]);
+    assert_clear_error(&run(&["--speculate", "self:0,1"]), &["every layer"]);
+    assert_clear_error(&run(&["--cascade", "draft:x,ngram"]), &["--cascade"]);
+    assert_clear_error(
+        &run(&["--speculate", "draft:/nonexistent/draft.gguf"]),
+        &["/nonexistent/draft.gguf"],
+    );
+    let other = dir.path().join("other.gguf");
+    let mut shape = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 9).unwrap();
+    shape.config.vocab_size = 300;
+    shape.write_gguf(&other).unwrap();
+    assert_clear_error(
+        &run(&["--speculate", &format!("draft:{}", other.display())]),
+        &["vocabulary"],
+    );
+}

@@ -4,7 +4,8 @@
 //! and 17 and past one tile, odd widths for float formats, quantized widths of
 //! 32·k with k odd, sequences over several KV blocks with a partly filled last
 //! block, several sequences per call, a prefill chunk starting mid-sequence,
-//! grouped-query heads 9/3, sliding windows, F32 and F16 KV caches). Results
+//! grouped-query heads 9/3, sliding windows, F32, F16, INT8 and INT4 KV
+//! caches, quantized heads not a multiple of the 32-element group). Results
 //! must agree within the manifest's tolerance as `|x - ref| / (1 + |ref|)`.
 //!
 //! Each backend's test instantiates it: `run_conformance(&backend)` returns a
@@ -21,6 +22,16 @@ use tandem_core::backend::{
 use tandem_core::kernels::{matmul_kernel_name, spec, MANIFEST};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
 use tandem_cpu::CpuBackend;
+
+/// The manifest entry of a KV kernel (`paged_kv_write`, `paged_attention`)
+/// for a cache dtype: quantized caches have entries of their own.
+fn kv_kernel(method: &'static str, dtype: KvDtype) -> &'static str {
+    match (method, dtype) {
+        ("paged_kv_write", KvDtype::Int8 | KvDtype::Int4) => "paged_kv_write_quant",
+        ("paged_attention", KvDtype::Int8 | KvDtype::Int4) => "paged_attention_quant",
+        _ => method,
+    }
+}
 
 /// How one kernel fared.
 #[derive(Clone, Debug)]
@@ -110,6 +121,7 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.rms_norm();
     suite.rms_norm_residual();
     suite.matmul();
+    suite.w8a8_outliers();
     suite.rope();
     suite.paged_kv_write();
     suite.paged_attention();
@@ -296,7 +308,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     fn embedding(&mut self) {
         for format in WeightFormat::ALL {
             let (vocab, dim) = if format.is_quantized() {
-                (37, 96)
+                (37, 3 * format.block_elems())
             } else {
                 (37, 13)
             };
@@ -349,8 +361,9 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     fn matmul(&mut self) {
         for format in WeightFormat::ALL {
             let kernel = matmul_kernel_name(format);
+            let block = format.block_elems();
             let widths: &[usize] = if format.is_quantized() {
-                &[96, 160]
+                &[3 * block, 5 * block]
             } else {
                 &[45, 161]
             };
@@ -395,6 +408,37 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         let got = matmul(self.backend, &x, &w, None, 1);
         let want = matmul(self.reference, &x, &w, None, 1);
         self.check("matmul_f16", format!("1x{cols} by {n}x{cols}"), got, want);
+    }
+
+    /// W8A8 with activation rows dominated by a few outlier channels (what
+    /// SmoothQuant is for): per-token INT8 then keeps the small channels at
+    /// a coarse step, which every backend must reproduce. The values are
+    /// whole steps of their row's scale, so that no backend's rounding of
+    /// `127 / max|x|` can move a quant across a rounding boundary.
+    fn w8a8_outliers(&mut self) {
+        let (n, cols) = (13, 256);
+        let w = HostWeight::new(WeightFormat::W8A8, n, cols, &self.rng.values(n * cols, 1.0));
+        for rows in [1, 17] {
+            let mut x = Vec::with_capacity(rows * cols);
+            for t in 0..rows {
+                let amax = 60.0 * (t + 1) as f32;
+                let step = amax / 127.0;
+                let mut row: Vec<f32> = (0..cols)
+                    .map(|_| (self.rng.below(7) as f32 - 3.0) * step)
+                    .collect();
+                row[7] = amax;
+                row[200] = -0.75 * amax;
+                x.extend(row);
+            }
+            let got = matmul(self.backend, &x, &w, None, rows);
+            let want = matmul(self.reference, &x, &w, None, rows);
+            self.check(
+                "matmul_w8a8",
+                format!("{rows}x{cols} with outliers by {n}x{cols}"),
+                got,
+                want,
+            );
+        }
     }
 
     /// Activations that Q8 block quantization represents exactly: multiples
@@ -450,12 +494,19 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     /// its own position, so the output is the written values themselves,
     /// through scattered slots and a copied block.
     fn paged_kv_write(&mut self) {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for (dtype, head_dim) in [
+            (KvDtype::F32, 7),
+            (KvDtype::F16, 7),
+            (KvDtype::Int8, 7),
+            (KvDtype::Int8, 40),
+            (KvDtype::Int4, 7),
+            (KvDtype::Int4, 72),
+        ] {
             let layout = KvCacheLayout {
                 num_blocks: 9,
                 block_size: 5,
                 kv_heads: 3,
-                head_dim: 7,
+                head_dim,
                 dtype,
             };
             let rows = 6;
@@ -497,8 +548,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let got = attention(self.backend, &case);
             let want = attention(self.reference, &case);
             self.check(
-                "paged_kv_write",
-                format!("{dtype:?} cache, {rows} scattered rows"),
+                kv_kernel("paged_kv_write", dtype),
+                format!("{dtype:?} cache, head_dim {head_dim}, {rows} scattered rows"),
                 got,
                 want,
             );
@@ -511,6 +562,10 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             (KvDtype::F16, 16, None),
             (KvDtype::F32, 24, Some(4)),
             (KvDtype::F32, 72, None),
+            (KvDtype::Int8, 16, None),
+            (KvDtype::Int8, 72, Some(4)),
+            (KvDtype::Int4, 40, None),
+            (KvDtype::Int4, 64, Some(4)),
         ] {
             // Sequence 0: 6 tokens cached, a prefill chunk of 5 (positions
             // 6..11, last block partly filled). Sequence 1: 6 cached, one
@@ -578,7 +633,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let want = attention(self.reference, &case);
             let window = window.map_or(String::new(), |w| format!(", window {w}"));
             self.check(
-                "paged_attention",
+                kv_kernel("paged_attention", dtype),
                 format!("{dtype:?} cache, {heads}/3 heads of {head_dim}, {n} rows of 4 sequences{window}"),
                 got,
                 want,

@@ -69,6 +69,17 @@ fn kernels_match_cpu_without_subgroups() {
     assert!(!b.uses_subgroups());
 }
 
+/// Decode-sized matmuls take `gemv_rows` on CPU adapters (lavapipe) and
+/// `gemv` on GPUs; the default run covers one, this the other.
+#[test]
+fn kernels_match_cpu_with_the_other_gemv_path() {
+    let software = backend(WgpuOptions::default()).adapter().software;
+    run(WgpuOptions {
+        gemv_per_row: Some(!software),
+        ..WgpuOptions::default()
+    });
+}
+
 /// Chunks of at most 2 KiB split every test matrix into several buffers,
 /// as a large weight is split by the adapter's storage binding limit.
 #[test]

@@ -11,11 +11,10 @@
 // SITE_DIR is what `make web` builds (page, pkg/, models/); the screenshot
 // goes to ARTIFACT_DIR (outside git).
 
-import { createServer } from "node:http";
-import { createReadStream, mkdtempSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { extname, join, normalize } from "node:path";
-import { chromium } from "playwright-core";
+import { join } from "node:path";
+import { launch, serve } from "./browser.mjs";
 
 const [siteDir, artifactDir] = process.argv.slice(2);
 if (!siteDir || !artifactDir) {
@@ -30,45 +29,12 @@ const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
 const TIMEOUT_MS = 3 * 60 * 1000;
 
-const MIME = {
-  ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm",
-  ".json": "application/json", ".gguf": "application/octet-stream",
-};
-
-/** A static file server for `root` on 127.0.0.1 and a free port; `requests` counts each path. */
 const requests = new Map();
-function serve(root) {
-  const server = createServer((req, res) => {
-    const path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
-    requests.set(path, (requests.get(path) ?? 0) + 1);
-    const file = join(root, path.endsWith("/") ? `${path}index.html` : path);
-    let size;
-    try {
-      size = statSync(file).size;
-    } catch {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, {
-      "content-type": MIME[extname(file)] ?? "application/octet-stream",
-      "content-length": size,
-    });
-    createReadStream(file).pipe(res);
-  });
-  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
-}
-
-const server = await serve(siteDir);
+const server = await serve(siteDir, requests);
 const url = `http://127.0.0.1:${server.address().port}/`;
 const userDataDir = mkdtempSync(join(tmpdir(), "tandem-chromium-"));
-const context = await chromium.launchPersistentContext(userDataDir, {
-  executablePath: "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--enable-unsafe-webgpu", "--no-sandbox", "--headless", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
-  ],
-});
+const context = await launch(userDataDir);
+
 
 let failed = 0;
 try {

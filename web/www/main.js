@@ -14,8 +14,10 @@ wireModelInputs();
 $("generate").onclick = generate;
 $("stop").onclick = () => engine?.abort();
 
+/** Wires the model inputs, then enables the button (a click before init would be lost). */
 function wireModelInputs() {
   $("load-default").onclick = () => loadModel(() => fetchModel(DEFAULT_MODEL_URL));
+  $("load-default").disabled = false;
   $("file").onchange = (e) => {
     const file = e.target.files[0];
     if (file) loadModel(() => readFile(file));

@@ -9,8 +9,14 @@
 //!    The 4-bit formats' offset (`m`, or `-8 * d` for Q4_0, whose nibbles
 //!    are used unsigned) adds `offset * scale_x * sum(quants_x)` per
 //!    block, from the block heads `[scale, offset]` decoded once per row
-//!    and the activation stats `[scale, scale * sum]`. Float weights (F32,
-//!    F16, BF16) multiply the f32 activations directly.
+//!    and the activation stats `[scale, scale * sum]`. Tandem's INT8 and
+//!    INT4 formats go the same way: every 32-element run of their rows is
+//!    one such block whose `[scale, offset]` head comes from the row's scale
+//!    (INT8) or its group's `[d, m]` (INT4). W8A8 instead quantizes each
+//!    activation row to INT8 with one scale per token (what SmoothQuant
+//!    prescribes, `tandem_core::quant::quantize_activation_row_i8`) and sums
+//!    whole-row i8 × i8 products in i32, scaled once by the two scales.
+//!    Float weights (F32, F16, BF16) multiply the f32 activations directly.
 //! 2. The output is split into tasks: by output rows when there are few
 //!    tokens (decode: the matrix is streamed from memory once, each thread
 //!    reading its share of rows), by token ranges when there are many
@@ -34,13 +40,16 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::quant::{Int4Group, QK};
 use tandem_core::Result;
 
 use crate::buffers::{Weight, WeightData};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
-use quantize::{quantize_activations, QuantRow, QuantizedActivations};
+use quantize::{
+    quantize_activations, quantize_activations_i8, I8Activations, QuantRow, QuantizedActivations,
+};
 
 /// A call with at least this many tokens per thread splits tokens across
 /// threads; below, it splits output rows.
@@ -76,6 +85,7 @@ pub(crate) fn matmul(
     }
     let quantized = OnceCell::new();
     let quantize = || quantized.get_or_init(|| quantize_activations(workers, isa, x, rows, cols));
+    let quantized_i8;
     let operands = match w.data() {
         WeightData::F32(w) => Operands::F32 { w, x },
         WeightData::F16(w) => Operands::F16 { w, x },
@@ -83,6 +93,16 @@ pub(crate) fn matmul(
         WeightData::Q8_0(w) => Operands::Q8_0 { w, x: quantize() },
         WeightData::Q4_0(w) => Operands::Q4_0 { w, x: quantize() },
         WeightData::Q4_1(w) => Operands::Q4_1 { w, x: quantize() },
+        WeightData::Int8PerChannel(w) => Operands::Int8PerChannel { w, x: quantize() },
+        WeightData::Int4(Int4Group::G64, w) => Operands::Int4G64 { w, x: quantize() },
+        WeightData::Int4(Int4Group::G128, w) => Operands::Int4G128 { w, x: quantize() },
+        WeightData::W8A8(w) => {
+            quantized_i8 = quantize_activations_i8(workers, isa, x, rows, cols);
+            Operands::W8A8 {
+                w,
+                x: &quantized_i8,
+            }
+        }
     };
     let job = Job {
         isa,
@@ -120,6 +140,22 @@ enum Operands<'a> {
     Q4_1 {
         w: &'a [u8],
         x: &'a QuantizedActivations,
+    },
+    Int8PerChannel {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+    Int4G64 {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+    Int4G128 {
+        w: &'a [u8],
+        x: &'a QuantizedActivations,
+    },
+    W8A8 {
+        w: &'a [u8],
+        x: &'a I8Activations,
     },
 }
 
@@ -213,20 +249,49 @@ enum Offset {
     Stored,
 }
 
-/// A quantized block format, as the micro-kernels see it. Every format
-/// starts its blocks with the f16 scale `d`.
+/// A quantized row format, as the micro-kernels see it: after `ROW_HEAD`
+/// bytes, a row is blocks of `BLOCK_BYTES`, each holding `RUNS` runs of 32
+/// quants (16 bytes of nibbles or 32 signed bytes) from `QUANTS_AT` on. The
+/// kernels work run by run: run `b` of a row is one 32-element dot product
+/// with activation block `b`, scaled by the run's `[scale, offset]` head.
 trait BlockFormat {
+    const ROW_HEAD: usize = 0;
     const BLOCK_BYTES: usize;
     /// Byte offset of the quants in a block.
     const QUANTS_AT: usize;
+    /// 32-element runs per block.
+    const RUNS: usize = 1;
     const OFFSET: Offset;
 
-    /// The block's scale and offset.
+    /// Bytes of one run's quants: signed bytes when there is no offset, nibbles otherwise.
+    const RUN_BYTES: usize = if matches!(Self::OFFSET, Offset::None) {
+        QK
+    } else {
+        QK / 2
+    };
+
+    /// Bytes of a row of `runs` runs.
+    #[inline(always)]
+    fn row_bytes(runs: usize) -> usize {
+        Self::ROW_HEAD + runs / Self::RUNS * Self::BLOCK_BYTES
+    }
+
+    /// Byte offset of run `b`'s quants in its row.
+    #[inline(always)]
+    fn run_quants_at(b: usize) -> usize {
+        Self::ROW_HEAD
+            + b / Self::RUNS * Self::BLOCK_BYTES
+            + Self::QUANTS_AT
+            + b % Self::RUNS * Self::RUN_BYTES
+    }
+
+    /// The scale and offset of run `b` of `row`.
     ///
     /// # Safety
     /// The CPU supports `K`'s instruction set.
     #[inline(always)]
-    unsafe fn scale_and_offset<K: MicroKernels>(block: &[u8]) -> (f32, f32) {
+    unsafe fn scale_and_offset<K: MicroKernels>(row: &[u8], b: usize) -> (f32, f32) {
+        let block = &row[Self::ROW_HEAD + b / Self::RUNS * Self::BLOCK_BYTES..];
         let d = K::f16_to_f32(f16_bits(block, 0));
         let offset = match Self::OFFSET {
             Offset::None => 0.0,
@@ -240,6 +305,10 @@ trait BlockFormat {
 struct Q8_0;
 struct Q4_0;
 struct Q4_1;
+/// INT8 weight-only rows: the row's f32 scale heads every run.
+struct Int8Rows;
+/// INT4 with groups of `GROUP` elements: Q4_1 blocks sharing one `[d, m]`.
+struct Int4<const GROUP: usize>;
 
 fn f16_bits(block: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([block[at], block[at + 1]])
@@ -260,6 +329,25 @@ impl BlockFormat for Q4_0 {
 impl BlockFormat for Q4_1 {
     const BLOCK_BYTES: usize = 20;
     const QUANTS_AT: usize = 4;
+    const OFFSET: Offset = Offset::Stored;
+}
+
+impl BlockFormat for Int8Rows {
+    const ROW_HEAD: usize = 4;
+    const BLOCK_BYTES: usize = QK;
+    const QUANTS_AT: usize = 0;
+    const OFFSET: Offset = Offset::None;
+
+    #[inline(always)]
+    unsafe fn scale_and_offset<K: MicroKernels>(row: &[u8], _b: usize) -> (f32, f32) {
+        (f32::from_le_bytes([row[0], row[1], row[2], row[3]]), 0.0)
+    }
+}
+
+impl<const GROUP: usize> BlockFormat for Int4<GROUP> {
+    const BLOCK_BYTES: usize = 4 + GROUP / 2;
+    const QUANTS_AT: usize = 4;
+    const RUNS: usize = GROUP / QK;
     const OFFSET: Offset = Offset::Stored;
 }
 
@@ -315,8 +403,8 @@ impl FloatElem for bf16 {
 trait MicroKernels {
     unsafe fn f16_to_f32(bits: u16) -> f32;
 
-    /// `[scale, offset]` of every block of a weight row, into `heads`
-    /// (two values per block; the offset is unspecified for Q8_0).
+    /// `[scale, offset]` of every run of a weight row, into `heads`
+    /// (two values per run; the offset is unspecified for Q8_0).
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
 
     /// Weight blocks of format `F` times quantized activations:
@@ -335,6 +423,14 @@ trait MicroKernels {
         w: [&[E]; R],
         x: [&[f32]; T],
     ) -> [[f32; T]; R];
+
+    /// Whole-row i8 × i8 dot products, summed exactly in i32 (a row of
+    /// `cols` quants of magnitude at most 127 sums below 2^31 for any
+    /// `cols` under 133 000).
+    unsafe fn i8_tile<const R: usize, const T: usize>(
+        w: [&[i8]; R],
+        x: [&[i8]; T],
+    ) -> [[i32; T]; R];
 }
 
 /// [`MicroKernels::decode_block_heads`] in scalar code.
@@ -346,11 +442,9 @@ unsafe fn decode_block_heads_scalar<K: MicroKernels, F: BlockFormat>(
     row: &[u8],
     heads: &mut [f32],
 ) {
-    for (block, head) in row
-        .chunks_exact(F::BLOCK_BYTES)
-        .zip(heads.chunks_exact_mut(2))
-    {
-        (head[0], head[1]) = F::scale_and_offset::<K>(block);
+    let runs = row.len().saturating_sub(F::ROW_HEAD) / F::BLOCK_BYTES * F::RUNS;
+    for (b, head) in heads.chunks_exact_mut(2).take(runs).enumerate() {
+        (head[0], head[1]) = F::scale_and_offset::<K>(row, b);
     }
 }
 
@@ -368,8 +462,8 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
     cols: usize,
     mut task: Task<'_>,
 ) {
-    let blocks = cols / tandem_core::quant::QK;
-    let row_bytes = blocks * F::BLOCK_BYTES;
+    let blocks = cols / QK;
+    let row_bytes = F::row_bytes(blocks);
     let mut heads = vec![0f32; R * 2 * blocks];
     let mut r = task.rows.start;
     while r < task.rows.end {
@@ -476,6 +570,72 @@ unsafe fn float_row_tile<K: MicroKernels, E: FloatElem, const R: usize, const T:
             t += T;
         } else {
             let acc = K::float_tile::<E, R, 1>(w, [row(t)]);
+            store_tile(task, first, t, acc);
+            t += 1;
+        }
+    }
+}
+
+/// A task over a W8A8 matrix: tiles of `R` rows × `T` tokens of whole-row
+/// integer dot products, each scaled by the row's and the token's scale.
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn w8a8_task<K: MicroKernels, const R: usize, const T: usize>(
+    w: &[u8],
+    x: &I8Activations,
+    cols: usize,
+    mut task: Task<'_>,
+) {
+    let row_bytes = Int8Rows::row_bytes(cols / QK);
+    let mut r = task.rows.start;
+    while r < task.rows.end {
+        if task.rows.end - r >= R {
+            w8a8_row_tile::<K, R, T>(w, x, row_bytes, r, &mut task);
+            r += R;
+        } else {
+            w8a8_row_tile::<K, 1, T>(w, x, row_bytes, r, &mut task);
+            r += 1;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn w8a8_row_tile<K: MicroKernels, const R: usize, const T: usize>(
+    w: &[u8],
+    x: &I8Activations,
+    row_bytes: usize,
+    first: usize,
+    task: &mut Task<'_>,
+) {
+    let rows: [&[u8]; R] = std::array::from_fn(|i| &w[(first + i) * row_bytes..][..row_bytes]);
+    let scales: [f32; R] = std::array::from_fn(|i| {
+        let head = &rows[i][..Int8Rows::ROW_HEAD];
+        f32::from_le_bytes([head[0], head[1], head[2], head[3]])
+    });
+    // SAFETY: `i8` and `u8` have the same size and alignment.
+    let quants: [&[i8]; R] = std::array::from_fn(|i| {
+        let q = &rows[i][Int8Rows::ROW_HEAD..];
+        std::slice::from_raw_parts(q.as_ptr().cast::<i8>(), q.len())
+    });
+    let scaled = |sums: [[i32; T]; R], t: usize| -> [[f32; T]; R] {
+        std::array::from_fn(|i| {
+            std::array::from_fn(|j| sums[i][j] as f32 * (scales[i] * x.scale(t + j)))
+        })
+    };
+    let mut t = task.tokens.start;
+    while t < task.tokens.end {
+        if task.tokens.end - t >= T {
+            let sums = K::i8_tile::<R, T>(quants, std::array::from_fn(|j| x.row(t + j)));
+            store_tile(task, first, t, scaled(sums, t));
+            t += T;
+        } else {
+            let sums = K::i8_tile::<R, 1>(quants, [x.row(t)]);
+            let acc: [[f32; 1]; R] =
+                std::array::from_fn(|i| [sums[i][0] as f32 * (scales[i] * x.scale(t))]);
             store_tile(task, first, t, acc);
             t += 1;
         }

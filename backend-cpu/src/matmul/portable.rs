@@ -7,8 +7,8 @@ use tandem_core::quant::QK;
 
 use super::quantize::QuantRow;
 use super::{
-    decode_block_heads_scalar, float_task, quant_task, BlockFormat, FloatElem, MicroKernels,
-    Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
+    decode_block_heads_scalar, float_task, quant_task, w8a8_task, BlockFormat, FloatElem, Int4,
+    Int8Rows, MicroKernels, Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
 };
 
 /// Tile shape: rows × tokens.
@@ -17,11 +17,10 @@ const T: usize = 4;
 
 pub(super) struct Portable;
 
-/// The 32 quants of a block as integers: Q8_0's signed bytes, or the 4-bit
-/// formats' unsigned nibbles (low nibbles first).
+/// The 32 quants of a run as integers: the 8-bit formats' signed bytes, or
+/// the 4-bit formats' unsigned nibbles (low nibbles first).
 #[inline(always)]
-fn block_quants<F: BlockFormat>(block: &[u8]) -> [i8; QK] {
-    let quants = &block[F::QUANTS_AT..];
+fn run_quants<F: BlockFormat>(quants: &[u8]) -> [i8; QK] {
     match F::OFFSET {
         Offset::None => std::array::from_fn(|i| quants[i] as i8),
         _ => std::array::from_fn(|i| {
@@ -41,6 +40,14 @@ pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
             Operands::Q8_0 { w, x } => quant_task::<Portable, Q8_0, R, T>(w, x, cols, task),
             Operands::Q4_0 { w, x } => quant_task::<Portable, Q4_0, R, T>(w, x, cols, task),
             Operands::Q4_1 { w, x } => quant_task::<Portable, Q4_1, R, T>(w, x, cols, task),
+            Operands::Int8PerChannel { w, x } => {
+                quant_task::<Portable, Int8Rows, R, T>(w, x, cols, task)
+            }
+            Operands::Int4G64 { w, x } => quant_task::<Portable, Int4<64>, R, T>(w, x, cols, task),
+            Operands::Int4G128 { w, x } => {
+                quant_task::<Portable, Int4<128>, R, T>(w, x, cols, task)
+            }
+            Operands::W8A8 { w, x } => w8a8_task::<Portable, R, T>(w, x, cols, task),
         }
     }
 }
@@ -65,8 +72,7 @@ impl MicroKernels for Portable {
         let mut acc = [[0f32; T]; R];
         for b in 0..x[0].blocks() {
             for r in 0..R {
-                let block = &w[r][b * F::BLOCK_BYTES..][..F::BLOCK_BYTES];
-                let weights = block_quants::<F>(block);
+                let weights = run_quants::<F>(&w[r][F::run_quants_at(b)..][..F::RUN_BYTES]);
                 let [w_scale, w_offset] = [w_heads[r][2 * b], w_heads[r][2 * b + 1]];
                 for t in 0..T {
                     let xq = &x[t].quants[b].0;
@@ -113,5 +119,27 @@ impl MicroKernels for Portable {
             }
         }
         acc
+    }
+
+    #[inline(always)]
+    unsafe fn i8_tile<const R: usize, const T: usize>(
+        w: [&[i8]; R],
+        x: [&[i8]; T],
+    ) -> [[i32; T]; R] {
+        const LANES: usize = 16;
+        let cols = x[0].len();
+        let mut lanes = [[[0i32; LANES]; T]; R];
+        for c in (0..cols).step_by(LANES) {
+            for r in 0..R {
+                let wv: [i32; LANES] = std::array::from_fn(|i| w[r][c + i] as i32);
+                for t in 0..T {
+                    let xv = &x[t][c..c + LANES];
+                    for i in 0..LANES {
+                        lanes[r][t][i] += wv[i] * xv[i] as i32;
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|r| std::array::from_fn(|t| lanes[r][t].iter().sum()))
     }
 }

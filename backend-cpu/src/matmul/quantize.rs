@@ -13,7 +13,7 @@
 //! kernels decode from weight rows, so the offset term of the 4-bit formats
 //! is one elementwise product of two arrays.
 
-use tandem_core::quant::QK;
+use tandem_core::quant::{quantize_activation_row_i8, QK};
 
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
@@ -150,4 +150,77 @@ fn quantize_block(values: &[f32], quants: &mut [i16; QK]) -> (f32, f32) {
         sum += *q as i32;
     }
     (scale, scale * sum as f32)
+}
+
+/// The activation matrix `[rows, cols]` quantized to INT8 per row for W8A8
+/// weights, as `tandem_core::quant::quantize_activation_row_i8` defines.
+pub(super) struct I8Activations {
+    cols: usize,
+    quants: Vec<i8>,
+    /// One per row.
+    scales: Vec<f32>,
+}
+
+impl I8Activations {
+    pub(super) fn row(&self, t: usize) -> &[i8] {
+        &self.quants[t * self.cols..(t + 1) * self.cols]
+    }
+
+    pub(super) fn scale(&self, t: usize) -> f32 {
+        self.scales[t]
+    }
+}
+
+/// Quantizes `rows` rows of `cols` values to INT8, one scale per row.
+pub(super) fn quantize_activations_i8(
+    workers: &Workers,
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) -> I8Activations {
+    let mut quants = vec![0i8; rows * cols];
+    let mut scales = vec![0f32; rows];
+    let rows_per_chunk = MIN_CHUNK_VALUES.div_ceil(cols.max(1));
+    workers.for_each_chunk_pair(
+        (&mut quants, rows_per_chunk * cols),
+        (&mut scales, rows_per_chunk),
+        |i, quants, scales| {
+            let x = &x[i * rows_per_chunk * cols..][..quants.len()];
+            match isa.kind() {
+                // SAFETY: an `Isa` exists only for instruction sets the CPU has.
+                #[cfg(target_arch = "x86_64")]
+                IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe {
+                    quantize_rows_i8_avx2(x, cols, quants, scales)
+                },
+                IsaKind::Portable => quantize_rows_i8(x, cols, quants, scales),
+            }
+        },
+    );
+    I8Activations {
+        cols,
+        quants,
+        scales,
+    }
+}
+
+/// [`quantize_rows_i8`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_rows_i8_avx2(x: &[f32], cols: usize, quants: &mut [i8], scales: &mut [f32]) {
+    quantize_rows_i8(x, cols, quants, scales)
+}
+
+#[inline(always)]
+fn quantize_rows_i8(x: &[f32], cols: usize, quants: &mut [i8], scales: &mut [f32]) {
+    for ((x, q), scale) in x
+        .chunks_exact(cols.max(1))
+        .zip(quants.chunks_exact_mut(cols.max(1)))
+        .zip(scales)
+    {
+        *scale = quantize_activation_row_i8(x, q);
+    }
 }

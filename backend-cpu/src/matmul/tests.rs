@@ -2,7 +2,7 @@
 //! integration tests only reach the best one this CPU has).
 
 use tandem_core::kernels::{matmul_kernel_name, spec};
-use tandem_core::quant::{quantize_row, WeightFormat, WeightView, QK};
+use tandem_core::quant::{quantize_matrix, quantize_row, WeightFormat, WeightView, QK};
 
 use super::quantize::quantize_activations;
 use super::*;
@@ -26,7 +26,7 @@ impl Values {
 
 fn check(isa: Isa, workers: &Workers, format: WeightFormat, rows: usize, n: usize, cols: usize) {
     let mut values = Values(0x2545_f491_4f6c_dd1d ^ (rows * 1000 + n * 10 + cols) as u64);
-    let bytes = quantize_row(format, &values.take(n * cols, 1.0));
+    let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));
     let view = WeightView {
         format,
         rows: n,
@@ -67,8 +67,9 @@ fn every_instruction_set_matches_the_reference() {
         for threads in [1, 2] {
             let workers = Workers::new(threads);
             for format in WeightFormat::ALL {
+                let block = format.block_elems();
                 let cols_set: &[usize] = if format.is_quantized() {
-                    &[32, 160]
+                    &[block, 5 * block]
                 } else {
                     &[3, 8, 45]
                 };

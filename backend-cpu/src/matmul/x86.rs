@@ -19,8 +19,8 @@ use tandem_core::quant::QK;
 
 use super::quantize::QuantRow;
 use super::{
-    float_task, quant_task, BlockFormat, FloatElem, FloatKind, MicroKernels, Offset, Operands,
-    Task, Q4_0, Q4_1, Q8_0,
+    decode_block_heads_scalar, float_task, quant_task, w8a8_task, BlockFormat, FloatElem,
+    FloatKind, Int4, Int8Rows, MicroKernels, Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
 };
 
 pub(super) struct Avx2;
@@ -38,6 +38,10 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
         Operands::Q8_0 { w, x } => quant_task::<Avx2, Q8_0, 4, 2>(w, x, cols, task),
         Operands::Q4_0 { w, x } => quant_task::<Avx2, Q4_0, 4, 2>(w, x, cols, task),
         Operands::Q4_1 { w, x } => quant_task::<Avx2, Q4_1, 4, 2>(w, x, cols, task),
+        Operands::Int8PerChannel { w, x } => quant_task::<Avx2, Int8Rows, 4, 2>(w, x, cols, task),
+        Operands::Int4G64 { w, x } => quant_task::<Avx2, Int4<64>, 4, 2>(w, x, cols, task),
+        Operands::Int4G128 { w, x } => quant_task::<Avx2, Int4<128>, 4, 2>(w, x, cols, task),
+        Operands::W8A8 { w, x } => w8a8_task::<Avx2, 4, 2>(w, x, cols, task),
     }
 }
 
@@ -53,6 +57,10 @@ pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_
         Operands::Q8_0 { w, x } => quant_task::<Vnni, Q8_0, 4, 4>(w, x, cols, task),
         Operands::Q4_0 { w, x } => quant_task::<Vnni, Q4_0, 4, 4>(w, x, cols, task),
         Operands::Q4_1 { w, x } => quant_task::<Vnni, Q4_1, 4, 4>(w, x, cols, task),
+        Operands::Int8PerChannel { w, x } => quant_task::<Vnni, Int8Rows, 4, 4>(w, x, cols, task),
+        Operands::Int4G64 { w, x } => quant_task::<Vnni, Int4<64>, 4, 4>(w, x, cols, task),
+        Operands::Int4G128 { w, x } => quant_task::<Vnni, Int4<128>, 4, 4>(w, x, cols, task),
+        Operands::W8A8 { w, x } => w8a8_task::<Vnni, 4, 4>(w, x, cols, task),
     }
 }
 
@@ -85,6 +93,33 @@ impl WordDot for Vnni {
     }
 }
 
+/// How a kernel multiplies 32 signed bytes of weights with 32 signed bytes
+/// of activations and adds each group of four products to one of eight i32
+/// lanes of `acc`. Both instructions multiply unsigned by signed bytes, so
+/// the weights' signs move onto the activations (`|w| * (x * sign(w))`, the
+/// same products). No sum overflows: quants lie in `-127..=127`, so AVX2's
+/// pairwise i16 sums stay within 2 * 127 * 127 < 2^15.
+trait ByteDot {
+    /// # Safety
+    /// The CPU supports the implementor's instruction set.
+    unsafe fn dot_bytes(acc: __m256i, w: __m256i, x: __m256i) -> __m256i;
+}
+
+impl ByteDot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot_bytes(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+}
+
+impl ByteDot for Vnni {
+    #[inline(always)]
+    unsafe fn dot_bytes(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    }
+}
+
 macro_rules! delegate_micro_kernels {
     ($isa:ty) => {
         impl MicroKernels for $isa {
@@ -114,6 +149,14 @@ macro_rules! delegate_micro_kernels {
             ) -> [[f32; T]; R] {
                 float_tile::<E, R, T>(w, x)
             }
+
+            #[inline(always)]
+            unsafe fn i8_tile<const R: usize, const T: usize>(
+                w: [&[i8]; R],
+                x: [&[i8]; T],
+            ) -> [[i32; T]; R] {
+                i8_tile::<$isa, R, T>(w, x)
+            }
         }
     };
 }
@@ -129,6 +172,10 @@ delegate_micro_kernels!(Vnni);
 /// The CPU supports AVX2 and F16C.
 #[inline(always)]
 unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
+    // Tandem's formats share one head among several runs: decoded per run.
+    if F::ROW_HEAD != 0 || F::RUNS != 1 {
+        return decode_block_heads_scalar::<Avx2, F>(row, heads);
+    }
     // The 8-byte load must stay inside the block: every format's block is
     // longer than 8 bytes.
     const { assert!(Q4_0::BLOCK_BYTES >= 8 && Q4_1::BLOCK_BYTES >= 8 && Q8_0::BLOCK_BYTES >= 8) };
@@ -155,10 +202,10 @@ fn check_block_tile<const R: usize, const T: usize>(
     w: &[&[u8]; R],
     w_heads: &[&[f32]; R],
     x: &[QuantRow<'_>; T],
-    block_bytes: usize,
+    row_bytes: fn(usize) -> usize,
 ) -> usize {
     let blocks = x[0].blocks();
-    assert!(w.iter().all(|w| w.len() >= blocks * block_bytes));
+    assert!(w.iter().all(|w| w.len() >= row_bytes(blocks)));
     assert!(w_heads.iter().all(|h| h.len() >= 2 * blocks));
     assert!(x
         .iter()
@@ -174,7 +221,7 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
-    let blocks = check_block_tile(&w, &w_heads, &x, F::BLOCK_BYTES);
+    let blocks = check_block_tile(&w, &w_heads, &x, F::row_bytes);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
         // SAFETY (all loads below): `check_block_tile` checked that every
@@ -183,7 +230,7 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
         let x_scales: [__m256; T] =
             std::array::from_fn(|t| _mm256_broadcast_ss(x[t].stats.get_unchecked(2 * b)));
         for r in 0..R {
-            let [w_low, w_high] = widen_block::<F>(w[r].as_ptr().add(b * F::BLOCK_BYTES));
+            let [w_low, w_high] = widen_run::<F>(w[r].as_ptr().add(F::run_quants_at(b)));
             let w_scale = _mm256_broadcast_ss(w_heads[r].get_unchecked(2 * b));
             for t in 0..T {
                 let quants: *const __m256i = x[t].quants.as_ptr().add(b).cast();
@@ -207,15 +254,14 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
     horizontal_sums(acc)
 }
 
-/// The 32 quants of the block at `block` widened to i16, as elements
-/// `0..16` and `16..32`: Q8_0's signed bytes sign-extended, the 4-bit
-/// formats' nibbles (low nibbles are elements `0..16`) zero-extended.
+/// The 32 quants of the run at `quants` widened to i16, as elements
+/// `0..16` and `16..32`: the 8-bit formats' signed bytes sign-extended, the
+/// 4-bit formats' nibbles (low nibbles are elements `0..16`) zero-extended.
 ///
 /// # Safety
-/// A whole block of format `F` is readable at `block`; the CPU supports AVX2.
+/// A whole run of format `F` is readable at `quants`; the CPU supports AVX2.
 #[inline(always)]
-unsafe fn widen_block<F: BlockFormat>(block: *const u8) -> [__m256i; 2] {
-    let quants = block.add(F::QUANTS_AT);
+unsafe fn widen_run<F: BlockFormat>(quants: *const u8) -> [__m256i; 2] {
     match F::OFFSET {
         Offset::None => [
             _mm256_cvtepi8_epi16(_mm_loadu_si128(quants.cast())),
@@ -296,6 +342,42 @@ unsafe fn float_tile<E: FloatElem, const R: usize, const T: usize>(
             sums[r][t] += (full..cols)
                 .map(|c| w[r][c].to_f32() * x[t][c])
                 .sum::<f32>();
+        }
+    }
+    sums
+}
+
+/// # Safety
+/// The CPU supports AVX2 and `D`'s instruction set.
+#[inline(always)]
+unsafe fn i8_tile<D: ByteDot, const R: usize, const T: usize>(
+    w: [&[i8]; R],
+    x: [&[i8]; T],
+) -> [[i32; T]; R] {
+    const LANES: usize = 32;
+    let cols = x[0].len();
+    assert!(cols.is_multiple_of(LANES));
+    assert!(w.iter().all(|w| w.len() >= cols) && x.iter().all(|x| x.len() >= cols));
+    let mut acc = [[_mm256_setzero_si256(); T]; R];
+    for c in (0..cols).step_by(LANES) {
+        // SAFETY: `c + LANES <= cols`, checked against every row above.
+        let xs: [__m256i; T] =
+            std::array::from_fn(|t| _mm256_loadu_si256(x[t].as_ptr().add(c).cast()));
+        for r in 0..R {
+            let ws = _mm256_loadu_si256(w[r].as_ptr().add(c).cast());
+            for t in 0..T {
+                acc[r][t] = D::dot_bytes(acc[r][t], ws, xs[t]);
+            }
+        }
+    }
+    let mut sums = [[0i32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            let v = acc[r][t];
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            sums[r][t] = _mm_cvtsi128_si32(s);
         }
     }
     sums

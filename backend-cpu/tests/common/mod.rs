@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use tandem_core::kernels::spec;
-use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
+use tandem_core::quant::{quantize_matrix, WeightFormat, WeightView};
 
 /// SplitMix64: small, seeded, good enough for test data.
 pub struct Rng(u64);
@@ -51,7 +51,7 @@ impl RandomWeight {
             format,
             rows,
             cols,
-            bytes: quantize_row(format, &values),
+            bytes: quantize_matrix(format, cols, &values),
         }
     }
 

@@ -12,7 +12,9 @@
 // each thread keeps one partial per activation row, then one reduction per
 // activation row. `tiled` serves many rows (prefill): a 32x64 output tile per
 // workgroup, stepping K by one 32-value block staged (dequantized) in
-// workgroup memory, 2x4 outputs per thread.
+// workgroup memory, 2x4 outputs per thread. `gemv_rows` serves few rows on
+// CPU adapters: one thread per weight row and no barriers, since there a
+// barrier switches every invocation and `gemv`'s reductions dominate.
 
 struct Params {
     rows: u32,
@@ -57,8 +59,8 @@ fn store(t: u32, r: u32, sum: f32) {
 }
 
 @compute @workgroup_size(WG)
-fn gemv(ids: Ids) {
-    let r = group_index(ids);
+fn gemv(ids: Ids, group: Group) {
+    let r = group_index(group);
     if r >= P.chunk_rows {
         return;
     }
@@ -79,6 +81,27 @@ fn gemv(ids: Ids) {
     }
 }
 
+const GEMV_ROWS_WG: u32 = 64u;
+
+@compute @workgroup_size(GEMV_ROWS_WG)
+fn gemv_rows(ids: Ids, group: Group) {
+    let r = group_index(group) * GEMV_ROWS_WG + ids.lid;
+    if r >= P.chunk_rows {
+        return;
+    }
+    let pieces = (P.cols + 3u) / 4u;
+    var acc: array<f32, GEMV_MAX_ROWS>;
+    for (var p = 0u; p < pieces; p++) {
+        let w = decode4(r, p, P.cols);
+        for (var t = 0u; t < P.rows; t++) {
+            acc[t] += dot(w, x4(t, 4u * p));
+        }
+    }
+    for (var t = 0u; t < P.rows; t++) {
+        store(t, r, acc[t]);
+    }
+}
+
 const TILE_WG: u32 = 256u;
 const TM: u32 = 32u;
 const TN: u32 = 64u;
@@ -90,9 +113,9 @@ var<workgroup> x_tile: array<f32, TM * PITCH>;
 var<workgroup> w_tile: array<f32, TN * PITCH>;
 
 @compute @workgroup_size(TILE_WG)
-fn tiled(ids: Ids) {
+fn tiled(ids: Ids, group: Group) {
     let tiles_n = (P.chunk_rows + TN - 1u) / TN;
-    let g = group_index(ids);
+    let g = group_index(group);
     let t0 = (g / tiles_n) * TM;
     let r0 = (g % tiles_n) * TN;
     if t0 >= P.rows {

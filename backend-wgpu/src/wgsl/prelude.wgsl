@@ -7,21 +7,35 @@
 // Every kernel defines `const WG: u32`, the workgroup size of the entry points
 // that call the reductions below; it is a power of two.
 
+// Entry points take two parameters, `ids: Ids, group: Group`:
+//     @compute @workgroup_size(WG)
+//     fn main(ids: Ids, group: Group) { let row = group_index(group); ... }
+// The split matters in the browser: Chrome's WGSL compiler (Tint) treats a
+// struct parameter as non-uniform as soon as one member is, so a group index
+// taken from a struct that also holds `local_invocation_index` would make
+// every barrier after a bounds check on it "not in uniform control flow".
+// naga does not check this; the unit tests of src/shader.rs do.
+
+// This invocation within its workgroup (and subgroup): not uniform.
 struct Ids {
     @builtin(local_invocation_index) lid: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
 // #if SUBGROUPS
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 // #endif
 }
 
+// This workgroup within the dispatch: uniform over the workgroup.
+struct Group {
+    @builtin(workgroup_id) id: vec3<u32>,
+    @builtin(num_workgroups) count: vec3<u32>,
+}
+
 // Index of this workgroup in a 1D dispatch, or in a 2D one that the host uses
 // when the count exceeds `max_compute_workgroups_per_dimension`; the host
 // rounds the count up, so kernels check the index against their own bounds.
-fn group_index(ids: Ids) -> u32 {
-    return ids.wg.x + ids.wg.y * ids.nwg.x;
+fn group_index(group: Group) -> u32 {
+    return group.id.x + group.id.y * group.count.x;
 }
 
 // Where a thread sits for the workgroup reductions.

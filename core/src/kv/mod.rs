@@ -14,6 +14,7 @@
 mod allocator;
 mod block_table;
 mod manager;
+pub mod quant;
 
 pub use allocator::{BlockHash, KvBlockAllocator};
 pub use block_table::BlockTable;

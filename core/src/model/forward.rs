@@ -106,7 +106,31 @@ pub type Progress<'a> = &'a mut dyn FnMut(usize, usize);
 
 impl<B: Backend> Model<B> {
     pub fn load(backend: &B, files: &ModelFiles, progress: Progress<'_>) -> Result<Self> {
-        let cfg = files.config.clone();
+        let all: Vec<usize> = (0..files.config.num_layers).collect();
+        Self::load_layers(backend, files, &all, progress)
+    }
+
+    /// Loads only the transformer layers `layers` (in that order) between the
+    /// embedding and the output head: the self-speculative draft of a model.
+    pub fn load_layers(
+        backend: &B,
+        files: &ModelFiles,
+        layers: &[usize],
+        progress: Progress<'_>,
+    ) -> Result<Self> {
+        let mut cfg = files.config.clone();
+        if layers.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a model needs at least one layer".into(),
+            ));
+        }
+        if let Some(bad) = layers.iter().find(|&&l| l >= cfg.num_layers) {
+            return Err(Error::InvalidRequest(format!(
+                "layer {bad} does not exist: the model has {} layers",
+                cfg.num_layers
+            )));
+        }
+        cfg.num_layers = layers.len();
         let total = files.tensors.total_bytes();
         let mut done = 0usize;
         let mut weight_bytes = 0usize;
@@ -127,8 +151,9 @@ impl<B: Backend> Model<B> {
         } else {
             Some(get("output.weight", false)?)
         };
+        let source_layers = layers;
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
+        for &i in source_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let bias = |get: &mut dyn FnMut(&str, bool) -> Result<B::Weight>, s: &str| {
                 if cfg.qkv_bias {

@@ -63,7 +63,7 @@ pub struct GgufWriter {
 
 struct PendingTensor {
     name: String,
-    format: WeightFormat,
+    ggml_type: u32,
     shape: Vec<usize>,
     data: Vec<u8>,
 }
@@ -219,7 +219,7 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
 }
 
 fn supported_formats() -> String {
-    WeightFormat::ALL.map(WeightFormat::name).join(", ")
+    WeightFormat::GGML.map(WeightFormat::name).join(", ")
 }
 
 /// Why a read from the file failed, before the caller adds what it was reading.
@@ -498,7 +498,9 @@ impl Parser<'_> {
                 "tensor '{name}' ({format}) has {cols} columns, not a multiple of the format's block of {block}"
             )));
         }
-        let len = format.bytes_for(elems).ok_or_else(too_large)?;
+        let len = format
+            .bytes_for(elems / cols.max(1), cols)
+            .ok_or_else(too_large)?;
         if offset % alignment != 0 {
             return Err(self.bad(format!(
                 "tensor '{name}' data offset {offset} is not a multiple of the alignment {alignment}"
@@ -673,6 +675,11 @@ impl GgufWriter {
                 shape.len()
             ));
         }
+        let Some(ggml_type) = format.ggml_type() else {
+            return invalid(format!(
+                "GGUF cannot hold {format}, a Tandem format (safetensors can)"
+            ));
+        };
         if !shape[0].is_multiple_of(format.block_elems()) {
             return invalid(format!(
                 "{} columns is not a multiple of {format}'s block of {}",
@@ -680,12 +687,13 @@ impl GgufWriter {
                 format.block_elems()
             ));
         }
-        if let Some(reason) = super::data_size_mismatch(format, shape, data.len()) {
+        let rows = shape[1..].iter().product();
+        if let Some(reason) = super::data_size_mismatch(format, rows, shape[0], data.len()) {
             return invalid(reason);
         }
         self.tensors.push(PendingTensor {
             name: name.to_string(),
-            format,
+            ggml_type,
             shape: shape.to_vec(),
             data,
         });
@@ -735,7 +743,7 @@ impl GgufWriter {
             for &d in &tensor.shape {
                 header.extend_from_slice(&(d as u64).to_le_bytes());
             }
-            header.extend_from_slice(&tensor.format.ggml_type().to_le_bytes());
+            header.extend_from_slice(&tensor.ggml_type.to_le_bytes());
             header.extend_from_slice(&(offset as u64).to_le_bytes());
             offset = (offset + tensor.data.len()).next_multiple_of(self.alignment);
         }
@@ -1197,7 +1205,7 @@ mod tests {
             w.add_metadata(ALIGNMENT_KEY, GgufValue::U32(alignment as u32))
                 .unwrap();
             let mut written = Vec::new();
-            for (i, format) in WeightFormat::ALL.into_iter().enumerate() {
+            for (i, format) in WeightFormat::GGML.into_iter().enumerate() {
                 let shape = vec![64, i + 1];
                 let data = quantize_row(format, &test_values(64 * (i + 1)));
                 let name = format!("w.{format}");
@@ -1228,6 +1236,9 @@ mod tests {
             .is_err());
         assert!(w
             .add_tensor("f", WeightFormat::F32, &[4], vec![0; 15])
+            .is_err());
+        assert!(w
+            .add_tensor("i", WeightFormat::Int8PerChannel, &[32, 1], vec![0; 36])
             .is_err());
         w.add_tensor("f", WeightFormat::F32, &[4], vec![0; 16])
             .unwrap();

@@ -203,19 +203,17 @@ pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -
     Ok(())
 }
 
-/// Why `len` bytes cannot hold a tensor of `shape` (innermost or outermost
-/// first: only the product counts) in `format`, or `None` when they can.
+/// Why `len` bytes cannot hold a `rows × cols` tensor in `format`, or `None`
+/// when they can.
 pub(crate) fn data_size_mismatch(
     format: WeightFormat,
-    shape: &[usize],
+    rows: usize,
+    cols: usize,
     len: usize,
 ) -> Option<String> {
-    let expected = shape
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
-        .and_then(|elems| format.bytes_for(elems));
+    let expected = format.bytes_for(rows as u64, cols as u64);
     (expected != Some(len as u64))
-        .then(|| format!("{len} bytes of data, but shape {shape:?} in {format} needs {expected:?}"))
+        .then(|| format!("{len} bytes of data, but {rows}×{cols} in {format} needs {expected:?}"))
 }
 
 /// A model as read from disk, before it is put on a backend.

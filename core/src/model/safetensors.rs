@@ -9,6 +9,14 @@
 //! strings. As with GGUF, the reader checks the header length and every range
 //! against the file before using it.
 //!
+//! Quantized matrices (any format of `crate::quant` with blocks: GGML's Q8_0,
+//! Q4_0, Q4_1 and Tandem's INT8, W8A8, INT4_G64, INT4_G128) are stored as
+//! `U8` tensors of shape `[rows, row_bytes]` holding the format's rows as
+//! documented in `crate::quant`, and named in `__metadata__` by an entry
+//! `"tandem.format.<tensor name>": "<format name>"` (e.g. `"INT4_G128"`);
+//! the logical `[rows, cols]` follows from the row length. Other readers see
+//! plain byte tensors; Tandem loads them as they are.
+//!
 //! Hugging Face names (`model.layers.N.self_attn.q_proj.weight`) become the
 //! canonical GGUF names (`blk.N.attn_q.weight`) and shapes are reversed to
 //! innermost first. The checkpoints keep Q/K rows in their original order, so
@@ -51,8 +59,9 @@ pub struct SafetensorsWriter {
 
 struct PendingTensor {
     name: String,
-    format: WeightFormat,
-    /// Outermost first, as safetensors stores it.
+    dtype: &'static str,
+    /// Outermost first, as safetensors stores it (`[rows, row_bytes]` for a
+    /// quantized matrix).
     shape: Vec<usize>,
     data: Vec<u8>,
 }
@@ -105,6 +114,10 @@ struct HeaderEntry {
 }
 
 const METADATA_KEY: &str = "__metadata__";
+/// `__metadata__` key prefix naming the format of a quantized tensor.
+pub const FORMAT_METADATA_PREFIX: &str = "tandem.format.";
+/// The safetensors dtype quantized matrices are stored as.
+const QUANTIZED_DTYPE: &str = "U8";
 /// The reference implementation's limit; a larger header is corrupt.
 const MAX_HEADER_BYTES: u64 = 100 << 20;
 /// Weight tensors of the models Tandem runs have at most two dimensions; GGUF allows four.
@@ -161,17 +174,36 @@ impl SafetensorsFile {
                 serde_json::from_slice(json)
                     .map_err(|e| bad(format!("header is not a JSON object: {e}")))
             })?;
+        let mut header = header;
         let data_len = (file_len - data_start) as u64;
-        let mut tensors = Vec::with_capacity(header.len());
-        let mut metadata = Vec::new();
-        for (name, value) in header {
-            if name == METADATA_KEY {
-                metadata = parse_metadata(value).map_err(&bad)?;
-                continue;
+        let metadata = match header.remove(METADATA_KEY) {
+            Some(value) => parse_metadata(value).map_err(&bad)?,
+            None => Vec::new(),
+        };
+        let mut quantized = BTreeMap::new();
+        for (key, value) in &metadata {
+            if let Some(tensor) = key.strip_prefix(FORMAT_METADATA_PREFIX) {
+                let format = WeightFormat::from_name(value)
+                    .filter(|f| f.is_quantized())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{key} is '{value}', not a quantized format Tandem knows"
+                        ))
+                    })?;
+                quantized.insert(tensor.to_string(), format);
             }
+        }
+        if let Some(name) = quantized.keys().find(|name| !header.contains_key(*name)) {
+            return Err(bad(format!(
+                "{FORMAT_METADATA_PREFIX}{name} names a tensor the file does not have"
+            )));
+        }
+        let mut tensors = Vec::with_capacity(header.len());
+        for (name, value) in header {
             let entry: HeaderEntry = serde_json::from_value(value)
                 .map_err(|e| bad(format!("tensor '{name}': malformed header entry: {e}")))?;
-            tensors.push(check_entry(name, entry, data_start, data_len).map_err(&bad)?);
+            let format = quantized.remove(&name);
+            tensors.push(check_entry(name, entry, format, data_start, data_len).map_err(&bad)?);
         }
         Ok(SafetensorsFile {
             tensors,
@@ -195,10 +227,12 @@ fn parse_metadata(value: Value) -> std::result::Result<Vec<(String, String)>, St
         .collect()
 }
 
-/// Checks one header entry's dtype, shape and data range.
+/// Checks one header entry's dtype, shape and data range; `quantized` is
+/// the format `__metadata__` gives the tensor.
 fn check_entry(
     name: String,
     entry: HeaderEntry,
+    quantized: Option<WeightFormat>,
     data_start: usize,
     data_len: u64,
 ) -> std::result::Result<TensorInfo, String> {
@@ -207,8 +241,22 @@ fn check_entry(
         shape,
         data_offsets: [begin, end],
     } = entry;
+    if let Some(format) = quantized {
+        return check_quantized_entry(
+            name,
+            format,
+            &dtype,
+            &shape,
+            [begin, end],
+            data_start,
+            data_len,
+        );
+    }
     let format = dtype_format(&dtype).ok_or_else(|| {
-        format!("tensor '{name}' has dtype {dtype}, which Tandem does not read (F32, F16, BF16)")
+        format!(
+            "tensor '{name}' has dtype {dtype}, which Tandem does not read (F32, F16, BF16, \
+             or U8 with a {FORMAT_METADATA_PREFIX} entry)"
+        )
     })?;
     if shape.len() > MAX_DIMS {
         return Err(format!(
@@ -224,14 +272,9 @@ fn check_entry(
         .filter(|&p| usize::try_from(p).is_ok());
     let elems = nonzero_product.map(|p| if shape.contains(&0) { 0 } else { p });
     let len = elems
-        .and_then(|elems| format.bytes_for(elems))
+        .and_then(|elems| format.bytes_for(1, elems))
         .ok_or_else(|| format!("tensor '{name}' has absurd shape {shape:?}: its size overflows"))?;
-    if begin > end || end > data_len {
-        return Err(format!(
-            "tensor '{name}' data_offsets [{begin}, {end}] run past the end of the data \
-             ({data_len} bytes): the file is truncated or corrupt"
-        ));
-    }
+    check_range(&name, [begin, end], data_len)?;
     if end - begin != len {
         return Err(format!(
             "tensor '{name}' ({dtype}, shape {shape:?}) needs {len} bytes, but its data_offsets span {}",
@@ -250,6 +293,69 @@ fn check_entry(
     })
 }
 
+fn check_range(
+    name: &str,
+    [begin, end]: [u64; 2],
+    data_len: u64,
+) -> std::result::Result<(), String> {
+    if begin > end || end > data_len {
+        return Err(format!(
+            "tensor '{name}' data_offsets [{begin}, {end}] run past the end of the data \
+             ({data_len} bytes): the file is truncated or corrupt"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a quantized matrix stored as `U8 [rows, row_bytes]`.
+fn check_quantized_entry(
+    name: String,
+    format: WeightFormat,
+    dtype: &str,
+    shape: &[u64],
+    [begin, end]: [u64; 2],
+    data_start: usize,
+    data_len: u64,
+) -> std::result::Result<TensorInfo, String> {
+    let &[rows, row_bytes] = shape else {
+        return Err(format!(
+            "tensor '{name}' is {format} with shape {shape:?}; quantized tensors are stored as \
+             [rows, row_bytes]"
+        ));
+    };
+    if dtype != QUANTIZED_DTYPE {
+        return Err(format!(
+            "tensor '{name}' is {format} but has dtype {dtype}, not {QUANTIZED_DTYPE}"
+        ));
+    }
+    let blocks_bytes = row_bytes.checked_sub(format.row_head_bytes() as u64);
+    let cols = blocks_bytes
+        .filter(|b| b % format.block_bytes() as u64 == 0)
+        .map(|b| b / format.block_bytes() as u64 * format.block_elems() as u64)
+        .filter(|&cols| format.bytes_for(1, cols) == Some(row_bytes))
+        .ok_or_else(|| {
+            format!("tensor '{name}' rows of {row_bytes} bytes are not whole rows of {format}")
+        })?;
+    check_range(&name, [begin, end], data_len)?;
+    let len = rows.checked_mul(row_bytes);
+    if len != Some(end - begin) {
+        return Err(format!(
+            "tensor '{name}' ({format}, {rows} rows of {row_bytes} bytes) does not match its \
+             data_offsets span of {} bytes",
+            end - begin
+        ));
+    }
+    // The range lies inside the file, so rows and cols fit a usize.
+    Ok(TensorInfo {
+        name,
+        format,
+        shape: vec![cols as usize, rows as usize],
+        file: 0,
+        offset: data_start + begin as usize,
+        len: (end - begin) as usize,
+    })
+}
+
 impl SafetensorsWriter {
     pub fn new() -> Self {
         Self::default()
@@ -261,7 +367,9 @@ impl SafetensorsWriter {
     }
 
     /// Adds a tensor of `shape`, outermost first as safetensors stores it
-    /// (`[rows, cols]` for a matrix), in F32, F16 or BF16.
+    /// (`[rows, cols]` for a matrix), in any format; a quantized one is a
+    /// matrix, stored as `U8 [rows, row_bytes]` with its format named in
+    /// `__metadata__`.
     pub fn add_tensor(
         &mut self,
         name: &str,
@@ -277,16 +385,34 @@ impl SafetensorsWriter {
         if name == METADATA_KEY || self.tensors.iter().any(|t| t.name == name) {
             return invalid("name is reserved or already used".into());
         }
-        if format.is_quantized() {
-            return invalid(format!("safetensors cannot hold {format}"));
+        let (rows, cols) = match shape.split_last() {
+            Some((&cols, outer)) => (outer.iter().product(), cols),
+            None => (1, 1),
+        };
+        if format.is_quantized() && shape.len() != 2 {
+            return invalid(format!(
+                "a {format} tensor is a matrix, but the shape is {shape:?}"
+            ));
         }
-        if let Some(reason) = super::data_size_mismatch(format, shape, data.len()) {
+        if let Some(reason) = super::data_size_mismatch(format, rows, cols, data.len()) {
             return invalid(reason);
         }
+        let (dtype, shape) = if format.is_quantized() {
+            self.metadata.insert(
+                format!("{FORMAT_METADATA_PREFIX}{name}"),
+                format.name().to_string(),
+            );
+            (
+                QUANTIZED_DTYPE,
+                vec![rows, format.row_bytes(cols).unwrap_or(0)],
+            )
+        } else {
+            (format.name(), shape.to_vec())
+        };
         self.tensors.push(PendingTensor {
             name: name.to_string(),
-            format,
-            shape: shape.to_vec(),
+            dtype,
+            shape,
             data,
         });
         Ok(())
@@ -309,7 +435,7 @@ impl SafetensorsWriter {
             header.insert(
                 tensor.name.clone(),
                 serde_json::json!({
-                    "dtype": tensor.format.name(),
+                    "dtype": tensor.dtype,
                     "shape": tensor.shape,
                     "data_offsets": [offset, end],
                 }),
@@ -335,6 +461,236 @@ impl SafetensorsWriter {
             source,
         })
     }
+}
+
+/// A tensor for [`write_model_dir`]: canonical (GGUF) name, storage format,
+/// `rows × cols` (a vector is one row) and its bytes in that format.
+pub struct OutputTensor {
+    pub name: String,
+    pub format: WeightFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<u8>,
+}
+
+/// Writes a model directory that [`load_hf_dir`] (so `tandem_core::model::load`)
+/// reads: `config.json` from `source`'s configuration, the tokenizer files
+/// (copied from a Hugging Face source, or written from a GGUF source's
+/// tokenizer), and `model.safetensors` with `tensors` under Hugging Face
+/// names plus every tensor of `source` that `tensors` does not replace,
+/// copied in its own format. `metadata` goes into `__metadata__` (e.g. the
+/// quantization method). A GGUF Llama's Q/K rows, permuted for interleaved
+/// RoPE, are put back in Hugging Face order, which is what the directory
+/// loader assumes.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_model_dir(
+    source: &ModelFiles,
+    tensors: Vec<OutputTensor>,
+    metadata: &[(String, String)],
+    dir: &Path,
+) -> Result<()> {
+    let c = &source.config;
+    if c.rotary_dim != c.head_dim {
+        return Err(Error::Unsupported(format!(
+            "writing a Hugging Face directory: rotary_dim {} differs from head_dim {}",
+            c.rotary_dim, c.head_dim
+        )));
+    }
+    let mut replaced = BTreeMap::new();
+    for t in tensors {
+        if source.tensors.info(&t.name).is_none() {
+            return Err(Error::InvalidRequest(format!(
+                "tensor '{}' is not a tensor of {}",
+                t.name,
+                source.path.display()
+            )));
+        }
+        replaced.insert(t.name.clone(), t);
+    }
+    let mut st = SafetensorsWriter::new();
+    for (key, value) in metadata {
+        st.add_metadata(key, value);
+    }
+    for info in source.tensors.tensors() {
+        let (format, rows, cols, data) = match replaced.remove(&info.name) {
+            Some(t) => (t.format, t.rows, t.cols, t.data),
+            None => (
+                info.format,
+                info.rows(),
+                info.cols(),
+                source.tensors.bytes(info).to_vec(),
+            ),
+        };
+        let row_bytes = format.row_bytes(cols).unwrap_or(0);
+        let stem = info
+            .name
+            .strip_suffix(".weight")
+            .or(info.name.strip_suffix(".bias"));
+        let heads = match stem {
+            Some(s) if s.ends_with(".attn_q") => c.num_heads,
+            Some(s) if s.ends_with(".attn_k") => c.num_kv_heads,
+            _ => 0,
+        };
+        let data = if c.rope_style == RopeStyle::Interleaved && heads > 0 {
+            // A bias is a vector (of float elements): its elements move like rows.
+            let unit = if info.name.ends_with(".bias") {
+                format.block_bytes()
+            } else {
+                row_bytes
+            };
+            rows_from_interleaved(&data, unit, heads)
+        } else {
+            data
+        };
+        let name = hf_name(&info.name).ok_or_else(|| {
+            Error::InvalidRequest(format!("tensor '{}' has no Hugging Face name", info.name))
+        })?;
+        let shape = if info.shape.len() == 1 {
+            vec![rows * cols]
+        } else {
+            vec![rows, cols]
+        };
+        st.add_tensor(&name, format, &shape, data)?;
+    }
+    let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
+        r.map_err(|source| Error::Io { path, source })
+    };
+    io(dir.to_path_buf(), std::fs::create_dir_all(dir))?;
+    st.write(&dir.join(SINGLE_FILE))?;
+    let path = dir.join(CONFIG_FILE);
+    io(
+        path.clone(),
+        std::fs::write(&path, hf_config_json(c)?.to_string()),
+    )?;
+    write_tokenizer_files(source, dir)
+}
+
+/// Undoes llama.cpp's Q/K permutation: within each of `heads` heads,
+/// interleaved row `2i` goes back to row `i` and row `2i + 1` to `i + d/2`.
+/// A row is `unit` bytes.
+fn rows_from_interleaved(data: &[u8], unit: usize, heads: usize) -> Vec<u8> {
+    let rows = data.len() / unit.max(1);
+    let head_dim = rows / heads;
+    let half = head_dim / 2;
+    let mut out = vec![0u8; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for (dst, src) in [(i, 2 * i), (i + half, 2 * i + 1)] {
+                let (d, s) = ((h * head_dim + dst) * unit, (h * head_dim + src) * unit);
+                out[d..d + unit].copy_from_slice(&data[s..s + unit]);
+            }
+        }
+    }
+    out
+}
+
+/// `config.json` for `c`, in the form [`load_hf_dir`] reads.
+pub fn hf_config_json(c: &ModelConfig) -> Result<Value> {
+    let architecture = match c.arch.as_str() {
+        "llama" => "LlamaForCausalLM",
+        "mistral" => "MistralForCausalLM",
+        "qwen2" => "Qwen2ForCausalLM",
+        other => {
+            return Err(Error::Unsupported(format!(
+                "architecture '{other}' has no Hugging Face configuration"
+            )))
+        }
+    };
+    let mut config = serde_json::json!({
+        "architectures": [architecture],
+        "model_type": c.arch,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_context,
+        "tie_word_embeddings": c.tied_embeddings,
+    });
+    let scaling =
+        match c.rope_scaling {
+            RopeScaling::None => None,
+            RopeScaling::FreqFactors(_) => return Err(Error::Unsupported(
+                "per-frequency RoPE factors (GGUF rope_freqs) have no Hugging Face configuration"
+                    .into(),
+            )),
+            RopeScaling::Linear { factor } => {
+                Some(serde_json::json!({"rope_type": "linear", "factor": factor}))
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => Some(serde_json::json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position,
+            })),
+        };
+    if let Some(scaling) = scaling {
+        config["rope_scaling"] = scaling;
+    }
+    if let Some(window) = c.sliding_window {
+        config["sliding_window"] = window.into();
+        config["use_sliding_window"] = true.into();
+    }
+    Ok(config)
+}
+
+/// Hugging Face tokenizer files that travel with a model directory.
+const TOKENIZER_FILES: [&str; 5] = [
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
+
+/// Copies `source`'s tokenizer files when it is a Hugging Face directory;
+/// otherwise writes them from its tokenizer (BOS/EOS, chat template).
+#[cfg(not(target_arch = "wasm32"))]
+fn write_tokenizer_files(source: &ModelFiles, dir: &Path) -> Result<()> {
+    let io = |path: &Path, r: std::io::Result<()>| {
+        r.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    if source.path.is_dir() {
+        for file in TOKENIZER_FILES {
+            let from = source.path.join(file);
+            if from.is_file() {
+                io(&from, std::fs::copy(&from, dir.join(file)).map(drop))?;
+            }
+        }
+        return Ok(());
+    }
+    let tokenizer = &source.tokenizer;
+    let path = dir.join(TOKENIZER_FILE);
+    io(&path, std::fs::write(&path, tokenizer.to_hf_json()?))?;
+    let text = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id));
+    let mut config = serde_json::json!({ "add_bos_token": tokenizer.adds_bos() });
+    if let Some(bos) = text(tokenizer.bos_token()) {
+        config["bos_token"] = bos.into();
+    }
+    if let Some(eos) = text(tokenizer.eos_tokens().first().copied()) {
+        config["eos_token"] = eos.into();
+    }
+    if let Some(template) = tokenizer.chat_template() {
+        config["chat_template"] = template.into();
+    }
+    let path = dir.join("tokenizer_config.json");
+    io(&path, std::fs::write(&path, config.to_string()))?;
+    let generation = serde_json::json!({ "eos_token_id": tokenizer.eos_tokens() });
+    let path = dir.join("generation_config.json");
+    io(&path, std::fs::write(&path, generation.to_string()))
 }
 
 /// The canonical (GGUF) name of a Hugging Face Llama-family tensor, or `None`
@@ -422,9 +778,11 @@ pub fn load_hf_dir(dir: &Path) -> Result<ModelFiles> {
                 ..info
             });
         }
+        // Per-tensor formats show in the tensors themselves, not as metadata.
         file_metadata.extend(
             file.metadata
                 .into_iter()
+                .filter(|(k, _)| !k.starts_with(FORMAT_METADATA_PREFIX))
                 .map(|(k, v)| (format!("{shard}: {k}"), v)),
         );
     }
@@ -664,6 +1022,79 @@ mod tests {
                 data.as_slice()
             );
         }
+    }
+
+    #[test]
+    fn quantized_tensors_round_trip_as_bytes_with_their_format() {
+        let mut w = SafetensorsWriter::new();
+        let (rows, cols) = (3, 128);
+        let values = test_values(rows * cols);
+        let mut written = Vec::new();
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_quantized()) {
+            let data = crate::quant::quantize_matrix(format, cols, &values);
+            let name = format!("w.{format}");
+            w.add_tensor(&name, format, &[rows, cols], data.clone())
+                .unwrap();
+            written.push((name, format, data));
+        }
+        let int8 = WeightFormat::Int8PerChannel;
+        let one_row = crate::quant::quantize_row(int8, &values[..cols]);
+        assert!(w.add_tensor("flat", int8, &[cols], one_row).is_err());
+        let file = parse(w.to_bytes()).unwrap();
+        assert!(file.metadata.contains(&(
+            format!("{FORMAT_METADATA_PREFIX}w.INT4_G128"),
+            "INT4_G128".to_string()
+        )));
+        for (name, format, data) in written {
+            let info = file.tensors.iter().find(|t| t.name == name).unwrap();
+            assert_eq!(
+                (info.format, info.cols(), info.rows()),
+                (format, cols, rows)
+            );
+            assert_eq!(
+                &file.bytes[info.offset..info.offset + info.len],
+                data.as_slice()
+            );
+        }
+    }
+
+    #[test]
+    fn bad_quantized_entries_are_named() {
+        let meta = |format: &str, tensor: &str| {
+            format!(r#""__metadata__": {{"{FORMAT_METADATA_PREFIX}{tensor}": "{format}"}}"#)
+        };
+        let entry = r#""w": {"dtype": "U8", "shape": [2, 68], "data_offsets": [0, 136]}"#;
+        let ok = format!("{{{}, {entry}}}", meta("INT8", "w"));
+        let file = parse(raw_file(&ok, 136)).unwrap();
+        assert_eq!(file.tensors[0].shape, vec![64, 2]);
+        let cases = [
+            (meta("INT8", "v"), "names a tensor the file does not have"),
+            (
+                meta("Q4_0", "w"),
+                "rows of 68 bytes are not whole rows of Q4_0",
+            ),
+            (meta("F16", "w"), "not a quantized format Tandem knows"),
+            (meta("INT9", "w"), "not a quantized format Tandem knows"),
+        ];
+        for (metadata, expected) in cases {
+            let message = parse_error(raw_file(&format!("{{{metadata}, {entry}}}"), 136));
+            assert!(message.contains(expected), "{message}");
+        }
+        let f32_entry = r#""w": {"dtype": "F32", "shape": [2, 17], "data_offsets": [0, 136]}"#;
+        let message = parse_error(raw_file(
+            &format!("{{{}, {f32_entry}}}", meta("INT8", "w")),
+            136,
+        ));
+        assert!(message.contains("has dtype F32, not U8"), "{message}");
+        let short = r#""w": {"dtype": "U8", "shape": [2, 68], "data_offsets": [0, 100]}"#;
+        let message = parse_error(raw_file(
+            &format!("{{{}, {short}}}", meta("INT8", "w")),
+            136,
+        ));
+        assert!(
+            message.contains("does not match its data_offsets span of 100"),
+            "{message}"
+        );
     }
 
     #[test]

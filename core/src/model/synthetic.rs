@@ -260,23 +260,7 @@ impl SyntheticModel {
             source,
         })?;
         st.write(&dir.join("model.safetensors"))?;
-        let config = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": c.vocab_size,
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim,
-            "rms_norm_eps": c.rms_eps,
-            "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_context,
-            "tie_word_embeddings": c.tied_embeddings,
-            "bos_token_id": 256,
-            "eos_token_id": 256,
-        });
+        let config = super::safetensors::hf_config_json(c)?;
         let path = dir.join("config.json");
         io(path.clone(), std::fs::write(&path, config.to_string()))?;
         let tokenizer = synthetic_tokenizer(c.vocab_size)?;
@@ -485,8 +469,32 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
     let elems: usize = shape.iter().product();
     let blocks = elems / QK;
     let scale = (3.0 / shape[0] as f32).sqrt();
-    let mut out = Vec::with_capacity(blocks * format.block_bytes());
     let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let random_fill = |rng: &mut Rng, n: usize, out: &mut Vec<u8>| {
+        for _ in 0..n / 8 {
+            out.extend(rng.next_u64().to_le_bytes());
+        }
+    };
+    if format.ggml_type().is_none() {
+        let rows = elems / shape[0].max(1);
+        let mut out = Vec::with_capacity(rows * format.row_bytes(shape[0]).unwrap_or(0));
+        for _ in 0..rows {
+            if format.row_head_bytes() > 0 {
+                out.extend((scale / 127.0).to_le_bytes());
+            }
+            for _ in 0..shape[0] / format.block_elems() {
+                let mut head = 0;
+                if matches!(format, WeightFormat::Int4 { .. }) {
+                    out.extend(half(2.0 * scale / 15.0));
+                    out.extend(half(-scale));
+                    head = 4;
+                }
+                random_fill(rng, format.block_bytes() - head, &mut out);
+            }
+        }
+        return out;
+    }
+    let mut out = Vec::with_capacity(blocks * format.block_bytes());
     for _ in 0..blocks {
         let bits = rng.next_u64().to_le_bytes();
         let more = rng.next_u64().to_le_bytes();
@@ -508,9 +516,12 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
                 out.extend(bits);
                 out.extend(more);
             }
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => {
-                unreachable!("handled above")
-            }
+            WeightFormat::F32
+            | WeightFormat::F16
+            | WeightFormat::BF16
+            | WeightFormat::Int8PerChannel
+            | WeightFormat::W8A8
+            | WeightFormat::Int4 { .. } => unreachable!("handled above"),
         }
     }
     out
@@ -534,8 +545,12 @@ mod tests {
         let m = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 1).unwrap();
         for format in WeightFormat::ALL {
             let mut rng = Rng::new(0);
-            let b = random_bytes(&mut rng, format, "x.weight", &[64, 3]);
-            assert_eq!(b.len() as u64, format.bytes_for(192).unwrap(), "{format}");
+            let b = random_bytes(&mut rng, format, "x.weight", &[128, 3]);
+            assert_eq!(
+                b.len() as u64,
+                format.bytes_for(3, 128).unwrap(),
+                "{format}"
+            );
         }
         assert!(m.tensor_shapes().len() > 10);
     }

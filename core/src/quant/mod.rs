@@ -1,29 +1,56 @@
-//! Weight storage formats and their block layouts.
+//! Weight storage formats and their layouts.
 //!
 //! Each format has exactly one layout, shared bit-for-bit by the CPU backend,
-//! the WGSL shaders and the CUDA kernels, and identical to GGML's so GGUF
-//! tensors are used in place (memory-mapped, never repacked). A weight matrix
-//! of `rows × cols` (`rows` output features, `cols` input features) is stored
-//! row-major; each row is `cols / block_elems` consecutive blocks. All
-//! multi-byte fields are little-endian.
+//! the WGSL shaders and the CUDA kernels. GGML's formats (F32 to Q4_1) are
+//! identical to GGML's, so GGUF tensors are used in place (memory-mapped,
+//! never repacked); the others are Tandem's own and travel in safetensors
+//! files (`model::safetensors`). A weight matrix of `rows × cols` (`rows`
+//! output features, `cols` input features) is stored row-major; each row is
+//! an optional row head followed by `cols / block_elems` consecutive blocks.
+//! All multi-byte fields are little-endian.
 //!
-//! | format | block elems | block bytes | layout of one block                                   | value of element `i`            |
-//! |--------|-------------|-------------|-------------------------------------------------------|---------------------------------|
-//! | F32    | 1           | 4           | `f32`                                                 | as stored                       |
-//! | F16    | 1           | 2           | IEEE half                                             | as stored                       |
-//! | BF16   | 1           | 2           | bfloat16 (upper half of an f32)                       | as stored                       |
-//! | Q8_0   | 32          | 34          | `d: f16`, `qs: [i8; 32]`                              | `d * qs[i]`                     |
-//! | Q4_0   | 32          | 18          | `d: f16`, `qs: [u8; 16]`                              | `d * (nib(i) - 8)`              |
-//! | Q4_1   | 32          | 20          | `d: f16`, `m: f16`, `qs: [u8; 16]`                    | `d * nib(i) + m`                |
+//! | format     | row head    | block elems | block bytes | layout of one block                              | value of element `i`            |
+//! |------------|-------------|-------------|-------------|--------------------------------------------------|---------------------------------|
+//! | F32        | —           | 1           | 4           | `f32`                                            | as stored                       |
+//! | F16        | —           | 1           | 2           | IEEE half                                        | as stored                       |
+//! | BF16       | —           | 1           | 2           | bfloat16 (upper half of an f32)                  | as stored                       |
+//! | Q8_0       | —           | 32          | 34          | `d: f16`, `qs: [i8; 32]`                         | `d * qs[i]`                     |
+//! | Q4_0       | —           | 32          | 18          | `d: f16`, `qs: [u8; 16]`                         | `d * (nib(i) - 8)`              |
+//! | Q4_1       | —           | 32          | 20          | `d: f16`, `m: f16`, `qs: [u8; 16]`               | `d * nib(i) + m`                |
+//! | INT8       | `s: f32`    | 32          | 32          | `qs: [i8; 32]`                                   | `s * qs[i]`                     |
+//! | W8A8       | `s: f32`    | 32          | 32          | `qs: [i8; 32]`                                   | `s * qs[i]`                     |
+//! | INT4_G64   | —           | 64          | 36          | `d: f16`, `m: f16`, `qs: [u8; 32]`               | `d * nib(i) + m`                |
+//! | INT4_G128  | —           | 128         | 68          | `d: f16`, `m: f16`, `qs: [u8; 64]`               | `d * nib(i) + m`                |
 //!
-//! `nib(i)` for the 4-bit formats: elements `0..16` are the low nibbles of
-//! `qs[0..16]`, elements `16..32` the high nibbles of the same bytes. Blocks of
-//! Q8_0 (34 bytes) and Q4_0 (18 bytes) are not 4-byte aligned; GPU kernels read
-//! them from a flat `u32` array with byte-offset arithmetic.
+//! `nib(i)` for the 4-bit formats: a block's quants are consecutive 16-byte
+//! runs, one per 32 elements; in run `k`, elements `32k..32k+16` are the low
+//! nibbles of its 16 bytes and `32k+16..32k+32` the high nibbles. With one run
+//! this is GGML's Q4_0/Q4_1 order, so INT4 with groups of 32 *is* Q4_1
+//! (`WeightFormat::int4(32)` returns `Q4_1`): the generalisation only lets
+//! one `[d, m]` pair cover 64 or 128 elements, and every kernel reads a
+//! group as whole Q4_1-ordered runs of 32.
+//!
+//! INT8 (weight-only, W8A16) and W8A8 share their bytes: each row starts with
+//! its own f32 scale `s` (the per-output-channel scale), then `cols` signed
+//! bytes. They differ in what the matmul does with the activations: INT8
+//! multiplies them as they are; W8A8 (SmoothQuant) first quantizes each
+//! activation row to INT8 with one scale per token ([`quantize_activation_row_i8`])
+//! and multiplies INT8 × INT8 with i32 accumulation, scaling the sum by
+//! `s * token_scale`. `cols` is a multiple of 32 for both, so rows stay
+//! 4-byte aligned and match the activation blocks of the CPU kernels.
+//!
+//! Blocks of Q8_0 (34 bytes) and Q4_0 (18 bytes) are not 4-byte aligned; GPU
+//! kernels read them from a flat `u32` array with byte-offset arithmetic.
+
+mod pack;
 
 use half::{bf16, f16};
 
-/// How a weight tensor is stored. The discriminants are GGML's type ids.
+pub use pack::{pack_int4_groups, pack_int8_per_channel, quantize_activation_row_i8};
+
+use crate::{Error, Result};
+
+/// How a weight tensor is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     F32,
@@ -32,12 +59,61 @@ pub enum WeightFormat {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// INT8 per output channel, weight-only (W8A16).
+    Int8PerChannel,
+    /// INT8 per output channel; the matmul quantizes activations per token
+    /// to INT8 and multiplies in integers (SmoothQuant's W8A8).
+    W8A8,
+    /// INT4 asymmetric groups of 64 or 128 (groups of 32 are [`WeightFormat::Q4_1`]).
+    Int4 {
+        group: Int4Group,
+    },
 }
 
+/// The group sizes of [`WeightFormat::Int4`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Int4Group {
+    G64,
+    G128,
+}
+
+impl Int4Group {
+    pub fn elems(self) -> usize {
+        match self {
+            Int4Group::G64 => 64,
+            Int4Group::G128 => 128,
+        }
+    }
+}
+
+/// GGML's block size: elements per block of Q8_0, Q4_0 and Q4_1, and the
+/// granularity (run of 4-bit quants, activation block) every quantized
+/// format is built from.
 pub const QK: usize = 32;
 
+/// Group sizes [`WeightFormat::int4`] and [`pack_int4_groups`] accept.
+pub const INT4_GROUP_SIZES: [usize; 3] = [32, 64, 128];
+
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 6] = [
+    pub const ALL: [WeightFormat; 10] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Int8PerChannel,
+        WeightFormat::W8A8,
+        WeightFormat::Int4 {
+            group: Int4Group::G64,
+        },
+        WeightFormat::Int4 {
+            group: Int4Group::G128,
+        },
+    ];
+
+    /// The formats a GGUF file can hold.
+    pub const GGML: [WeightFormat; 6] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -46,20 +122,38 @@ impl WeightFormat {
         WeightFormat::Q4_1,
     ];
 
-    /// GGML's type id for this format.
-    pub fn ggml_type(self) -> u32 {
+    /// The INT4 format with groups of `group` elements (32 is Q4_1, whose
+    /// layout is the same), or an error naming the sizes there are.
+    pub fn int4(group: usize) -> Result<Self> {
+        match group {
+            32 => Ok(WeightFormat::Q4_1),
+            64 => Ok(WeightFormat::Int4 {
+                group: Int4Group::G64,
+            }),
+            128 => Ok(WeightFormat::Int4 {
+                group: Int4Group::G128,
+            }),
+            _ => Err(Error::InvalidRequest(format!(
+                "INT4 group size {group} is not supported (one of {INT4_GROUP_SIZES:?})"
+            ))),
+        }
+    }
+
+    /// GGML's type id for this format, `None` for Tandem's own formats.
+    pub fn ggml_type(self) -> Option<u32> {
         match self {
-            WeightFormat::F32 => 0,
-            WeightFormat::F16 => 1,
-            WeightFormat::Q4_0 => 2,
-            WeightFormat::Q4_1 => 3,
-            WeightFormat::Q8_0 => 8,
-            WeightFormat::BF16 => 30,
+            WeightFormat::F32 => Some(0),
+            WeightFormat::F16 => Some(1),
+            WeightFormat::Q4_0 => Some(2),
+            WeightFormat::Q4_1 => Some(3),
+            WeightFormat::Q8_0 => Some(8),
+            WeightFormat::BF16 => Some(30),
+            WeightFormat::Int8PerChannel | WeightFormat::W8A8 | WeightFormat::Int4 { .. } => None,
         }
     }
 
     pub fn from_ggml_type(id: u32) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.ggml_type() == id)
+        Self::GGML.into_iter().find(|f| f.ggml_type() == Some(id))
     }
 
     pub fn name(self) -> &'static str {
@@ -70,14 +164,32 @@ impl WeightFormat {
             WeightFormat::Q8_0 => "Q8_0",
             WeightFormat::Q4_0 => "Q4_0",
             WeightFormat::Q4_1 => "Q4_1",
+            WeightFormat::Int8PerChannel => "INT8",
+            WeightFormat::W8A8 => "W8A8",
+            WeightFormat::Int4 {
+                group: Int4Group::G64,
+            } => "INT4_G64",
+            WeightFormat::Int4 {
+                group: Int4Group::G128,
+            } => "INT4_G128",
         }
     }
 
-    /// Elements per block.
+    /// The format whose [`name`](Self::name) is `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Elements per block: `cols` must be a multiple of it.
     pub fn block_elems(self) -> usize {
         match self {
             WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => 1,
-            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => QK,
+            WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Int8PerChannel
+            | WeightFormat::W8A8 => QK,
+            WeightFormat::Int4 { group } => group.elems(),
         }
     }
 
@@ -89,6 +201,16 @@ impl WeightFormat {
             WeightFormat::Q8_0 => 34,
             WeightFormat::Q4_0 => 18,
             WeightFormat::Q4_1 => 20,
+            WeightFormat::Int8PerChannel | WeightFormat::W8A8 => QK,
+            WeightFormat::Int4 { group } => 4 + group.elems() / 2,
+        }
+    }
+
+    /// Bytes at the start of every row before its blocks (the per-row scale).
+    pub fn row_head_bytes(self) -> usize {
+        match self {
+            WeightFormat::Int8PerChannel | WeightFormat::W8A8 => 4,
+            _ => 0,
         }
     }
 
@@ -96,14 +218,28 @@ impl WeightFormat {
         self.block_elems() > 1
     }
 
-    /// Bytes taken by `elems` elements, or `None` when `elems` is not a whole
-    /// number of blocks or the size overflows.
-    pub fn bytes_for(self, elems: u64) -> Option<u64> {
-        let be = self.block_elems() as u64;
-        if !elems.is_multiple_of(be) {
+    /// Bytes of one row of `cols` elements, or `None` when `cols` is not a
+    /// whole number of blocks or the size overflows.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(self.block_elems()) {
             return None;
         }
-        (elems / be).checked_mul(self.block_bytes() as u64)
+        (cols / self.block_elems())
+            .checked_mul(self.block_bytes())?
+            .checked_add(self.row_head_bytes())
+    }
+
+    /// Bytes taken by a `rows × cols` matrix (a vector is one row), or `None`
+    /// when `cols` is not a whole number of blocks or the size overflows.
+    pub fn bytes_for(self, rows: u64, cols: u64) -> Option<u64> {
+        let be = self.block_elems() as u64;
+        if !cols.is_multiple_of(be) {
+            return None;
+        }
+        (cols / be)
+            .checked_mul(self.block_bytes() as u64)?
+            .checked_add(self.row_head_bytes() as u64)?
+            .checked_mul(rows)
     }
 }
 
@@ -124,7 +260,8 @@ pub struct WeightView<'a> {
 
 impl<'a> WeightView<'a> {
     pub fn row_bytes(&self) -> usize {
-        self.cols / self.format.block_elems() * self.format.block_bytes()
+        self.format.row_head_bytes()
+            + self.cols / self.format.block_elems() * self.format.block_bytes()
     }
 
     pub fn row(&self, r: usize) -> &'a [u8] {
@@ -147,7 +284,19 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// Decodes `out.len()` elements stored in `format` from `src`.
+/// Decodes the 4-bit quants of one block (`out.len()` of them, a multiple of
+/// 32) as `d * nib + m`: Q4_1's order, one 16-byte run per 32 elements.
+fn dequantize_nibbles(qs: &[u8], d: f32, m: f32, out: &mut [f32]) {
+    for (o, run) in out.chunks_mut(QK).zip(qs.chunks_exact(QK / 2)) {
+        for i in 0..QK / 2 {
+            o[i] = d * (run[i] & 0x0f) as f32 + m;
+            o[i + QK / 2] = d * (run[i] >> 4) as f32 + m;
+        }
+    }
+}
+
+/// Decodes the first `out.len()` elements of the row in `src` (for the
+/// per-row formats `src` starts with the row head).
 pub fn dequantize_row(format: WeightFormat, src: &[u8], out: &mut [f32]) {
     match format {
         WeightFormat::F32 => {
@@ -176,29 +325,57 @@ pub fn dequantize_row(format: WeightFormat, src: &[u8], out: &mut [f32]) {
         WeightFormat::Q4_0 => {
             for (o, b) in out.chunks_mut(QK).zip(src.chunks_exact(18)) {
                 let d = f16_at(b, 0);
-                for i in 0..16 {
-                    o[i] = d * ((b[2 + i] & 0x0f) as f32 - 8.0);
-                    o[i + 16] = d * ((b[2 + i] >> 4) as f32 - 8.0);
-                }
+                dequantize_nibbles(&b[2..], d, -8.0 * d, o);
             }
         }
-        WeightFormat::Q4_1 => {
-            for (o, b) in out.chunks_mut(QK).zip(src.chunks_exact(20)) {
-                let d = f16_at(b, 0);
-                let m = f16_at(b, 2);
-                for i in 0..16 {
-                    o[i] = d * (b[4 + i] & 0x0f) as f32 + m;
-                    o[i + 16] = d * (b[4 + i] >> 4) as f32 + m;
-                }
+        WeightFormat::Q4_1 | WeightFormat::Int4 { .. } => {
+            let (elems, bytes) = (format.block_elems(), format.block_bytes());
+            for (o, b) in out.chunks_mut(elems).zip(src.chunks_exact(bytes)) {
+                dequantize_nibbles(&b[4..], f16_at(b, 0), f16_at(b, 2), o);
+            }
+        }
+        WeightFormat::Int8PerChannel | WeightFormat::W8A8 => {
+            let s = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            for (o, &q) in out.iter_mut().zip(&src[4..]) {
+                *o = s * (q as i8) as f32;
             }
         }
     }
 }
 
-/// Encodes `src` (a whole number of blocks) into `format`, round to nearest,
-/// the way GGML's reference quantizers do.
+/// Encodes the 4-bit quants `q` (a multiple of 32, each `0..=15`) in Q4_1's
+/// order, one 16-byte run per 32 elements.
+fn pack_nibbles(q: &[u8], out: &mut Vec<u8>) {
+    for run in q.chunks_exact(QK) {
+        out.extend((0..QK / 2).map(|i| run[i] | (run[i + QK / 2] << 4)));
+    }
+}
+
+/// Encodes one group as `[d, m, nibbles]` with `d = (max - min) / 15`,
+/// round to nearest: Q4_1's reference quantizer for any group size.
+fn quantize_min_max_group(values: &[f32], out: &mut Vec<u8>) {
+    let min = values.iter().copied().fold(f32::INFINITY, f32::min);
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let d = (max - min) / 15.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out.extend(f16::from_f32(d).to_le_bytes());
+    out.extend(f16::from_f32(min).to_le_bytes());
+    let q: Vec<u8> = values
+        .iter()
+        .map(|&v| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8)
+        .collect();
+    pack_nibbles(&q, out);
+}
+
+/// Encodes `src` into `format`, round to nearest, the way GGML's reference
+/// quantizers do. For the block formats `src` is any whole number of blocks
+/// (one row or a whole matrix); for the per-row formats (INT8, W8A8) it is
+/// exactly one row, whose scale is `max|v| / 127` — use [`quantize_matrix`]
+/// for a matrix.
 pub fn quantize_row(format: WeightFormat, src: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(src.len() / format.block_elems() * format.block_bytes());
+    let mut out = Vec::with_capacity(
+        format.row_head_bytes() + src.len() / format.block_elems() * format.block_bytes(),
+    );
     match format {
         WeightFormat::F32 => src.iter().for_each(|v| out.extend(v.to_le_bytes())),
         WeightFormat::F16 => src
@@ -225,24 +402,34 @@ pub fn quantize_row(format: WeightFormat, src: &[f32]) -> Vec<u8> {
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend(f16::from_f32(d).to_le_bytes());
-                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
-                out.extend((0..16).map(|i| q(blk[i]) | (q(blk[i + 16]) << 4)));
+                let q: Vec<u8> = blk
+                    .iter()
+                    .map(|&v| ((v * id + 8.5) as i32).clamp(0, 15) as u8)
+                    .collect();
+                pack_nibbles(&q, &mut out);
             }
         }
-        WeightFormat::Q4_1 => {
-            for blk in src.chunks(QK) {
-                let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
-                let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let d = (max - min) / 15.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                out.extend(f16::from_f32(d).to_le_bytes());
-                out.extend(f16::from_f32(min).to_le_bytes());
-                let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
-                out.extend((0..16).map(|i| q(blk[i]) | (q(blk[i + 16]) << 4)));
+        WeightFormat::Q4_1 | WeightFormat::Int4 { .. } => {
+            for group in src.chunks(format.block_elems()) {
+                quantize_min_max_group(group, &mut out);
             }
+        }
+        WeightFormat::Int8PerChannel | WeightFormat::W8A8 => {
+            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let s = amax / 127.0;
+            let id = if s != 0.0 { 1.0 / s } else { 0.0 };
+            out.extend(s.to_le_bytes());
+            out.extend(src.iter().map(|v| (v * id).round() as i8 as u8));
         }
     }
     out
+}
+
+/// Encodes a row-major matrix of rows of `cols` values, row by row.
+pub fn quantize_matrix(format: WeightFormat, cols: usize, src: &[f32]) -> Vec<u8> {
+    src.chunks(cols.max(1))
+        .flat_map(|row| quantize_row(format, row))
+        .collect()
 }
 
 #[cfg(test)]
@@ -251,29 +438,88 @@ mod tests {
 
     #[test]
     fn round_trip_error_is_bounded_by_the_step() {
-        let src: Vec<f32> = (0..96)
+        let src: Vec<f32> = (0..256)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
+        let range = src.iter().fold(0f32, |a, v| a.max(v.abs())) * 2.0;
         for format in WeightFormat::ALL {
             let bytes = quantize_row(format, &src);
-            assert_eq!(bytes.len() as u64, format.bytes_for(96).unwrap());
-            let mut back = vec![0.0; 96];
+            assert_eq!(bytes.len() as u64, format.bytes_for(1, 256).unwrap());
+            let mut back = vec![0.0; 256];
             dequantize_row(format, &bytes, &mut back);
-            for (blk, bblk) in src.chunks(32).zip(back.chunks(32)) {
-                let range = blk.iter().fold(0f32, |a, v| a.max(v.abs())) * 2.0;
+            // Every block's range is at most the whole row's.
+            let max_err = match format {
                 // Q4_0 maps the block's largest magnitude to -8 exactly, so the
                 // opposite extreme can be clamped at +7: a whole step of error.
-                let max_err = match format {
-                    WeightFormat::Q4_0 => range / 16.0,
-                    WeightFormat::Q4_1 => range / 15.0 * 0.51,
-                    WeightFormat::Q8_0 => range / 254.0 * 0.51,
-                    WeightFormat::F16 | WeightFormat::BF16 => range / 256.0 * 0.51,
-                    WeightFormat::F32 => 0.0,
-                };
-                for (a, b) in blk.iter().zip(bblk) {
-                    assert!((a - b).abs() <= max_err + 1e-3, "{format}: {a} vs {b}");
+                WeightFormat::Q4_0 => range / 16.0,
+                WeightFormat::Q4_1 | WeightFormat::Int4 { .. } => range / 15.0 * 0.51,
+                WeightFormat::Q8_0 | WeightFormat::Int8PerChannel | WeightFormat::W8A8 => {
+                    range / 254.0 * 0.51
                 }
+                WeightFormat::F16 | WeightFormat::BF16 => range / 256.0 * 0.51,
+                WeightFormat::F32 => 0.0,
+            };
+            for (a, b) in src.iter().zip(&back) {
+                assert!((a - b).abs() <= max_err + 1e-3, "{format}: {a} vs {b}");
             }
         }
+    }
+
+    #[test]
+    fn int4_with_groups_of_32_is_q4_1() {
+        let src: Vec<f32> = (0..128)
+            .map(|i| ((i * 13 % 29) as f32 - 9.0) / 3.0)
+            .collect();
+        let q4_1 = WeightFormat::int4(32).unwrap();
+        assert_eq!(q4_1, WeightFormat::Q4_1);
+        // One group of 64 decodes like two Q4_1 blocks sharing their `[d, m]`.
+        let g64 = WeightFormat::int4(64).unwrap();
+        let bytes = quantize_row(g64, &src);
+        let mut as_g64 = vec![0.0; 128];
+        dequantize_row(g64, &bytes, &mut as_g64);
+        let mut as_q4_1 = vec![0.0; 128];
+        for (group, out) in bytes.chunks(36).zip(as_q4_1.chunks_mut(64)) {
+            let (head, runs) = group.split_at(4);
+            let blocks: Vec<u8> = runs.chunks(16).flat_map(|r| [head, r].concat()).collect();
+            dequantize_row(WeightFormat::Q4_1, &blocks, out);
+        }
+        assert_eq!(as_g64, as_q4_1);
+        for bad in [0, 16, 48, 256] {
+            assert!(WeightFormat::int4(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_count_the_row_head() {
+        let int8 = WeightFormat::Int8PerChannel;
+        assert_eq!(int8.row_bytes(64), Some(68));
+        assert_eq!(int8.bytes_for(3, 64), Some(204));
+        assert_eq!(int8.row_bytes(48), None);
+        let g128 = WeightFormat::int4(128).unwrap();
+        assert_eq!(g128.row_bytes(256), Some(136));
+        assert_eq!(g128.bytes_for(5, 192), None);
+        assert_eq!(WeightFormat::Q8_0.bytes_for(2, 64), Some(136));
+        assert_eq!(WeightFormat::F32.bytes_for(u64::MAX, 2), None);
+        for format in WeightFormat::ALL {
+            assert_eq!(WeightFormat::from_name(format.name()), Some(format));
+        }
+        assert_eq!(
+            WeightFormat::GGML.map(|f| f.ggml_type().is_some()),
+            [true; 6]
+        );
+    }
+
+    #[test]
+    fn quantize_matrix_scales_each_row() {
+        let src: Vec<f32> = (0..96).map(|i| if i < 32 { 0.01 } else { 100.0 }).collect();
+        let bytes = quantize_matrix(WeightFormat::Int8PerChannel, 32, &src);
+        let view = WeightView {
+            format: WeightFormat::Int8PerChannel,
+            rows: 3,
+            cols: 32,
+            data: &bytes,
+        };
+        assert_eq!(view.to_f32()[0], 0.01);
+        assert_eq!(view.to_f32()[95], 100.0);
     }
 }

@@ -119,31 +119,54 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place) given the
     /// tokens so far.
+    /// Draws the next token from `logits` given the tokens so far.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let dist = self.distribution(logits, history);
+        self.draw(&dist)
+    }
+
+    /// The distribution this sampler draws from after penalties, truncation
+    /// and temperature: `(token, probability)`, most likely first, summing
+    /// to 1. Greedy parameters give the argmax with probability 1.
+    /// Speculative decoding compares these distributions to accept drafts.
+    pub fn distribution(&self, logits: &mut [f32], history: &[u32]) -> Vec<(u32, f64)> {
         let p = &self.params;
         if p.repeat_penalty != 1.0 {
             apply_repeat_penalty(logits, history, p.repeat_penalty, p.repeat_last_n);
         }
         if p.temperature <= 0.0 {
-            return argmax(logits);
+            return vec![(argmax(logits), 1.0)];
         }
         let mut cands = candidates(logits, p.top_k);
         keep_top_p(&mut cands, p.top_p);
         keep_min_p(&mut cands, p.min_p);
         let probs = softmax(&cands, p.temperature);
+        cands.iter().map(|c| c.0).zip(probs).collect()
+    }
+
+    /// Draws one token from `dist` (as returned by [`Sampler::distribution`]).
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        if self.params.temperature <= 0.0 {
+            return dist.first().map_or(0, |c| c.0);
+        }
         let r = self.rng.next_f64();
         let mut acc = 0.0;
-        for (&(id, _), pr) in cands.iter().zip(&probs) {
+        for &(id, pr) in dist {
             acc += pr;
             if r < acc {
                 return id;
             }
         }
-        cands.last().map_or(0, |c| c.0)
+        dist.last().map_or(0, |c| c.0)
+    }
+
+    /// A uniform draw in `[0, 1)` from this sampler's stream (the acceptance
+    /// test of speculative sampling).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 }
 
-/// Index of the largest logit, the lowest index among ties (as the backends' argmax).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in logits.iter().enumerate() {

@@ -75,6 +75,10 @@ pub struct SchedSeq<T> {
     status: SeqStatus,
     /// Whether it was admitted before (a resumed preemption is not a new prompt for the statistics).
     admitted_before: bool,
+    /// Trailing tokens that are speculative drafts, not yet accepted: they
+    /// are computed like any token but never enter the prefix cache, are
+    /// dropped on preemption, and are settled by [`Scheduler::settle_drafts`].
+    num_drafts: usize,
     pub data: T,
 }
 
@@ -89,6 +93,21 @@ impl<T> SchedSeq<T> {
 
     pub fn status(&self) -> SeqStatus {
         self.status
+    }
+
+    pub fn num_drafts(&self) -> usize {
+        self.num_drafts
+    }
+
+    /// The tokens without the trailing drafts.
+    pub fn accepted_tokens(&self) -> &[u32] {
+        &self.tokens[..self.tokens.len() - self.num_drafts]
+    }
+
+    /// Whether the next step computes exactly the last accepted token (drafts aside).
+    pub fn is_decoding(&self) -> bool {
+        self.status == SeqStatus::Running
+            && self.tokens.len() - self.num_drafts == self.num_computed + 1
     }
 
     fn queue_key(&self, id: SeqId) -> QueueKey {
@@ -225,6 +244,7 @@ impl<T> Scheduler<T> {
             arrival,
             status: SeqStatus::Waiting,
             admitted_before: false,
+            num_drafts: 0,
             data,
         };
         self.waiting.insert(s.queue_key(seq));
@@ -245,12 +265,13 @@ impl<T> Scheduler<T> {
             .get(&parent)
             .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {parent}")))?;
         let s = SchedSeq {
-            tokens: p.tokens.clone(),
-            num_computed: p.num_computed,
+            tokens: p.accepted_tokens().to_vec(),
+            num_computed: p.num_computed.min(p.tokens.len() - p.num_drafts),
             priority: p.priority,
             arrival: p.arrival,
             status: p.status,
             admitted_before: true,
+            num_drafts: 0,
             data,
         };
         match s.status {
@@ -319,6 +340,52 @@ impl<T> Scheduler<T> {
         Ok(())
     }
 
+    /// Appends speculative `drafts` to a decoding sequence (see [`SchedSeq::num_drafts`]).
+    pub fn push_drafts(&mut self, seq: SeqId, drafts: &[u32]) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        if !s.is_decoding() || s.num_drafts != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {seq} is not waiting for its next token"
+            )));
+        }
+        s.tokens.extend_from_slice(drafts);
+        s.num_drafts = drafts.len();
+        Ok(())
+    }
+
+    /// Replaces the drafts of `seq` by its verified continuation: the first
+    /// `n_accepted` drafts stay (their K/V computed), the rest are dropped,
+    /// then `tokens` (the accepted drafts' successors decided by the
+    /// verifier, possibly cut short by a stop condition) are the sequence's
+    /// new tail. Its KV is truncated to what is still valid and newly full
+    /// blocks enter the prefix cache.
+    pub fn settle_drafts(
+        &mut self,
+        seq: SeqId,
+        n_accepted: usize,
+        kv: &mut KvCacheManager,
+    ) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        if n_accepted > s.num_drafts {
+            return Err(Error::InvalidRequest(format!(
+                "sequence {seq} has {} drafts, not {n_accepted}",
+                s.num_drafts
+            )));
+        }
+        let keep = s.tokens.len() - s.num_drafts + n_accepted;
+        s.tokens.truncate(keep);
+        s.num_drafts = 0;
+        s.num_computed = s.num_computed.min(keep);
+        kv.truncate(seq, s.num_computed)?;
+        kv.commit_full_blocks(seq, &s.tokens[..s.num_computed])
+    }
+
     /// Plans the next step: reserves KV slots for every chunk, preempting
     /// and admitting as described in the module documentation.
     pub fn schedule(&mut self, kv: &mut KvCacheManager) -> Result<Schedule> {
@@ -332,7 +399,7 @@ impl<T> Scheduler<T> {
             .iter()
             .map(|&(p, arrival, id)| {
                 let s = &self.seqs[&id];
-                let class = if s.tokens.len() - s.num_computed == 1 {
+                let class = if s.tokens.len() - s.num_drafts - s.num_computed == 1 {
                     DECODE
                 } else {
                     PREFILL
@@ -364,6 +431,13 @@ impl<T> Scheduler<T> {
                 if s.status != SeqStatus::Running || n == 0 {
                     continue; // preempted earlier in this pass, or nothing to compute
                 }
+                // Drafts are a bet: they never cost another sequence its place.
+                let accepted_n = (s.tokens.len() - s.num_drafts - s.num_computed).min(n);
+                let n = if kv.blocks_needed(id, n)? <= kv.num_free_blocks() {
+                    n
+                } else {
+                    accepted_n
+                };
                 loop {
                     if kv.blocks_needed(id, n)? <= kv.num_free_blocks() {
                         victims.remove(&victim_key);
@@ -446,6 +520,9 @@ impl<T> Scheduler<T> {
         self.waiting.insert(key);
         s.status = SeqStatus::Waiting;
         s.num_computed = 0;
+        let accepted = s.tokens.len() - s.num_drafts;
+        s.tokens.truncate(accepted);
+        s.num_drafts = 0;
         kv.free(seq);
         self.stats.preemptions += 1;
         out.preempted.push(seq);
@@ -460,7 +537,8 @@ impl<T> Scheduler<T> {
                 .get_mut(&c.seq)
                 .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {}", c.seq)))?;
             s.num_computed = c.start + c.len;
-            kv.commit_full_blocks(c.seq, &s.tokens[..s.num_computed])?;
+            let accepted = s.num_computed.min(s.tokens.len() - s.num_drafts);
+            kv.commit_full_blocks(c.seq, &s.tokens[..accepted])?;
         }
         Ok(())
     }

@@ -151,6 +151,11 @@ impl Tokenizer {
         &self.eos
     }
 
+    /// Whether prompts start with the BOS token.
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
+
     pub fn bos_token(&self) -> Option<u32> {
         self.bos
     }

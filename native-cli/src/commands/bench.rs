@@ -12,6 +12,7 @@ use tandem_core::quant::WeightFormat;
 use tandem_core::sched::{Rng, SamplingParams};
 use tandem_core::Backend;
 
+use super::speculate::SpeculationArgs;
 use super::{build_engine, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
@@ -37,7 +38,28 @@ pub struct BenchArgs {
     /// Storage format of the random weights' matrices.
     #[arg(long, value_enum, default_value = "q4_1", requires = "random_weights")]
     pub weight_format: RandomWeightFormat,
+    /// With `--speculate`/`--cascade`: also decode these prompts with and without
+    /// speculation and compare (greedy; the outputs must be identical).
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
+    /// Tokens generated per prompt in the speculation comparison.
+    #[arg(long, default_value_t = 128)]
+    pub spec_tokens: usize,
 }
+
+/// Prompts of the speculation comparison: repetitive ones (where n-gram
+/// drafting shines) and free prose.
+const SPEC_PROMPTS: [(&str, &str); 3] = [
+    (
+        "code",
+        "Here is a Python class:\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __add__(self, other):\n        return Point(self.x + other.x, self.y + other.y)\n\nRewrite it with a third coordinate z, keeping the same style.",
+    ),
+    (
+        "list",
+        "Write the days of the week, then the same list again in reverse order, one per line.",
+    ),
+    ("prose", "Tell me a short story about a lighthouse keeper."),
+];
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum RandomWeightFormat {
@@ -107,8 +129,15 @@ impl WithBackend for BenchArgs {
             Some(shape) => SyntheticModel::preset(shape, self.weight_format.into(), 0)?.files()?,
             None => self.model.load_files()?,
         };
-        let ctx = (self.prompt_tokens.max(self.gen_tokens) + 2).min(files.config.max_context);
-        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        // The speculation prompts are chat-templated and under 256 tokens.
+        let spec_ctx = if self.speculation.is_on() {
+            256 + self.spec_tokens
+        } else {
+            0
+        };
+        let ctx = (self.prompt_tokens.max(self.gen_tokens).max(spec_ctx) + 2)
+            .min(files.config.max_context);
+        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
         let info = engine.backend().info();
         let vocab = files.config.vocab_size;
         let mut rng = Rng::new(42);
@@ -154,12 +183,19 @@ impl WithBackend for BenchArgs {
                 "decode_tokens_per_s": tg,
                 "decode_tokens_per_s_sd": tg_sd,
                 "weight_bytes": weight_bytes,
+                "kv_dtype": self.model.kv_dtype.name(),
+                "kv_bytes_per_token": engine.kv_bytes_per_token(),
                 "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
             });
             println!("{obj}");
         } else {
             println!("model:   {}", files.path.display());
             println!("backend: {} ({})", info.name, info.device);
+            println!(
+                "KV:      {}, {} bytes per token",
+                self.model.kv_dtype,
+                engine.kv_bytes_per_token()
+            );
             println!(
                 "pp{:<5} {:10.1} ± {:.1} tokens/s",
                 self.prompt_tokens, pp, pp_sd
@@ -171,6 +207,78 @@ impl WithBackend for BenchArgs {
                 tg_sd,
                 tg * weight_bytes as f64 / 1e9
             );
+        }
+        if self.speculation.is_on() {
+            self.compare_speculation(&mut engine, &files)?;
+        }
+        Ok(())
+    }
+}
+
+impl BenchArgs {
+    /// Decodes each of [`SPEC_PROMPTS`] without and with speculation in the
+    /// same process and prints tokens/s, the speedup and the speculation stats.
+    fn compare_speculation<B: Backend>(
+        &self,
+        engine: &mut Engine<B>,
+        files: &tandem_core::model::ModelFiles,
+    ) -> Result<()> {
+        self.speculation.attach(engine, files)?;
+        let tokenizer = &files.tokenizer;
+        for (name, text) in SPEC_PROMPTS {
+            let msg = tandem_core::tokenizer::ChatMessage {
+                role: "user".into(),
+                content: text.into(),
+            };
+            let rendered = tokenizer
+                .apply_chat_template(&[msg], true)
+                .unwrap_or_else(|_| text.to_string());
+            let prompt = tokenizer.encode(&rendered, true)?;
+            let mut rates = [0.0; 2];
+            let mut outputs = [Vec::new(), Vec::new()];
+            let before = engine.stats().speculation;
+            for (i, on) in [false, true].into_iter().enumerate() {
+                engine.enable_speculation(on);
+                engine.clear_prefix_cache();
+                let seq = engine.add_request(
+                    prompt.clone(),
+                    SamplingParams::default(),
+                    self.spec_tokens,
+                    Vec::new(),
+                )?;
+                // Prefill first, so the rate is decode only.
+                engine.step()?;
+                let t = Instant::now();
+                while !engine.is_finished(seq) {
+                    engine.step()?;
+                }
+                let secs = t.elapsed().as_secs_f64();
+                let tokens = engine.tokens(seq).unwrap_or_default()[prompt.len()..].to_vec();
+                rates[i] = (tokens.len() - 1) as f64 / secs;
+                outputs[i] = tokens;
+                engine.remove(seq);
+            }
+            let after = engine.stats().speculation;
+            let proposed = after.proposed_tokens - before.proposed_tokens;
+            let accepted = after.accepted_tokens - before.accepted_tokens;
+            let verified = after.verified_sequences - before.verified_sequences;
+            let emitted = after.emitted_tokens - before.emitted_tokens;
+            let draft_s = after.draft_seconds - before.draft_seconds;
+            let verify_s = after.verify_seconds - before.verify_seconds;
+            println!(
+                "spec {name:<6} plain {:7.1} tokens/s | speculative {:7.1} tokens/s | {:.2}x | acceptance {:5.1}% | mean k {:.2} | accepted length {:.2} | draft time {:4.1}% | same output: {}",
+                rates[0],
+                rates[1],
+                rates[1] / rates[0],
+                100.0 * accepted as f64 / proposed.max(1) as f64,
+                proposed as f64 / verified.max(1) as f64,
+                emitted as f64 / verified.max(1) as f64,
+                100.0 * draft_s / (draft_s + verify_s).max(1e-12),
+                if outputs[0] == outputs[1] { "yes" } else { "NO" },
+            );
+            if outputs[0] != outputs[1] {
+                anyhow::bail!("speculative greedy output differs from plain decoding on `{name}`");
+            }
         }
         Ok(())
     }

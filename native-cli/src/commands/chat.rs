@@ -9,6 +9,7 @@ use clap::Args;
 use tandem_core::tokenizer::ChatMessage;
 use tandem_core::Backend;
 
+use super::speculate::SpeculationArgs;
 use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
@@ -18,6 +19,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     /// Most tokens per reply.
     #[arg(long, short = 'n', default_value_t = 512)]
     pub max_tokens: usize,
@@ -37,7 +40,8 @@ impl WithBackend for ChatArgs {
         let files = self.model.load_files()?;
         let ctx = context_length(&self.model, &files);
         let tokenizer = &files.tokenizer;
-        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
+        self.speculation.attach(&mut engine, &files)?;
         let mut messages: Vec<ChatMessage> = self
             .system
             .iter()
@@ -88,6 +92,9 @@ impl WithBackend for ChatArgs {
             let (reply, stats) = stream_turn(&mut engine, tokenizer, id, new_tokens, &mut stdout)?;
             writeln!(stdout)?;
             eprintln!("[{}]", stats.report());
+            if engine.speculation().is_some() {
+                eprintln!("[{}]", engine.stats().speculation.summary());
+            }
             let content = tokenizer.decode(
                 &reply
                     .iter()

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 use clap::Args;
+use tandem_core::backend::KvDtype;
 
 use super::ModelArgs;
 use crate::backend_select::BackendChoice;
@@ -18,6 +19,9 @@ pub struct InspectArgs {
     /// List the compute devices each backend finds, instead of a model.
     #[arg(long)]
     pub devices: bool,
+    /// KV cache element type whose size per token to report.
+    #[arg(long, default_value = "f32", value_parser = super::parse_kv_dtype)]
+    pub kv_dtype: KvDtype,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -30,6 +34,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         backend: BackendChoice::Cpu,
         threads: 0,
         ctx: None,
+        kv_dtype: args.kv_dtype,
     };
     let files = model_args.load_files()?;
     let c = &files.config;
@@ -58,8 +63,18 @@ pub fn run(args: InspectArgs) -> Result<()> {
     if let Some(w) = c.sliding_window {
         println!("sliding window: {w}");
     }
-    let kv_bytes = c.num_layers * 2 * c.kv_dim() * 4;
-    println!("KV per token:   {kv_bytes} bytes (f32)");
+    let kv_bytes = |dtype: KvDtype| c.num_layers * 2 * dtype.row_bytes(c.num_kv_heads, c.head_dim);
+    println!(
+        "KV per token:   {} bytes ({})",
+        kv_bytes(args.kv_dtype),
+        args.kv_dtype
+    );
+    let others: Vec<String> = KvDtype::ALL
+        .into_iter()
+        .filter(|&d| d != args.kv_dtype)
+        .map(|d| format!("{d} {}", kv_bytes(d)))
+        .collect();
+    println!("                (other KV dtypes: {})", others.join(", "));
 
     let mut by_format: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for t in files.tensors.tensors() {
@@ -89,6 +104,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
             );
         }
     }
+    print_layer_formats(&files);
     println!("tokenizer:      {}", files.tokenizer.describe());
     match files.tokenizer.chat_template() {
         Some(t) => println!("chat template:\n{t}"),
@@ -101,6 +117,56 @@ pub fn run(args: InspectArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The storage format of each layer's linears, consecutive layers alike on
+/// one line: the per-layer plan of a quantized model.
+fn print_layer_formats(files: &tandem_core::model::ModelFiles) {
+    const LINEARS: [&str; 7] = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let describe = |layer: usize| -> String {
+        let formats: Vec<&str> = LINEARS
+            .iter()
+            .map(|s| {
+                let name = format!("blk.{layer}.{s}.weight");
+                files.tensors.info(&name).map_or("-", |t| t.format.name())
+            })
+            .collect();
+        if formats.iter().all(|f| *f == formats[0]) {
+            formats[0].to_string()
+        } else {
+            let parts: Vec<String> = LINEARS
+                .iter()
+                .zip(&formats)
+                .map(|(s, f)| format!("{s} {f}"))
+                .collect();
+            parts.join(", ")
+        }
+    };
+    println!("layer formats:");
+    let layers = files.config.num_layers;
+    let mut start = 0;
+    while start < layers {
+        let d = describe(start);
+        let mut end = start;
+        while end + 1 < layers && describe(end + 1) == d {
+            end += 1;
+        }
+        let range = if end > start {
+            format!("{start}-{end}")
+        } else {
+            start.to_string()
+        };
+        println!("  {range:>7}  {d}");
+        start = end + 1;
+    }
 }
 
 fn print_devices() {

@@ -5,14 +5,17 @@ pub mod bench;
 pub mod chat;
 pub mod inspect;
 pub mod perplexity;
+pub mod quantize;
 pub mod run;
 pub mod serve;
+pub mod speculate;
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::kv::SeqId;
 use tandem_core::model::ModelFiles;
@@ -37,6 +40,17 @@ pub struct ModelArgs {
     /// Context length (tokens per sequence); defaults to the model's, at most 4096.
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Element type of the KV cache: f32, f16, int8 or int4 (quantized per
+    /// token, head and group of 32 with a scale and zero point).
+    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
+    pub kv_dtype: KvDtype,
+}
+
+pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
+    text.parse().map_err(|e: tandem_core::Error| match e {
+        tandem_core::Error::InvalidRequest(reason) => reason,
+        other => other.to_string(),
+    })
 }
 
 impl ModelArgs {
@@ -90,9 +104,11 @@ pub fn build_engine<B: Backend>(
     files: &ModelFiles,
     ctx: usize,
     sequences: usize,
+    kv_dtype: KvDtype,
 ) -> Result<Engine<B>> {
     let config = EngineConfig {
         max_context: Some(ctx),
+        kv_dtype,
         ..EngineConfig::default()
     }
     .with_capacity_tokens(ctx * sequences);

@@ -93,7 +93,7 @@ impl WithBackend for PerplexityArgs {
         if self.chunks > 0 {
             windows = windows.min(self.chunks);
         }
-        let mut engine = build_engine(backend, &files, n + 1, 1)?;
+        let mut engine = build_engine(backend, &files, n + 1, 1, self.model.kv_dtype)?;
         let vocab = files.config.vocab_size;
         let bos = files
             .tokenizer

@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::Backend;
 
+use super::speculate::SpeculationArgs;
 use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
@@ -13,6 +14,8 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     /// Most tokens to generate.
     #[arg(long, short = 'n', default_value_t = 128)]
     pub max_tokens: usize,
@@ -43,7 +46,8 @@ impl WithBackend for RunArgs {
             self.prompt.clone()
         };
         let prompt = tokenizer.encode(&text, true)?;
-        let mut engine = build_engine(backend, &files, ctx, 1)?;
+        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
+        self.speculation.attach(&mut engine, &files)?;
         let info = engine.backend().info();
         eprintln!("backend: {} ({})", info.name, info.device);
         let seq = engine.add_request(
@@ -56,6 +60,9 @@ impl WithBackend for RunArgs {
         let (_, stats) = stream_turn(&mut engine, tokenizer, seq, prompt.len(), &mut stdout)?;
         println!();
         eprintln!("{}", stats.report());
+        if engine.speculation().is_some() {
+            eprintln!("{}", engine.stats().speculation.summary());
+        }
         Ok(())
     }
 }

@@ -5,12 +5,14 @@ use std::net::SocketAddr;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_core::Backend;
 use tandem_server::bench::{self, Batching, RunReport};
 use tandem_server::{spawn_engine, ServerConfig};
 
+use super::speculate::SpeculationArgs;
 use super::{context_length, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 use crate::progress::LoadProgress;
@@ -36,11 +38,11 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn config(&self, files: &ModelFiles, ctx: usize) -> Result<EngineConfig> {
+    fn config(&self, files: &ModelFiles, ctx: usize, kv_dtype: KvDtype) -> Result<EngineConfig> {
         let base = EngineConfig::default();
         let c = &files.config;
         let bytes_per_block =
-            c.num_layers * 2 * c.kv_dim() * base.kv_dtype.bytes_per_elem() * base.block_size;
+            c.num_layers * 2 * kv_dtype.row_bytes(c.num_kv_heads, c.head_dim) * base.block_size;
         let num_blocks = match self.kv_blocks {
             Some(n) => n,
             None => parse_bytes(&self.kv_memory)? / bytes_per_block.max(1),
@@ -54,6 +56,7 @@ impl EngineArgs {
             max_context: Some(ctx),
             max_running: self.max_running,
             max_waiting: self.max_queue,
+            kv_dtype,
             ..base
         })
     }
@@ -87,6 +90,8 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8080)]
@@ -106,6 +111,7 @@ pub struct ServeArgs {
 struct EngineThread {
     files: ModelFiles,
     config: EngineConfig,
+    speculation: SpeculationArgs,
     inbox: tandem_server::EngineInbox,
 }
 
@@ -113,10 +119,11 @@ impl WithBackend for EngineThread {
     type Output = ();
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let mut progress = LoadProgress::new(self.files.path.display().to_string());
-        let engine = Engine::new(backend, &self.files, self.config, &mut |d, t| {
+        let mut engine = Engine::new(backend, &self.files, self.config, &mut |d, t| {
             progress.update(d, t)
         })
         .with_context(|| format!("loading {}", self.files.path.display()))?;
+        self.speculation.attach(&mut engine, &self.files)?;
         let ModelFiles { tokenizer, .. } = self.files;
         self.inbox.run(engine, tokenizer)
     }
@@ -125,7 +132,7 @@ impl WithBackend for EngineThread {
 pub fn run(args: ServeArgs) -> Result<()> {
     let files = args.model.load_files()?;
     let ctx = context_length(&args.model, &files);
-    let config = args.engine.config(&files, ctx)?;
+    let config = args.engine.config(&files, ctx, args.model.kv_dtype)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
         files
             .path
@@ -137,6 +144,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("'{}:{}' is not an address", args.host, args.port))?;
     let (choice, threads) = (args.model.backend, args.model.threads);
     let blocks = config.num_blocks;
+    let speculation = args.speculation.clone();
     let engine = spawn_engine(move |inbox| {
         dispatch(
             choice,
@@ -144,6 +152,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             EngineThread {
                 files,
                 config,
+                speculation,
                 inbox,
             },
         )
@@ -197,7 +206,7 @@ impl WithBackend for BenchServeArgs {
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let files = self.model.load_files()?;
         let ctx = context_length(&self.model, &files);
-        let config = self.engine.config(&files, ctx)?;
+        let config = self.engine.config(&files, ctx, self.model.kv_dtype)?;
         let info = backend.info();
         let mut engine = Engine::new(backend, &files, config, &mut |_, _| {})?;
         let vocab = files.config.vocab_size;
@@ -205,14 +214,16 @@ impl WithBackend for BenchServeArgs {
         let shared =
             bench::shared_prefix_workload(vocab, self.requests, self.system_tokens, self.seed);
         println!(
-            "{} on {} ({}), {} requests, max {} running, {} batch tokens, {} KV blocks",
+            "{} on {} ({}), {} requests, max {} running, {} batch tokens, {} KV blocks ({}, {} bytes per token)",
             files.path.display(),
             info.name,
             info.device,
             self.requests,
             self.engine.max_running,
             self.engine.max_batch_tokens,
-            engine.kv_manager().num_blocks()
+            engine.kv_manager().num_blocks(),
+            self.model.kv_dtype,
+            engine.kv_bytes_per_token()
         );
         let line = |name: &str, r: &RunReport| {
             println!(

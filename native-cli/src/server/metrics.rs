@@ -206,6 +206,37 @@ impl Metrics {
             "Sequences preempted (by recompute) for KV blocks.",
             e.preemptions.to_string(),
         );
+        let spec = &e.speculation;
+        metric(
+            "tandem_spec_draft_tokens_total",
+            "counter",
+            "Speculative draft tokens verified.",
+            spec.proposed_tokens.to_string(),
+        );
+        metric(
+            "tandem_spec_accepted_tokens_total",
+            "counter",
+            "Speculative draft tokens accepted.",
+            spec.accepted_tokens.to_string(),
+        );
+        metric(
+            "tandem_spec_acceptance_rate",
+            "gauge",
+            "Share of verified draft tokens accepted.",
+            spec.acceptance_rate().to_string(),
+        );
+        metric(
+            "tandem_spec_mean_accepted_length",
+            "gauge",
+            "Tokens a sequence gains per verification step.",
+            spec.mean_accepted_length().to_string(),
+        );
+        metric(
+            "tandem_spec_draft_time_share",
+            "gauge",
+            "Share of speculation time spent drafting (the rest verifies).",
+            spec.draft_time_share().to_string(),
+        );
         let _ = writeln!(out, "# HELP tandem_requests_total Finished HTTP generation requests by outcome.\n# TYPE tandem_requests_total counter");
         for (outcome, n) in ["completed", "cancelled", "rejected"].iter().zip(requests) {
             let _ = writeln!(out, "tandem_requests_total{{outcome=\"{outcome}\"}} {n}");

@@ -1,0 +1,484 @@
+//! A draft model: a smaller model with the target's tokenizer (or the
+//! target itself with fewer layers: self-speculation) that proposes k tokens
+//! per sequence by decoding them autoregressively in its own paged KV cache.
+//!
+//! Drafting is batched over all sequences of a step, one forward pass per
+//! drafted token. Each sequence's draft cache follows the target: before
+//! drafting, it is cut back to the longest prefix it shares with the
+//! target's accepted tokens (rejected drafts rolled back) and the missing
+//! tokens are fed. With a cascade, an n-gram proposer drafts for the draft
+//! model, which verifies those proposals with the same exact rule as the
+//! target does, so one draft forward pass can yield several tokens.
+
+use std::collections::HashMap;
+
+use super::verify::{verify, Distribution};
+use super::{Draft, DraftRequest, NgramProposer, Proposer};
+use crate::backend::{Backend, KvCacheLayout, KvDtype};
+use crate::kv::{KvCacheManager, SeqId};
+use crate::model::forward::{ForwardBatch, Model};
+use crate::model::ModelFiles;
+use crate::sched::{Sampler, SamplingParams};
+use crate::{Error, Result};
+
+/// Keeps the draft's sampling stream apart from the target's.
+const DRAFT_SEED_SALT: u64 = 0x5eed_d7af;
+/// A draft cache lagging further behind its sequence than this (after
+/// speculation paused) restarts on the last `CATCH_UP_WINDOW` tokens
+/// instead of feeding the whole gap: otherwise every occasional probe
+/// would pay for all the tokens decoded since the last one.
+const MAX_CATCH_UP: usize = 64;
+const CATCH_UP_WINDOW: usize = 16;
+
+/// How a draft model's KV pool is sized and what drafts for it.
+#[derive(Clone, Debug)]
+pub struct DraftModelConfig {
+    pub block_size: usize,
+    /// Tokens the draft's KV pool holds over all sequences.
+    pub capacity_tokens: usize,
+    pub kv_dtype: KvDtype,
+    /// Most tokens one draft forward pass feeds (long contexts are fed in chunks).
+    pub max_batch_tokens: usize,
+    /// An n-gram proposer drafting for the draft model (a two-level cascade).
+    pub cascade: Option<NgramProposer>,
+}
+
+struct DraftSequence {
+    /// Where the draft's view of the sequence starts (0 unless it restarted
+    /// on a window); its position 0 is the sequence's position `offset`.
+    offset: usize,
+    /// Tokens from `offset` on whose K/V the draft cache holds.
+    computed: Vec<u32>,
+    sampler: Sampler,
+}
+
+/// See the module documentation.
+pub struct DraftModel<B: Backend> {
+    label: String,
+    model: Model<B>,
+    kv: Vec<B::KvCache>,
+    manager: KvCacheManager,
+    sequences: HashMap<SeqId, DraftSequence>,
+    config: DraftModelConfig,
+}
+
+/// One sequence's drafting within a call to `propose`.
+struct Work {
+    request: usize,
+    seq: SeqId,
+    k: usize,
+    /// The draft's view of the context (see `DraftSequence::offset`), then the drafts so far.
+    history: Vec<u32>,
+    drafts: Vec<u32>,
+    dists: Vec<Distribution>,
+}
+
+impl<B: Backend> DraftModel<B> {
+    /// Loads `files` (all layers, or only `layers` for self-speculation).
+    pub fn load(
+        backend: &B,
+        files: &ModelFiles,
+        layers: Option<&[usize]>,
+        config: DraftModelConfig,
+    ) -> Result<Self> {
+        if config.block_size == 0 || config.capacity_tokens == 0 || config.max_batch_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "the draft model needs a positive block size, KV capacity and batch size".into(),
+            ));
+        }
+        let model = match layers {
+            Some(l) => Model::load_layers(backend, files, l, &mut |_, _| {})?,
+            None => Model::load(backend, files, &mut |_, _| {})?,
+        };
+        let num_blocks = config.capacity_tokens.div_ceil(config.block_size);
+        let cfg = &model.config;
+        let layout = KvCacheLayout {
+            num_blocks,
+            block_size: config.block_size,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            dtype: config.kv_dtype,
+        };
+        let kv = (0..cfg.num_layers)
+            .map(|_| backend.alloc_kv_cache(layout))
+            .collect::<Result<Vec<_>>>()?;
+        let label = match layers {
+            Some(l) => format!(
+                "self-draft ({} of {} layers)",
+                l.len(),
+                files.config.num_layers
+            ),
+            None => format!("draft {}", files.path.display()),
+        };
+        Ok(Self {
+            label,
+            model,
+            kv,
+            manager: KvCacheManager::new(num_blocks, config.block_size),
+            sequences: HashMap::new(),
+            config,
+        })
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    /// The draft's argmax after every position of `tokens` (teacher forced),
+    /// computed in a temporary sequence.
+    pub fn greedy_predictions(&mut self, backend: &B, tokens: &[u32]) -> Result<Vec<u32>> {
+        const SCRATCH: SeqId = SeqId::MAX;
+        self.manager.add_sequence(SCRATCH)?;
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut result = Ok(());
+        for (i, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
+            let start = i * self.config.max_batch_tokens;
+            let rows = (0..chunk.len() as u32).collect();
+            match self.forward(backend, &[(SCRATCH, start, chunk)], rows) {
+                Ok(logits) => out.extend(logits.chunks(vocab).map(crate::sched::sampling::argmax)),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.manager.free(SCRATCH);
+        result.map(|()| out)
+    }
+
+    /// Cuts the draft cache of `seq` back to its common prefix with
+    /// `context` (keeping at least one token to feed) and returns the offset
+    /// of the draft's view: `context[offset..]` is what it drafts after.
+    fn sync(&mut self, seq: SeqId, context: &[u32], params: &SamplingParams) -> Result<usize> {
+        let ds = self.sequences.entry(seq).or_insert_with(|| DraftSequence {
+            offset: 0,
+            computed: Vec::new(),
+            sampler: Sampler::new(SamplingParams {
+                seed: params.seed ^ DRAFT_SEED_SALT,
+                ..params.clone()
+            }),
+        });
+        if self.manager.table(seq).is_none() {
+            self.manager.add_sequence(seq)?;
+            ds.computed.clear();
+            ds.offset = 0;
+        }
+        let view = context.get(ds.offset..).unwrap_or_default();
+        let mut common = ds
+            .computed
+            .iter()
+            .zip(view)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(view.len().saturating_sub(1));
+        let lag = view.len().saturating_sub(common);
+        if view.is_empty() || (!ds.computed.is_empty() && lag > MAX_CATCH_UP) {
+            ds.offset = context.len().saturating_sub(CATCH_UP_WINDOW);
+            common = 0;
+        }
+        ds.computed.truncate(common);
+        self.manager.truncate(seq, common)?;
+        Ok(ds.offset)
+    }
+
+    /// Feeds `chunks` (sequence, start position, tokens) in one forward pass
+    /// and returns the host logits of the requested rows (indices into the
+    /// flattened rows).
+    fn forward(
+        &mut self,
+        backend: &B,
+        chunks: &[(SeqId, usize, &[u32])],
+        logit_rows: Vec<u32>,
+    ) -> Result<Vec<f32>> {
+        let bs = self.manager.block_size();
+        let mut reservations = Vec::with_capacity(chunks.len());
+        for &(seq, _, tokens) in chunks {
+            reservations.push(self.manager.reserve(seq, tokens.len())?);
+        }
+        let max_blocks = chunks
+            .iter()
+            .map(|c| self.manager.table(c.0).map_or(1, |t| t.blocks().len()))
+            .max()
+            .unwrap_or(1);
+        let mut batch = ForwardBatch::new(bs, max_blocks);
+        for (&(seq, start, tokens), res) in chunks.iter().zip(&reservations) {
+            for cache in &mut self.kv {
+                if !res.copies.is_empty() {
+                    backend.copy_kv_blocks(cache, &res.copies)?;
+                }
+            }
+            let table = self.manager.table(seq).expect("reserved above");
+            batch.push_sequence(tokens, start, &res.slots, table.blocks());
+        }
+        let n = logit_rows.len();
+        batch.logit_rows = logit_rows;
+        let logits = self.model.forward(backend, &batch, &mut self.kv)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        backend.download(&logits, n * self.model.config.vocab_size)
+    }
+
+    /// Feeds all but the last uncomputed token of each sequence, in chunks,
+    /// without logits (first drafts of a long prompt).
+    fn prefill(&mut self, backend: &B, work: &[Work]) -> Result<()> {
+        for w in work {
+            loop {
+                let done = self.sequences[&w.seq].computed.len();
+                let end = w.history.len() - 1;
+                if done >= end {
+                    break;
+                }
+                let n = (end - done).min(self.config.max_batch_tokens);
+                let tokens = w.history[done..done + n].to_vec();
+                self.forward(backend, &[(w.seq, done, &tokens)], Vec::new())?;
+                let ds = self.sequences.get_mut(&w.seq).expect("synced");
+                ds.computed.extend_from_slice(&tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// One draft forward pass for every unfinished sequence: feeds its last
+    /// token (plus cascade proposals), then extends its drafts with what
+    /// the draft model samples there.
+    fn draft_step(&mut self, backend: &B, work: &mut [Work]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        let mut fed: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut rows = Vec::new();
+        let mut row = 0u32;
+        for (i, w) in work.iter().enumerate() {
+            if w.drafts.len() >= w.k {
+                continue;
+            }
+            let proposals = self.config.cascade.map_or_else(Vec::new, |ng| {
+                ng.propose(&w.history, w.k - w.drafts.len() - 1)
+            });
+            let mut tokens = vec![*w.history.last().expect("context is never empty")];
+            tokens.extend_from_slice(&proposals);
+            rows.extend(row..row + tokens.len() as u32);
+            row += tokens.len() as u32;
+            fed.push((i, tokens));
+        }
+        if fed.is_empty() {
+            return Ok(());
+        }
+        let chunks: Vec<(SeqId, usize, &[u32])> = fed
+            .iter()
+            .map(|(i, t)| (work[*i].seq, work[*i].history.len() - 1, t.as_slice()))
+            .collect();
+        let logits = self.forward(backend, &chunks, rows)?;
+        let mut offset = 0;
+        for (i, tokens) in fed {
+            let w = &mut work[i];
+            let n_rows = tokens.len();
+            let rows = &logits[offset * vocab..(offset + n_rows) * vocab];
+            offset += n_rows;
+            let ds = self.sequences.get_mut(&w.seq).expect("synced");
+            let proposals = &tokens[1..];
+            let mut dists = Vec::with_capacity(n_rows);
+            let history = &w.history;
+            let verdict = {
+                let sampler_params = ds.sampler.clone();
+                verify(&mut ds.sampler, proposals, None, |r, accepted| {
+                    let mut h = history.clone();
+                    h.extend_from_slice(accepted);
+                    let d = sampler_params
+                        .distribution(&mut rows[r * vocab..(r + 1) * vocab].to_vec(), &h);
+                    dists.push(d.clone());
+                    d
+                })
+            };
+            let start = w.history.len() - 1;
+            ds.computed.truncate(start);
+            ds.computed.push(tokens[0]);
+            ds.computed
+                .extend_from_slice(&proposals[..verdict.accepted]);
+            self.manager.truncate(w.seq, ds.computed.len())?;
+            let emitted = proposals[..verdict.accepted]
+                .iter()
+                .copied()
+                .chain([verdict.next]);
+            for (t, d) in emitted.zip(dists) {
+                if w.drafts.len() == w.k {
+                    break;
+                }
+                w.drafts.push(t);
+                w.dists.push(d);
+                w.history.push(t);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Proposer<B> for DraftModel<B> {
+    fn describe(&self) -> String {
+        match self.config.cascade {
+            Some(_) => format!("{} with n-gram cascade", self.label),
+            None => self.label.clone(),
+        }
+    }
+
+    fn propose(&mut self, backend: &B, requests: &[DraftRequest<'_>]) -> Result<Vec<Draft>> {
+        let mut work = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            if r.k == 0 || r.context.is_empty() {
+                continue;
+            }
+            let capacity = self.manager.num_blocks() * self.manager.block_size();
+            if r.context.len() + r.k > capacity
+                || r.context.len() + r.k > self.model.config.max_context
+            {
+                continue;
+            }
+            let offset = self.sync(r.seq, r.context, r.params)?;
+            work.push(Work {
+                request: i,
+                seq: r.seq,
+                k: r.k,
+                history: r.context[offset..].to_vec(),
+                drafts: Vec::new(),
+                dists: Vec::new(),
+            });
+        }
+        // A full draft pool drops every draft sequence; the next calls start over.
+        let outcome = self.prefill(backend, &work).and_then(|()| {
+            while work.iter().any(|w| w.drafts.len() < w.k) {
+                self.draft_step(backend, &mut work)?;
+            }
+            Ok(())
+        });
+        match outcome {
+            Err(Error::KvCacheFull(_)) => {
+                for seq in self.sequences.keys().copied().collect::<Vec<_>>() {
+                    self.forget(seq);
+                }
+                return Ok(requests.iter().map(|_| Draft::default()).collect());
+            }
+            other => other?,
+        }
+        let mut out: Vec<Draft> = requests.iter().map(|_| Draft::default()).collect();
+        for w in work {
+            let deterministic = requests[w.request].params.temperature <= 0.0;
+            out[w.request] = Draft {
+                tokens: w.drafts,
+                dists: (!deterministic).then_some(w.dists),
+            };
+        }
+        Ok(out)
+    }
+
+    fn forget(&mut self, seq: SeqId) {
+        self.sequences.remove(&seq);
+        self.manager.free(seq);
+    }
+
+    fn measure_cost(&mut self, backend: &B) -> Result<Option<f64>> {
+        // One-token forward passes; the first one warms up.
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let clock = super::Stopwatch::start();
+            self.greedy_predictions(backend, &[0])?;
+            best = best.min(clock.seconds());
+        }
+        Ok(Some(best))
+    }
+}
+
+/// What `self:auto` measured for one candidate layer set.
+#[derive(Clone, Debug)]
+pub struct SelfDraftCandidate {
+    pub layers: Vec<usize>,
+    /// Fraction of positions where the draft's argmax equals the target's.
+    pub agreement: f64,
+    /// Draft weight bytes per token over the target's.
+    pub cost: f64,
+    /// Estimated greedy speedup at the best fixed k.
+    pub speedup: f64,
+    pub k: usize,
+}
+
+/// `self:auto`: loads each candidate layer subset of the target
+/// ([`super::self_draft_candidates`]), measures how often its greedy
+/// prediction agrees with the target's over `sample` (teacher forced, one
+/// pass each) and how much verifying extra rows costs on this backend, and
+/// returns the draft with the best estimated speedup and what was measured.
+pub fn choose_self_draft<B: Backend>(
+    engine: &mut crate::engine::Engine<B>,
+    files: &ModelFiles,
+    sample: &[u32],
+    config: DraftModelConfig,
+    max_k: usize,
+) -> Result<(DraftModel<B>, Vec<SelfDraftCandidate>)> {
+    if sample.len() < 2 {
+        return Err(Error::InvalidRequest(
+            "self:auto needs a sample text of at least two tokens".into(),
+        ));
+    }
+    let vocab = engine.model().config.vocab_size;
+    let target: Vec<u32> = engine
+        .score(sample, 0)?
+        .chunks(vocab)
+        .map(crate::sched::sampling::argmax)
+        .collect();
+    let row_cost = verify_row_cost(engine, sample, max_k)?;
+    let target_bytes = engine.model().weight_bytes.max(1) as f64;
+    let mut best: Option<(DraftModel<B>, f64)> = None;
+    let mut report = Vec::new();
+    for layers in super::self_draft_candidates(files.config.num_layers) {
+        let mut draft = DraftModel::load(engine.backend(), files, Some(&layers), config.clone())?;
+        let predicted = draft.greedy_predictions(engine.backend(), sample)?;
+        let agreement = predicted
+            .iter()
+            .zip(&target)
+            .filter(|(a, b)| a == b)
+            .count() as f64
+            / target.len() as f64;
+        let cost = draft.model.weight_bytes as f64 / target_bytes;
+        let (k, speedup) = super::estimated_speedup(agreement, cost, row_cost, max_k);
+        report.push(SelfDraftCandidate {
+            layers,
+            agreement,
+            cost,
+            speedup,
+            k,
+        });
+        if best.as_ref().is_none_or(|b| speedup > b.1) {
+            best = Some((draft, speedup));
+        }
+    }
+    let (draft, _) = best.ok_or_else(|| {
+        Error::InvalidRequest(format!(
+            "a model of {} layers has no smaller self-draft",
+            files.config.num_layers
+        ))
+    })?;
+    Ok((draft, report))
+}
+
+/// The cost of each extra verified row relative to a one-row step: times
+/// one forward pass of 1 and of `k + 1` rows (best of three each).
+fn verify_row_cost<B: Backend>(
+    engine: &mut crate::engine::Engine<B>,
+    sample: &[u32],
+    k: usize,
+) -> Result<f64> {
+    let k = k.clamp(1, sample.len() - 1);
+    let mut time = |n: usize| -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let clock = super::Stopwatch::start();
+            engine.score(&sample[..n], n - 1)?;
+            best = best.min(clock.seconds());
+        }
+        Ok(best)
+    };
+    let one = time(1)?;
+    let many = time(k + 1)?;
+    if one <= 0.0 {
+        return Ok(0.0);
+    }
+    Ok(((many - one) / (k as f64 * one)).max(0.0))
+}

@@ -1,0 +1,195 @@
+//! `--speculate`, `--draft-k` and `--cascade`: turning a user's choice of
+//! speculative decoding into a proposer on the engine.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tandem_core::engine::Engine;
+use tandem_core::model::ModelFiles;
+use tandem_core::spec::{
+    choose_self_draft, parse_layers, DraftLength, DraftModel, DraftModelConfig, NgramProposer,
+    Proposer,
+};
+use tandem_core::Backend;
+
+use crate::model_path;
+
+/// English text the `self:auto` choice is measured on (teacher forced).
+const SELF_AUTO_SAMPLE: &str = "The history of science is the study of how people came to \
+understand the natural world. Early astronomers watched the sky and recorded the motion of the \
+planets; later, careful experiments with light, motion and heat showed that simple laws describe \
+a great many things. Each generation built on the work of the last, and the questions that were \
+left open became the starting points of new research.";
+
+/// Longest draft the adaptive controller may choose.
+const MAX_ADAPTIVE_K: usize = 8;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct SpeculationArgs {
+    /// Speculative decoding: `ngram` (prompt lookup), `draft:PATH` (a
+    /// smaller model with the same tokenizer), `self:auto` or `self:LAYERS`
+    /// (this model with only some layers, e.g. `self:0-9,29`).
+    #[arg(long, value_name = "METHOD")]
+    pub speculate: Option<String>,
+    /// Draft tokens per step: a number, or `auto` (chosen from the measured
+    /// acceptance rate and step costs, off when it does not pay).
+    #[arg(long, value_name = "K|auto", default_value = "auto")]
+    pub draft_k: String,
+    /// Multi-level drafting, cheapest first: `ngram,draft:PATH` or
+    /// `ngram,self:auto|LAYERS` (n-gram drafts for the draft model).
+    #[arg(long, value_name = "LEVELS", conflicts_with = "speculate")]
+    pub cascade: Option<String>,
+}
+
+/// A model-based draft level.
+enum DraftSource {
+    File(String),
+    SelfAuto,
+    SelfLayers(String),
+}
+
+impl SpeculationArgs {
+    pub fn is_on(&self) -> bool {
+        self.speculate.is_some() || self.cascade.is_some()
+    }
+
+    fn draft_length(&self) -> Result<DraftLength> {
+        if self.draft_k == "auto" {
+            return Ok(DraftLength::Adaptive {
+                max: MAX_ADAPTIVE_K,
+            });
+        }
+        match self.draft_k.parse::<usize>() {
+            Ok(k) if (1..=64).contains(&k) => Ok(DraftLength::Fixed(k)),
+            _ => bail!(
+                "--draft-k must be a number from 1 to 64 or `auto`, not `{}`",
+                self.draft_k
+            ),
+        }
+    }
+
+    /// Sets up speculation on `engine` for the target `files` and prints
+    /// what was chosen to stderr. Does nothing without `--speculate`/`--cascade`.
+    pub fn attach<B: Backend>(&self, engine: &mut Engine<B>, files: &ModelFiles) -> Result<()> {
+        let length = self.draft_length()?;
+        let (method, cascade) = match (&self.speculate, &self.cascade) {
+            (Some(m), None) => (m.as_str(), false),
+            (None, Some(levels)) => match levels.split_once(',') {
+                Some(("ngram", rest)) if !rest.contains(',') => (rest, true),
+                _ => bail!(
+                    "--cascade takes `ngram,draft:PATH` or `ngram,self:auto|LAYERS`, not `{levels}`"
+                ),
+            },
+            _ => return Ok(()),
+        };
+        let source = match method.split_once(':') {
+            None if method == "ngram" && !cascade => None,
+            Some(("draft", path)) if !path.is_empty() => Some(DraftSource::File(path.into())),
+            Some(("self", "auto")) => Some(DraftSource::SelfAuto),
+            Some(("self", layers)) if !layers.is_empty() => {
+                Some(DraftSource::SelfLayers(layers.into()))
+            }
+            _ => bail!(
+                "unknown speculation method `{method}`: use ngram, draft:PATH, self:auto or self:LAYERS"
+            ),
+        };
+        let proposer: Box<dyn Proposer<B>> = match source {
+            None => Box::new(NgramProposer::default()),
+            Some(source) => {
+                let config = self.draft_config(engine, cascade);
+                Box::new(self.draft_model(engine, files, source, config, length)?)
+            }
+        };
+        eprintln!(
+            "speculation: {} drafts, k {}",
+            proposer.describe(),
+            self.draft_k
+        );
+        engine.set_speculation(proposer, length)?;
+        Ok(())
+    }
+
+    fn draft_config<B: Backend>(&self, engine: &Engine<B>, cascade: bool) -> DraftModelConfig {
+        let kv = engine.kv_manager();
+        DraftModelConfig {
+            block_size: kv.block_size(),
+            capacity_tokens: kv.num_blocks() * kv.block_size(),
+            kv_dtype: engine.config().kv_dtype,
+            max_batch_tokens: engine.config().max_batch_tokens,
+            cascade: cascade.then(NgramProposer::default),
+        }
+    }
+
+    fn draft_model<B: Backend>(
+        &self,
+        engine: &mut Engine<B>,
+        files: &ModelFiles,
+        source: DraftSource,
+        config: DraftModelConfig,
+        length: DraftLength,
+    ) -> Result<DraftModel<B>> {
+        match source {
+            DraftSource::File(path) => {
+                let path = model_path::resolve(Some(&path))?;
+                let draft_files = tandem_core::model::load(&path)
+                    .with_context(|| format!("loading the draft model {}", path.display()))?;
+                check_same_tokenizer(files, &draft_files)?;
+                Ok(DraftModel::load(
+                    engine.backend(),
+                    &draft_files,
+                    None,
+                    config,
+                )?)
+            }
+            DraftSource::SelfLayers(spec) => {
+                let layers = parse_layers(&spec, files.config.num_layers)?;
+                Ok(DraftModel::load(
+                    engine.backend(),
+                    files,
+                    Some(&layers),
+                    config,
+                )?)
+            }
+            DraftSource::SelfAuto => {
+                let sample = files.tokenizer.encode(SELF_AUTO_SAMPLE, false)?;
+                let max_k = match length {
+                    DraftLength::Fixed(k) => k,
+                    DraftLength::Adaptive { max } => max,
+                };
+                let (draft, report) = choose_self_draft(engine, files, &sample, config, max_k)?;
+                for c in &report {
+                    eprintln!(
+                        "self:auto: {} layers: agreement {:.1}%, cost {:.2} of the model, estimated speedup {:.2}x at k {}",
+                        c.layers.len(),
+                        100.0 * c.agreement,
+                        c.cost,
+                        c.speedup,
+                        c.k
+                    );
+                }
+                if report.iter().all(|c| c.speedup < 1.0) {
+                    eprintln!(
+                        "self:auto: no layer subset is expected to pay on this model and device; \
+                         with --draft-k auto speculation stays off until it measures otherwise"
+                    );
+                }
+                Ok(draft)
+            }
+        }
+    }
+}
+
+/// A draft must tokenize like the target, or its proposals mean nothing.
+fn check_same_tokenizer(target: &ModelFiles, draft: &ModelFiles) -> Result<()> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    if t.vocab_size() != d.vocab_size() || target.config.vocab_size != draft.config.vocab_size {
+        bail!(
+            "the draft model's vocabulary ({} tokens) differs from the model's ({}): a draft must share the tokenizer",
+            draft.config.vocab_size,
+            target.config.vocab_size
+        );
+    }
+    if t.encode(SELF_AUTO_SAMPLE, false)? != d.encode(SELF_AUTO_SAMPLE, false)? {
+        bail!("the draft model tokenizes text differently from the model: a draft must share the tokenizer");
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `tandem quantize` as a user meets it: every method writes a model that
+//! `perplexity` and `inspect` load with `--model OUT`, and bad options or
+//! calibration files give one clear error line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tandem_core::model::synthetic::SyntheticModel;
+use tandem_core::quant::WeightFormat;
+
+fn tandem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("TANDEM_CACHE", "/nonexistent-tandem-cache")
+        .output()
+        .expect("run tandem")
+}
+
+fn assert_clear_error(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    for n in needles {
+        assert!(
+            errors[0].contains(n),
+            "{:?} does not mention {n:?}",
+            errors[0]
+        );
+    }
+}
+
+struct Fixture {
+    dir: PathBuf,
+    model: String,
+    calib: String,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Fixture {
+        let dir =
+            std::env::temp_dir().join(format!("tandem-quantize-cli-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("tiny.gguf");
+        SyntheticModel::preset("tiny", WeightFormat::Q4_1, 9)
+            .unwrap()
+            .write_gguf(&model)
+            .unwrap();
+        let calib = dir.join("calib.txt");
+        std::fs::write(
+            &calib,
+            "Light is refracted by the prism into colours. ".repeat(30),
+        )
+        .unwrap();
+        Fixture {
+            model: model.display().to_string(),
+            calib: calib.display().to_string(),
+            dir,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn every_method_writes_a_model_the_other_commands_load() {
+    let f = Fixture::new("methods");
+    let runs: [(&str, &[&str], &str); 7] = [
+        ("f16", &[], "F16"),
+        ("rtn", &["--group-size", "32"], "Q4_1"),
+        ("int8", &[], "INT8"),
+        ("w8a8-smoothquant", &["--calib"], "W8A8"),
+        (
+            "gptq",
+            &["--group-size", "32", "--act-order", "--calib"],
+            "Q4_1",
+        ),
+        ("awq", &["--group-size", "32", "--calib"], "Q4_1"),
+        (
+            "mixed",
+            &["--group-size", "32", "--budget-bits", "7", "--calib"],
+            "layer 0:",
+        ),
+    ];
+    for (method, extra, expect) in runs {
+        let out_dir = f.path(method);
+        let mut args = vec![
+            "quantize", "--model", &f.model, "--out", &out_dir, "--method", method,
+        ];
+        args.extend_from_slice(extra);
+        if extra.last() == Some(&"--calib") {
+            args.push(&f.calib);
+        }
+        let report = stdout(&tandem(&args));
+        assert!(report.contains("wrote"), "{report}");
+        let inspect = stdout(&tandem(&["inspect", &out_dir]));
+        assert!(inspect.contains("layer formats:"), "{inspect}");
+        assert!(inspect.contains(expect), "{method}: {inspect}");
+        let ppl = stdout(&tandem(&[
+            "perplexity",
+            "--backend",
+            "cpu",
+            "--model",
+            &out_dir,
+            "--file",
+            &f.calib,
+            "--ctx",
+            "32",
+        ]));
+        assert!(ppl.contains("PPL = "), "{method}: {ppl}");
+    }
+}
+
+#[test]
+fn bad_options_and_calibration_files_give_clear_errors() {
+    let f = Fixture::new("errors");
+    let out = f.path("out");
+    let empty = f.path("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let base = [
+        "quantize",
+        "--model",
+        f.model.as_str(),
+        "--out",
+        out.as_str(),
+    ];
+    let cases: [(&[&str], &[&str]); 8] = [
+        (
+            &["--method", "rtn", "--bits", "5"],
+            &["5-bit weights are not supported"],
+        ),
+        (
+            &["--method", "rtn", "--group-size", "64"],
+            &["group size 64 does not divide the 160 columns of blk.0.ffn_down.weight"],
+        ),
+        (
+            &["--method", "rtn", "--group-size", "100"],
+            &["group size 100 is not supported"],
+        ),
+        (
+            &["--method", "gptq"],
+            &["--method gptq needs calibration text"],
+        ),
+        (
+            &[
+                "--method",
+                "gptq",
+                "--group-size",
+                "32",
+                "--calib",
+                "/no/such/calib.txt",
+            ],
+            &["calibration file /no/such/calib.txt"],
+        ),
+        (
+            &["--method", "awq", "--group-size", "32", "--calib", &empty],
+            &["calibration file", "is empty"],
+        ),
+        (
+            &["--method", "mixed", "--calib", &f.calib],
+            &["needs --budget-bits"],
+        ),
+        (&["--method", "fp4"], &["unknown method 'fp4'"]),
+    ];
+    for (extra, needles) in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        assert_clear_error(&tandem(&args), needles);
+        assert!(!Path::new(&out).exists(), "{extra:?} wrote a model");
+    }
+}
