@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::backend::{Backend, KvCacheLayout, KvDtype};
+use crate::backend::{Backend, KvDtype};
 use crate::kv::{KvCacheManager, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::forward::{ForwardBatch, Model, Progress};
 use crate::model::ModelFiles;
@@ -277,16 +277,12 @@ impl<B: Backend> Engine<B> {
         })?;
         let model = Model::load(&backend, files, progress)?;
         let cfg = &model.config;
-        let layout = KvCacheLayout {
-            num_blocks: config.num_blocks,
-            block_size: config.block_size,
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            dtype: config.kv_dtype,
-        };
-        let kv = (0..cfg.num_layers)
-            .map(|_| backend.alloc_kv_cache(layout))
-            .collect::<Result<Vec<_>>>()?;
+        let kv = model.alloc_kv_caches(
+            &backend,
+            config.num_blocks,
+            config.block_size,
+            config.kv_dtype,
+        )?;
         let max_context = config
             .max_context
             .unwrap_or(cfg.max_context)

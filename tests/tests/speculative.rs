@@ -129,11 +129,14 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
             engine.set_speculation(p, length).unwrap();
             let got = generate(&mut engine, &prompts(), &greedy, 40);
             assert_eq!(got, want, "{name}, {length:?}");
-            let stats = engine.stats().speculation;
-            assert!(
-                stats.proposed_tokens > 0,
-                "{name} {length:?} proposed nothing"
-            );
+            // An adaptive length may rightly decide that drafting does not pay here.
+            if let DraftLength::Fixed(_) = length {
+                let stats = engine.stats().speculation;
+                assert!(
+                    stats.proposed_tokens > 0,
+                    "{name} {length:?} proposed nothing"
+                );
+            }
             assert_eq!(
                 engine.kv_manager().num_used_blocks(),
                 0,

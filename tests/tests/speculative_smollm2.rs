@@ -81,7 +81,10 @@ fn speculative_greedy_decoding_reproduces_plain_decoding() {
             assert_eq!(&greedy(&mut e, prompt), want, "{method} {length:?}");
         }
         let stats = e.stats().speculation;
-        assert!(stats.proposed_tokens > 0, "{method}: nothing proposed");
+        // An adaptive length may rightly decide that drafting does not pay here.
+        if let DraftLength::Fixed(_) = length {
+            assert!(stats.proposed_tokens > 0, "{method}: nothing proposed");
+        }
         eprintln!("{method} {length:?}: {}", stats.summary());
     }
 }

@@ -14,7 +14,8 @@ use std::borrow::Cow;
 
 use super::{ModelConfig, ModelFiles};
 use crate::backend::{
-    AttentionIndices, AttentionParams, Backend, MatmulParams, RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
+    RmsNormParams, RopeParams,
 };
 use crate::quant::{WeightFormat, WeightView};
 use crate::{Error, Result};
@@ -192,6 +193,26 @@ impl<B: Backend> Model<B> {
             inv_freq,
             weight_bytes,
         })
+    }
+
+    /// One paged KV cache per layer, `num_blocks` blocks of `block_size` tokens.
+    pub fn alloc_kv_caches(
+        &self,
+        backend: &B,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Result<Vec<B::KvCache>> {
+        let layout = KvCacheLayout {
+            num_blocks,
+            block_size,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+            dtype,
+        };
+        (0..self.config.num_layers)
+            .map(|_| backend.alloc_kv_cache(layout))
+            .collect()
     }
 
     /// Runs `batch` through the model, writing its K/V into `kv` (one cache

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use super::verify::{verify, Distribution};
 use super::{Draft, DraftRequest, NgramProposer, Proposer};
-use crate::backend::{Backend, KvCacheLayout, KvDtype};
+use crate::backend::{Backend, KvDtype};
 use crate::kv::{KvCacheManager, SeqId};
 use crate::model::forward::{ForwardBatch, Model};
 use crate::model::ModelFiles;
@@ -91,17 +91,7 @@ impl<B: Backend> DraftModel<B> {
             None => Model::load(backend, files, &mut |_, _| {})?,
         };
         let num_blocks = config.capacity_tokens.div_ceil(config.block_size);
-        let cfg = &model.config;
-        let layout = KvCacheLayout {
-            num_blocks,
-            block_size: config.block_size,
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            dtype: config.kv_dtype,
-        };
-        let kv = (0..cfg.num_layers)
-            .map(|_| backend.alloc_kv_cache(layout))
-            .collect::<Result<Vec<_>>>()?;
+        let kv = model.alloc_kv_caches(backend, num_blocks, config.block_size, config.kv_dtype)?;
         let label = match layers {
             Some(l) => format!(
                 "self-draft ({} of {} layers)",
