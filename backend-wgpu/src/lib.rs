@@ -89,7 +89,7 @@ pub struct WgpuKvCache {
 const GEMV_MAX_ROWS: usize = 8;
 /// Workgroup size of `gemv_rows` (one thread per weight row).
 const GEMV_ROWS_WG: usize = 64;
-/// Largest head the attention kernel holds (`shaders/paged_attention.wgsl`).
+/// Largest head the attention kernel holds (`src/wgsl/attention.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
 
 const READ: Access = Access::Read;

@@ -37,6 +37,8 @@ pub struct ShaderVariant {
 
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const MATMUL_ENTRY_POINTS: &str = include_str!("wgsl/matmul.wgsl");
+/// The attention algorithm; `paged_attention*.wgsl` supply the cache readers.
+const ATTENTION_ENTRY_POINTS: &str = include_str!("wgsl/attention.wgsl");
 
 /// The source of each manifest entry, `shaders/NAME.wgsl`.
 const SOURCES: &[(&str, &str)] = &[
@@ -117,6 +119,9 @@ pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String
     } else if variant.kernel.starts_with("matmul_") {
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
         parts.push(MATMUL_ENTRY_POINTS);
+    } else if variant.kernel.starts_with("paged_attention") {
+        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
+        parts.push(ATTENTION_ENTRY_POINTS);
     } else {
         if let Some(format) = variant.format {
             parts.push(kernel_source(decoder_of(format)).ok_or_else(missing)?);

@@ -920,7 +920,8 @@ impl<B: Backend> Engine<B> {
         let max_len = self.max_context.min(self.kv_capacity());
         let covered = picks.len() - 1;
         let s = self.scheduler.get_mut(seq).expect("sampled");
-        let history = s.accepted_tokens().to_vec();
+        let mut context = s.accepted_tokens().to_vec();
+        let history_len = context.len();
         let g = &mut s.data;
         let shaper = g.sampler.clone();
         let dists = draft.dists.as_deref().map(|d| &d[..covered]);
@@ -930,9 +931,9 @@ impl<B: Backend> Engine<B> {
             dists,
             |i, accepted| match picks[i] {
                 Pick::Logits(row) => {
-                    let mut h = history.clone();
-                    h.extend_from_slice(accepted);
-                    shaper.distribution(&mut row.to_vec(), &h)
+                    context.truncate(history_len);
+                    context.extend_from_slice(accepted);
+                    shaper.distribution(&mut row.to_vec(), &context)
                 }
                 Pick::Argmax(t) => vec![(t, 1.0)],
             },
@@ -950,7 +951,7 @@ impl<B: Backend> Engine<B> {
             .position(|(j, t)| {
                 g.stop_tokens.contains(t)
                     || g.n_generated + j + 1 >= g.max_new_tokens
-                    || history.len() + j + 1 >= max_len
+                    || history_len + j + 1 >= max_len
             })
             .unwrap_or(emitted.len() - 1);
         let emitted = &emitted[..=stop];
@@ -964,7 +965,7 @@ impl<B: Backend> Engine<B> {
         self.scheduler
             .settle_drafts(seq, kept_drafts, &mut self.kv_manager)?;
         for (j, &token) in emitted.iter().enumerate() {
-            let len_after = history.len() + j + 1;
+            let len_after = history_len + j + 1;
             if j >= kept_drafts {
                 self.scheduler
                     .get_mut(seq)

@@ -268,14 +268,15 @@ impl<B: Backend> DraftModel<B> {
             let ds = self.sequences.get_mut(&w.seq).expect("synced");
             let proposals = &tokens[1..];
             let mut dists = Vec::with_capacity(n_rows);
-            let history = &w.history;
+            let mut context = w.history.clone();
+            let history_len = context.len();
             let verdict = {
                 let sampler_params = ds.sampler.clone();
                 verify(&mut ds.sampler, proposals, None, |r, accepted| {
-                    let mut h = history.clone();
-                    h.extend_from_slice(accepted);
+                    context.truncate(history_len);
+                    context.extend_from_slice(accepted);
                     let d = sampler_params
-                        .distribution(&mut rows[r * vocab..(r + 1) * vocab].to_vec(), &h);
+                        .distribution(&mut rows[r * vocab..(r + 1) * vocab].to_vec(), &context);
                     dists.push(d.clone());
                     d
                 })
