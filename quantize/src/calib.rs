@@ -102,48 +102,119 @@ pub fn windows(
 
 /// Runs `model` over `windows`, keeping about `samples` rows per site.
 pub fn collect(model: &DenseModel, windows: &[Vec<u32>], samples: usize) -> Result<Calibration> {
-    let c = &model.config;
-    let width = |site| match site {
-        Site::AttnIn | Site::FfnIn => c.hidden_size,
-        Site::AttnOut => c.q_dim(),
-        Site::FfnAct => c.intermediate_size,
-    };
-    let mut layers: Vec<HashMap<Site, SiteStats>> = (0..c.num_layers)
-        .map(|_| {
-            Site::ALL
+    let mut inputs = LayerInputs::new(model, windows)?;
+    let mut layers = Vec::with_capacity(model.config.num_layers);
+    for _ in 0..model.config.num_layers {
+        let mut stats = site_stats(model);
+        inputs.run(model, Some((&mut stats, samples)))?;
+        layers.push(stats);
+    }
+    Ok(Calibration {
+        layers,
+        tokens: inputs.tokens(),
+    })
+}
+
+/// The residual stream of every calibration window at the input of one
+/// layer. Stepping it with the model's current weights lets a method
+/// calibrate each layer on the output of the layers it has already
+/// quantized (GPTQ's sequential mode), so each layer compensates for the
+/// error that reaches it rather than for an error-free float input.
+pub struct LayerInputs {
+    /// Per window, `[len, hidden]`.
+    streams: Vec<Vec<f32>>,
+    lens: Vec<usize>,
+    next_layer: usize,
+}
+
+impl LayerInputs {
+    /// The embeddings of `windows`: the input of layer 0.
+    pub fn new(model: &DenseModel, windows: &[Vec<u32>]) -> Result<Self> {
+        Ok(LayerInputs {
+            streams: windows
                 .iter()
-                .map(|&s| (s, SiteStats::new(width(s))))
-                .collect()
+                .map(|w| model.embed(w))
+                .collect::<Result<_>>()?,
+            lens: windows.iter().map(Vec::len).collect(),
+            next_layer: 0,
         })
-        .collect();
-    let total: usize = windows.iter().map(Vec::len).sum();
-    let stride = (total / samples.max(1)).max(1);
-    let cpu = model.cpu();
-    let mut seen = 0;
-    for tokens in windows {
-        let n = tokens.len();
-        let mut h = model.embed(tokens)?;
-        for (l, stats) in layers.iter_mut().enumerate() {
+    }
+
+    /// The layer whose input this is.
+    pub fn layer(&self) -> usize {
+        self.next_layer
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    /// Statistics of [`layer`](Self::layer)'s sites under `model`'s current
+    /// weights (keeping about `samples` rows per site), without stepping.
+    pub fn stats(&self, model: &DenseModel, samples: usize) -> Result<HashMap<Site, SiteStats>> {
+        let mut stats = site_stats(model);
+        let mut copy = LayerInputs {
+            streams: self.streams.clone(),
+            lens: self.lens.clone(),
+            next_layer: self.next_layer,
+        };
+        copy.run(model, Some((&mut stats, samples)))?;
+        Ok(stats)
+    }
+
+    /// Runs [`layer`](Self::layer) with `model`'s current weights.
+    pub fn advance(&mut self, model: &DenseModel) -> Result<()> {
+        self.run(model, None)
+    }
+
+    fn run(
+        &mut self,
+        model: &DenseModel,
+        mut observe: Option<(&mut HashMap<Site, SiteStats>, usize)>,
+    ) -> Result<()> {
+        let total = self.tokens();
+        let cpu = model.cpu();
+        let mut seen = 0;
+        for (h, &n) in self.streams.iter_mut().zip(&self.lens) {
             let mut failure = None;
-            model.layer(l, &mut h, n, &mut |site, x| {
-                let s = stats.get_mut(&site).expect("every site has stats");
-                if let Err(e) = accumulate(cpu, s, x, n, seen, stride) {
-                    failure = Some(e);
+            model.layer(self.next_layer, h, n, &mut |site, x| {
+                if let Some((stats, samples)) = observe.as_mut() {
+                    let s = stats.get_mut(&site).expect("every site has stats");
+                    let stride = (total / (*samples).max(1)).max(1);
+                    if let Err(e) = accumulate(cpu, s, x, n, seen, stride) {
+                        failure = Some(e);
+                    }
                 }
             })?;
             if let Some(e) = failure {
                 return Err(e);
             }
+            seen += n;
         }
-        seen += n;
+        if let Some((stats, _)) = observe {
+            for s in stats.values_mut() {
+                s.mean_abs.iter_mut().for_each(|m| *m /= total as f32);
+            }
+        }
+        self.next_layer += 1;
+        Ok(())
     }
-    for stats in layers.iter_mut().flat_map(|l| l.values_mut()) {
-        stats.mean_abs.iter_mut().for_each(|m| *m /= total as f32);
-    }
-    Ok(Calibration {
-        layers,
-        tokens: total,
-    })
+}
+
+/// Empty statistics for every site of one of `model`'s layers.
+fn site_stats(model: &DenseModel) -> HashMap<Site, SiteStats> {
+    let c = &model.config;
+    Site::ALL
+        .iter()
+        .map(|&site| {
+            let width = match site {
+                Site::AttnIn | Site::FfnIn => c.hidden_size,
+                Site::AttnOut => c.q_dim(),
+                Site::FfnAct => c.intermediate_size,
+            };
+            (site, SiteStats::new(width))
+        })
+        .collect()
 }
 
 fn accumulate(

@@ -15,13 +15,24 @@ use tandem_core::model::ModelFiles;
 use tandem_core::quant::{pack_int4_groups, pack_int8_per_channel, quantize_row, WeightFormat};
 
 use crate::awq::{self, Reader};
-use crate::calib::Calibration;
+use crate::calib::{self, Calibration, LayerInputs};
 use crate::dense::{linear_name, DenseModel, Site, LINEARS};
 use crate::fold;
 use crate::gptq::{self, GptqOptions, HessianFactor};
 use crate::grid::{QuantizedMatrix, Scheme};
 use crate::mixed::{self, Choice, Precision};
 use crate::{invalid, rtn, smoothquant, Result};
+
+/// Rows kept per site for SmoothQuant's alpha search.
+const SAMPLE_ROWS: usize = 512;
+
+/// The calibration text, cut into windows (see [`calib::windows`]).
+pub struct CalibrationText {
+    /// Windows the statistics (Hessians, activation ranges) come from.
+    pub windows: Vec<Vec<u32>>,
+    /// Windows on which mixed precision measures each layer's sensitivity.
+    pub sensitivity: Vec<Vec<u32>>,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -192,13 +203,12 @@ fn factor_map(model: &DenseModel, site: Site, width: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Quantizes `files` with `opts`; `calibration` (statistics and the windows
-/// they came from) is required by the methods that use it. `log` receives
-/// progress lines.
+/// Quantizes `files` with `opts`; `calibration` is required by the methods
+/// that use it. `log` receives progress lines.
 pub fn quantize(
     files: &ModelFiles,
     opts: &Options,
-    calibration: Option<(&Calibration, &[Vec<u32>])>,
+    calibration: Option<&CalibrationText>,
     log: &mut dyn FnMut(String),
 ) -> Result<QuantizedModel> {
     let scheme = opts.scheme()?;
@@ -241,12 +251,19 @@ pub fn quantize(
         metadata.push(("quantization.bits".into(), bits.to_string()));
         metadata.push(("quantization.group_size".into(), group.to_string()));
     }
-    if let Some((c, _)) = calibration {
-        metadata.push((
-            "quantization.calibration_tokens".into(),
-            c.tokens.to_string(),
-        ));
+    if let Some(text) = calibration {
+        let tokens: usize = text.windows.iter().map(Vec::len).sum();
+        metadata.push(("quantization.calibration_tokens".into(), tokens.to_string()));
     }
+    // The float model's statistics, for the methods that calibrate every
+    // layer on float inputs.
+    let float_statistics =
+        |model: &DenseModel, log: &mut dyn FnMut(String)| -> Result<Calibration> {
+            let text = calibration.expect("checked");
+            let stats = calib::collect(model, &text.windows, SAMPLE_ROWS)?;
+            log("calibration statistics collected".into());
+            Ok(stats)
+        };
     let linear_weights = |model: &DenseModel, name: &str| -> Result<(Vec<f32>, usize, usize)> {
         let t = model.tensor(name)?;
         Ok((t.data.clone(), t.rows, t.cols))
@@ -275,28 +292,34 @@ pub fn quantize(
             }
         }
         Method::Gptq => {
-            let (calib, _) = calibration.expect("checked");
+            // Sequential: each layer's Hessians come from the output of the
+            // layers already quantized, as in the GPTQ paper.
+            let text = calibration.expect("checked");
             let s = scheme.expect("checked");
             let g = GptqOptions {
                 act_order: opts.act_order,
                 ..Default::default()
             };
+            let mut inputs = LayerInputs::new(&model, &text.windows)?;
             for l in 0..layers {
+                let stats = inputs.stats(&model, 1)?;
                 for site in Site::ALL {
-                    let stats = calib.site(l, site);
+                    let stats = &stats[&site];
                     let names = site_names(l, site);
                     let factor = HessianFactor::new(&names[0], &stats.hessian, stats.width, g)?;
                     for name in names {
                         let (w, rows, _) = linear_weights(&model, &name)?;
                         let q = gptq::quantize_with(s, &name, &w, rows, &factor)?;
+                        model.set(&name, q.dequantize())?;
                         encoded.insert(name, Encoded::Quantized(q, format_of(s, false)?));
                     }
                 }
+                inputs.advance(&model)?;
                 log(format!("gptq: layer {l} done"));
             }
         }
         Method::Awq => {
-            let (calib, _) = calibration.expect("checked");
+            let calib = float_statistics(&model, log)?;
             let s = scheme.expect("checked");
             for l in 0..layers {
                 let mut line = format!("layer {l}: alpha");
@@ -327,7 +350,7 @@ pub fn quantize(
             }
         }
         Method::SmoothQuant => {
-            let (calib, _) = calibration.expect("checked");
+            let calib = float_statistics(&model, log)?;
             for l in 0..layers {
                 let mut line = format!("layer {l}: alpha");
                 for site in Site::ALL {
@@ -366,7 +389,8 @@ pub fn quantize(
             }
         }
         Method::Mixed => {
-            let (calib, windows) = calibration.expect("checked");
+            let calib = float_statistics(&model, log)?;
+            let windows = &calibration.expect("checked").sensitivity;
             let s4 = scheme.expect("checked");
             let g = GptqOptions {
                 act_order: opts.act_order,

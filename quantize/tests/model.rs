@@ -12,7 +12,7 @@ use tandem_core::quant::WeightFormat;
 use tandem_quantize::calib::{self, Calibration};
 use tandem_quantize::dense::{DenseModel, Site, Tensor};
 use tandem_quantize::fold;
-use tandem_quantize::plan::{self, Method, Options};
+use tandem_quantize::plan::{self, CalibrationText, Method, Options};
 use tandem_quantize::smoothquant;
 
 /// The tiny synthetic model in f32, Hugging Face layout (NeoX RoPE).
@@ -202,7 +202,10 @@ fn every_method_writes_a_loadable_model() {
     let files = synthetic.files().unwrap();
     let reference = DenseModel::from_files(&files).unwrap();
     let windows = windows();
-    let calibration = calib::collect(&reference, &windows, 64).unwrap();
+    let calibration = CalibrationText {
+        sensitivity: windows[..1].to_vec(),
+        windows: windows.clone(),
+    };
     let tokens = &windows[2];
     let want = reference.forward(tokens).unwrap();
     let root = std::env::temp_dir().join(format!("tandem-quantize-methods-{}", std::process::id()));
@@ -244,13 +247,7 @@ fn every_method_writes_a_loadable_model() {
         ),
     ];
     for (opts, format, tolerance) in cases {
-        let q = plan::quantize(
-            &files,
-            &opts,
-            Some((&calibration, &windows[..1])),
-            &mut |_| {},
-        )
-        .unwrap();
+        let q = plan::quantize(&files, &opts, Some(&calibration), &mut |_| {}).unwrap();
         let dir = root.join(opts.method.name());
         write_model_dir(&files, q.tensors, &q.metadata, &dir).unwrap();
         let loaded = tandem_core::model::load(&dir).unwrap();
@@ -279,19 +276,15 @@ fn mixed_precision_follows_the_budget() {
         .unwrap()
         .files()
         .unwrap();
-    let reference = DenseModel::from_files(&files).unwrap();
     let windows = windows();
-    let calibration = calib::collect(&reference, &windows, 64).unwrap();
+    let calibration = CalibrationText {
+        sensitivity: windows[..1].to_vec(),
+        windows: windows.clone(),
+    };
     // Two equal layers: INT4 g32 is 5 bits/weight, INT8 with its f32 row
     // scales 8.5 (64 columns) or 8.2 (160): 7 bits/weight buys one INT8 layer.
     let opts = options(Method::Mixed, None, 32, Some(7.0));
-    let q = plan::quantize(
-        &files,
-        &opts,
-        Some((&calibration, &windows[..1])),
-        &mut |_| {},
-    )
-    .unwrap();
+    let q = plan::quantize(&files, &opts, Some(&calibration), &mut |_| {}).unwrap();
     let formats: Vec<WeightFormat> = (0..2)
         .map(|l| {
             q.tensors
@@ -315,7 +308,7 @@ fn mixed_precision_follows_the_budget() {
     let e = plan::quantize(
         &files,
         &options(Method::Mixed, None, 32, Some(4.0)),
-        Some((&calibration, &windows[..1])),
+        Some(&calibration),
         &mut |_| {},
     )
     .err()
@@ -325,4 +318,60 @@ fn mixed_precision_follows_the_budget() {
         e.contains("below the smallest plan (5.000 bits per weight)"),
         "{e}"
     );
+}
+
+/// Sum of squared logit errors of `model` against `reference` over `windows`.
+fn logit_error(reference: &DenseModel, model: &DenseModel, windows: &[Vec<u32>]) -> f64 {
+    windows
+        .iter()
+        .map(|w| {
+            let want = reference.forward(w).unwrap();
+            let got = model.forward(w).unwrap();
+            want.iter()
+                .zip(&got)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// Whole-model GPTQ (sequential, with and without act-order) keeps the
+/// logits on the calibration text closer to the float model's than
+/// round-to-nearest at the same bits, on a model with more layers than the
+/// error of one layer alone would show.
+#[test]
+fn gptq_model_is_closer_to_the_float_model_than_rtn() {
+    let files = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 4)
+        .unwrap()
+        .files()
+        .unwrap();
+    let reference = DenseModel::from_files(&files).unwrap();
+    let windows = windows();
+    let calibration = CalibrationText {
+        sensitivity: windows[..1].to_vec(),
+        windows: windows.clone(),
+    };
+    let error_of = |opts: &Options| {
+        let q = plan::quantize(&files, opts, Some(&calibration), &mut |_| {}).unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "tandem-quantize-gptq-{}-{}",
+            std::process::id(),
+            opts.act_order
+        ));
+        write_model_dir(&files, q.tensors, &q.metadata, &dir).unwrap();
+        let model = DenseModel::from_files(&tandem_core::model::load(&dir).unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        logit_error(&reference, &model, &windows)
+    };
+    let rtn_error = error_of(&options(Method::Rtn, Some(4), 32, None));
+    for act_order in [false, true] {
+        let mut gptq = options(Method::Gptq, Some(4), 32, None);
+        gptq.act_order = act_order;
+        let gptq_error = error_of(&gptq);
+        eprintln!("act-order {act_order}: GPTQ {gptq_error:.4e}, RTN {rtn_error:.4e}");
+        assert!(
+            gptq_error < 0.85 * rtn_error,
+            "act-order {act_order}: GPTQ's logit error {gptq_error:.4e} is not below 0.85 × RTN's {rtn_error:.4e}"
+        );
+    }
 }

@@ -10,8 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_core::model::safetensors::write_model_dir;
 use tandem_quantize::calib;
-use tandem_quantize::dense::DenseModel;
-use tandem_quantize::plan::{self, Method, Options};
+use tandem_quantize::plan::{self, CalibrationText, Method, Options};
 
 use crate::model_path;
 
@@ -92,26 +91,20 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
                 "calibrating on {tokens} tokens of {}",
                 file.display()
             ));
-            let dense = DenseModel::from_files(&files)?;
-            let stats = calib::collect(&dense, &windows, 512)?;
-            drop(dense);
             let sensitivity = calib::windows(
                 &files.tokenizer,
                 file,
                 args.sensitivity_tokens,
                 args.sensitivity_tokens.min(args.calib_window),
             )?;
-            log("calibration statistics collected".into());
-            Some((stats, sensitivity))
+            Some(CalibrationText {
+                windows,
+                sensitivity,
+            })
         }
         None => None,
     };
-    let quantized = plan::quantize(
-        &files,
-        &opts,
-        calibration.as_ref().map(|(s, w)| (s, w.as_slice())),
-        &mut log,
-    )?;
+    let quantized = plan::quantize(&files, &opts, calibration.as_ref(), &mut log)?;
     let mut metadata = quantized.metadata;
     if let Some(file) = &args.calib {
         metadata.push((
