@@ -46,6 +46,7 @@ lint:
 WEB_SITE := target/web-site
 WEB_KERNELS := target/web-kernels
 WASM_RELEASE := $(or $(CARGO_TARGET_DIR),target)/wasm32-unknown-unknown/release
+NATIVE_DEBUG := $(or $(CARGO_TARGET_DIR),target)/debug
 WEB_ARTIFACTS ?= target/web-artifacts
 WEB_PORT ?= 8000
 WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = "\(.*\)"/\1/p}' Cargo.lock)
@@ -83,10 +84,12 @@ serve-web: web
 
 ## In headless Chromium (scripts/install-test-deps.sh installs it and the npm
 ## packages): the kernel suite on WebGPU (SwiftShader) against the CPU backend
-## in wasm, then the demo page against the native CPU's tokens, on the page's
-## CPU backend (wasm) and on WebGPU. Screenshots go to $(WEB_ARTIFACTS).
+## in wasm, then the demo page against the native CPU's tokens (a lean,
+## CPU-only debug build of `tandem` gives the chat tokens), on the page's CPU
+## backend (wasm) and on WebGPU. Screenshots go to $(WEB_ARTIFACTS).
 test-web: web web-kernel-tests
 	@test -d tests/web/node_modules/playwright-core || (cd tests/web && npm ci --no-audit --no-fund)
+	$(CARGO) build -p tandem --no-default-features
 	node tests/web/kernels.mjs $(WEB_KERNELS)
-	TANDEM_WEB_BACKEND=cpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
-	TANDEM_WEB_BACKEND=webgpu node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+	TANDEM_WEB_BACKEND=cpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+	TANDEM_WEB_BACKEND=webgpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)

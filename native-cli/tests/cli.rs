@@ -160,6 +160,34 @@ fn run_streams_only_the_completion() {
 }
 
 #[test]
+fn run_prints_the_generated_token_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--model", model.to_str().unwrap(), "-n", "5"];
+        args.extend_from_slice(extra);
+        args.push("hello there");
+        let out = tandem(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let plain = run(&[]);
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("token ids:"));
+    let out = run(&["--token-ids", "--chat-template"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("token ids: "))
+        .unwrap_or_else(|| panic!("no token ids in {stderr}"));
+    let ids: Vec<u32> = line.split(' ').map(|id| id.parse().unwrap()).collect();
+    assert!((1..=5).contains(&ids.len()), "{line}");
+}
+
+#[test]
 fn inspect_perplexity_and_bench_run() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());

@@ -10,11 +10,18 @@ const MIME = {
   ".json": "application/json", ".gguf": "application/octet-stream",
 };
 
-/** A static file server for `root` on 127.0.0.1 and a free port; `requests` counts each path. */
-export function serve(root, requests = new Map()) {
+/**
+ * A static file server for `root` on 127.0.0.1 and a free port; `requests`
+ * counts each path; `routes` maps a path to its own handler `(req, res)`.
+ */
+export function serve(root, requests = new Map(), routes = {}) {
   const server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
     requests.set(path, (requests.get(path) ?? 0) + 1);
+    if (routes[path]) {
+      routes[path](req, res);
+      return;
+    }
     const file = join(root, path.endsWith("/") ? `${path}index.html` : path);
     let size;
     try {

@@ -1,58 +1,228 @@
-// End-to-end test of the demo page in headless Chromium (WebGPU through
-// SwiftShader): serve the built site on 127.0.0.1, load SmolLM2-135M,
-// generate 8 greedy tokens and compare them with the native CPU backend's;
-// then reload the page and load the model again, which must come from the
-// browser's cache (the server sees one download).
+// End-to-end test of the demo page and the package in headless Chromium
+// (WebGPU through SwiftShader), served from 127.0.0.1:
+// - the page loads SmolLM2-135M through `Tandem.load(url)`, reporting the
+//   download, cache store and upload phases;
+// - 8 greedy tokens equal the native CPU backend's (the NumPy reference's);
+// - `engine.chat([{ role: "user", content }])` (on the page's CPU backend) gives the same 8 greedy tokens
+//   as `tandem run --chat-template --backend cpu` (run here, natively);
+// - a second load in the same page comes from the browser's cache (the
+//   server sees one download);
+// - failed downloads (404, a body cut short, a file without its end) give a
+//   clear error and leave nothing in the cache; `cache: false` leaves the
+//   cache alone; a bad cached copy is replaced by a new download; a
+//   Response, a Blob and an ArrayBuffer load too; after a reload the model
+//   still comes from the cache.
 //
-//   node tests/web/e2e.mjs SITE_DIR ARTIFACT_DIR
+//   TANDEM_BIN=target/debug/tandem node tests/web/e2e.mjs SITE_DIR ARTIFACT_DIR
 //
 // TANDEM_WEB_BACKEND=cpu runs the page's CPU backend (wasm) instead of WebGPU.
-//
 // SITE_DIR is what `make web` builds (page, pkg/, models/); the screenshot
 // goes to ARTIFACT_DIR (outside git).
 
-import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { launch, serve } from "./browser.mjs";
 
 const [siteDir, artifactDir] = process.argv.slice(2);
-if (!siteDir || !artifactDir) {
-  console.error("usage: node e2e.mjs SITE_DIR ARTIFACT_DIR");
+const tandemBin = process.env.TANDEM_BIN;
+if (!siteDir || !artifactDir || !tandemBin) {
+  console.error("usage: TANDEM_BIN=path/to/tandem node e2e.mjs SITE_DIR ARTIFACT_DIR");
   process.exit(2);
 }
 
 const PROMPT = "The capital of France is";
 // The first 8 greedy ids after the prompt (tests/fixtures/smollm2_reference.json,
-// and `tandem run --backend cpu -n 8`).
+// the NumPy reference that tests/tests/smollm2_reference.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
+const CHAT_MESSAGE = "What is the capital of France?";
+const MODEL_PATH = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const CACHE = "tandem-models-v1";
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
 const TIMEOUT_MS = 3 * 60 * 1000;
 
+const expectedChat = nativeChatTokens(CHAT_MESSAGE, EXPECTED.length);
+console.log(`native CPU chat tokens for ${JSON.stringify(CHAT_MESSAGE)}: ${expectedChat.join(" ")}`);
+
+const model = readFileSync(join(siteDir, MODEL_PATH));
 const requests = new Map();
-const server = await serve(siteDir, requests);
+const server = await serve(siteDir, requests, {
+  // Announces the whole file, sends half, then drops the connection.
+  "/broken/cut-short.gguf": (req, res) => {
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": model.length });
+    res.write(model.subarray(0, model.length >> 1), () => res.destroy());
+  },
+  // The model under another name, for the cache-repair checks.
+  "/copy/model.gguf": (req, res) => {
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": model.length });
+    res.end(model);
+  },
+  // No length announced: only parsing can tell the file is incomplete.
+  "/broken/no-end.gguf": (req, res) => {
+    res.writeHead(200, { "content-type": "application/octet-stream" });
+    res.end(model.subarray(0, model.length >> 1));
+  },
+});
 const url = `http://127.0.0.1:${server.address().port}/`;
 const userDataDir = mkdtempSync(join(tmpdir(), "tandem-chromium-"));
 const context = await launch(userDataDir);
 
-
+let passed = 0;
 let failed = 0;
+function check(ok, what, detail = "") {
+  if (ok) passed += 1;
+  else failed += 1;
+  console.log(`${ok ? "ok" : "FAIL"} (${BACKEND}): ${what}${detail ? `: ${detail}` : ""}`);
+}
+
 try {
   const page = context.pages()[0] ?? (await context.newPage());
   page.on("console", (m) => console.log(`[page ${m.type()}] ${m.text()}`));
   page.on("pageerror", (e) => console.log(`[page error] ${e.message}`));
   const opened = Date.now();
   await page.goto(url);
+  const status = await loadDefault(page);
+  const loaded = Date.now();
+  const loadLog = await page.textContent("#load-log");
+  console.log(`${status}\n${loadLog}\n${await page.textContent("#info")}`);
+  check(status.startsWith("Ready") && status.includes("downloaded") &&
+    /^download .*; store .*; upload /.test(loadLog), "the page loads the model by URL, with progress", loadLog);
+
+  const ids = await run(page, { prompt: PROMPT, chat: false });
+  const firstToken = Number((await page.textContent("#stats")).match(/first token after ([\d.]+) s/)?.[1]);
+  console.log(`page open to model ready ${(loaded - opened) / 1000} s; page open to first token ` +
+    `${((loaded - opened) / 1000 + firstToken).toFixed(2)} s`);
+  mkdirSync(artifactDir, { recursive: true });
+  const screenshot = join(artifactDir, `demo-${BACKEND}.png`);
+  await page.screenshot({ path: screenshot, fullPage: true });
+  console.log(`screenshot: ${screenshot}`);
+  check(same(ids, EXPECTED), "8 greedy tokens match the native CPU backend",
+    `browser [${ids.join(" ")}], native [${EXPECTED.join(" ")}]`);
+
+  // The chat path differs from generate only before the engine (template,
+  // tokens); on SwiftShader its ~40-token prefill takes minutes, so it runs
+  // on the page's CPU backend only.
+  if (BACKEND === "cpu") {
+    await page.click("#new-chat");
+    const chatIds = await run(page, { prompt: CHAT_MESSAGE, chat: true });
+    check(same(chatIds, expectedChat), "engine.chat gives the native CPU backend's greedy tokens",
+      `browser [${chatIds.join(" ")}], native [${expectedChat.join(" ")}]`);
+  }
+
+  const again = await loadDefault(page);
+  console.log(`${again}\n${await page.textContent("#load-log")}`);
+  check(again.includes("from the browser cache") && requests.get(MODEL_PATH) === 1,
+    "a second load in the page comes from the cache", `model downloaded ${requests.get(MODEL_PATH)} times`);
+
+  await page.reload();
+  // The package is initialised once the page enables its load button.
+  await page.waitForSelector("#load-default:not([disabled])");
+  const failures = await page.evaluate(async ({ urls, cache }) => {
+    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
+    const errors = {};
+    for (const url of urls) {
+      try {
+        (await Tandem.load(url, { backend: "cpu" })).free();
+        errors[url] = null;
+      } catch (e) {
+        errors[url] = e.message ?? String(e);
+      }
+    }
+    const cached = (await (await caches.open(cache)).keys()).map((r) => new URL(r.url).pathname);
+    return { errors, cached };
+  }, { urls: ["broken/missing.gguf", "broken/cut-short.gguf", "broken/no-end.gguf"], cache: CACHE });
+  console.log(JSON.stringify(failures, null, 2));
+  const { errors, cached } = failures;
+  check(/missing\.gguf: HTTP 404/.test(errors["broken/missing.gguf"]), "a 404 is a clear error");
+  check(/cut-short\.gguf: the download failed/.test(errors["broken/cut-short.gguf"]),
+    "a download cut short is a clear error");
+  check(/no-end\.gguf: .*truncated/.test(errors["broken/no-end.gguf"]),
+    "an incomplete file without a length is a clear error");
+  check(same(cached, [MODEL_PATH]), "failed downloads leave nothing in the cache", `cached: ${cached.join(", ")}`);
+
+  const copy = await page.evaluate(async ({ url, cache }) => {
+    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
+    const key = new URL(url, location.href).href;
+    const models = await caches.open(cache);
+    await models.put(key, new Response("GGUF, but only the start", { headers: { "content-length": "24" } }));
+    const load = async (options) => {
+      const engine = await Tandem.load(url, { backend: "cpu", ...options });
+      const { source } = engine.info();
+      const badChats = [[], [{ role: "user" }], "Hi"].map((messages) => {
+        try {
+          engine.chat(messages);
+          return null;
+        } catch (e) {
+          return e.message;
+        }
+      });
+      engine.free();
+      const cached = (await (await models.match(key))?.arrayBuffer())?.byteLength ?? null;
+      return { source, cached, badChats };
+    };
+    return { uncached: await load({ cache: false }), repaired: await load({}) };
+  }, { url: "copy/model.gguf", cache: CACHE });
+  const { uncached, repaired } = copy;
+  check(uncached.source === "network" && uncached.cached === 24,
+    "cache: false neither reads nor writes the cache", `source ${uncached.source}, cached ${uncached.cached} bytes`);
+  check(repaired.source === "network" && repaired.cached === model.length && requests.get("/copy/model.gguf") === 2,
+    "a bad cached copy is replaced by a new download",
+    `source ${repaired.source}, cached ${repaired.cached} bytes, ${requests.get("/copy/model.gguf")} downloads`);
+  check(repaired.badChats.every((e) => /^messages must be a non-empty array/.test(e)),
+    "engine.chat refuses messages that are not [{ role, content }]", [...new Set(repaired.badChats)].join(" | "));
+
+  const callers = await page.evaluate(async (url) => {
+    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
+    const sources = {
+      "a Response": () => fetch(url),
+      "a Blob": async () => (await fetch(url)).blob(),
+      "an ArrayBuffer": async () => (await fetch(url)).arrayBuffer(),
+    };
+    const results = {};
+    for (const [kind, make] of Object.entries(sources)) {
+      const phases = new Set();
+      const engine = await Tandem.load(await make(), { backend: "cpu", onProgress: (p) => phases.add(p.phase) });
+      const { source, modelBytes } = engine.info();
+      engine.free();
+      results[kind] = { source, modelBytes, phases: [...phases] };
+    }
+    return results;
+  }, "copy/model.gguf");
+  for (const [kind, r] of Object.entries(callers)) {
+    check(r.source === "caller" && r.modelBytes === model.length && same(r.phases, ["read", "upload"]),
+      `Tandem.load takes ${kind}`, JSON.stringify(r));
+  }
+
+  const afterReload = await loadDefault(page);
+  check(afterReload.includes("from the browser cache") && requests.get(MODEL_PATH) === 1,
+    "after a reload the model comes from the cache", afterReload);
+} catch (e) {
+  failed += 1;
+  console.log(`FAIL: ${e.stack ?? e}`);
+} finally {
+  await context.close();
+  server.close();
+  rmSync(userDataDir, { recursive: true, force: true });
+}
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
+
+/** Clicks the default model's button and returns the status once the load ended. */
+async function loadDefault(page) {
   await page.setChecked("#force-cpu", BACKEND === "cpu");
   await page.click("#load-default");
   await page.waitForFunction(
     () => /^(Ready|Loading failed)/.test(document.getElementById("status").textContent),
     null, { timeout: TIMEOUT_MS },
   );
-  const loaded = Date.now();
-  console.log(await page.textContent("#status"));
-  console.log(await page.textContent("#info"));
-  await page.fill("#prompt", PROMPT);
+  return page.textContent("#status");
+}
+
+/** Generates 8 greedy tokens from the page (as a chat turn or a plain prompt); returns their ids. */
+async function run(page, { prompt, chat }) {
+  await page.setChecked("#chat", chat);
+  await page.fill("#prompt", prompt);
   await page.fill("#max-tokens", String(EXPECTED.length));
   await page.fill("#temperature", "0");
   await page.click("#generate");
@@ -60,44 +230,23 @@ try {
     () => /^(Done|Generation failed)/.test(document.getElementById("status").textContent),
     null, { timeout: TIMEOUT_MS },
   );
-  const finished = Date.now();
-  const ids = (await page.textContent("#token-ids")).trim().split(/\s+/).filter(Boolean).map(Number);
-  console.log(`status: ${await page.textContent("#status")}`);
-  console.log(`output: ${JSON.stringify(await page.textContent("#output"))}`);
-  console.log(`stats: ${await page.textContent("#stats")}`);
-  console.log(`page open to model ready ${(loaded - opened) / 1000} s; generation ${(finished - loaded) / 1000} s`);
-  mkdirSync(artifactDir, { recursive: true });
-  const screenshot = join(artifactDir, `demo-${BACKEND}.png`);
-  await page.screenshot({ path: screenshot, fullPage: true });
-  console.log(`screenshot: ${screenshot}`);
-  if (JSON.stringify(ids) === JSON.stringify(EXPECTED)) {
-    console.log(`ok (${BACKEND}): greedy tokens ${ids.join(" ")} match the native CPU backend`);
-  } else {
-    failed = 1;
-    console.log(`FAIL (${BACKEND}): browser tokens [${ids.join(" ")}], native CPU tokens [${EXPECTED.join(" ")}]`);
-  }
-
-  await page.reload();
-  await page.setChecked("#force-cpu", BACKEND === "cpu");
-  await page.click("#load-default");
-  await page.waitForFunction(
-    () => /^(Ready|Loading failed)/.test(document.getElementById("status").textContent),
-    null, { timeout: TIMEOUT_MS },
-  );
-  const downloads = requests.get("/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  if (downloads === 1 && (await page.textContent("#status")).startsWith("Ready")) {
-    console.log("ok: after a reload the model came from the browser cache");
-  } else {
-    failed = 1;
-    console.log(`FAIL: after a reload: ${await page.textContent("#status")}; model downloaded ${downloads} times`);
-  }
-} catch (e) {
-  failed = 1;
-  console.log(`FAIL: ${e.stack ?? e}`);
-} finally {
-  await context.close();
-  server.close();
-  rmSync(userDataDir, { recursive: true, force: true });
+  console.log(`${chat ? "chat" : "generate"}: ${await page.textContent("#status")} ` +
+    `${JSON.stringify(await page.textContent("#output"))} (${await page.textContent("#stats")})`);
+  return (await page.textContent("#token-ids")).trim().split(/\s+/).filter(Boolean).map(Number);
 }
-console.log(`${1 - failed} passed, ${failed} failed`);
-process.exit(failed);
+
+/** The native CPU backend's greedy token ids for `message` as a user's chat turn. */
+function nativeChatTokens(message, count) {
+  const args = ["run", "--backend", "cpu", "--model", join(siteDir, MODEL_PATH), "--chat-template",
+    "--token-ids", "--temperature", "0", "-n", String(count), message];
+  const out = spawnSync(tandemBin, args, { encoding: "utf8" });
+  const line = out.stderr?.match(/^token ids: (.*)$/m);
+  if (out.status !== 0 || !line) {
+    throw new Error(`${tandemBin} ${args.join(" ")} failed (${out.error ?? out.status}):\n${out.stderr}`);
+  }
+  return line[1].trim().split(" ").map(Number);
+}
+
+function same(a, b) {
+  return JSON.stringify(a) === JSON.stringify(b);
+}

@@ -1,39 +1,47 @@
 //! Tandem in the browser: the `Tandem` class that JavaScript sees.
 //!
 //! ```js
-//! const engine = await Tandem.load(bytes, { onProgress, backend: "auto" });
+//! const engine = await Tandem.load(url, { onProgress, backend: "auto" });
 //! for await (const piece of engine.generate(prompt, { maxTokens, temperature, topP, seed })) { ... }
+//! for await (const piece of engine.chat([{ role: "user", content }], { maxTokens })) { ... }
 //! engine.abort(); engine.info();
 //! ```
 //!
-//! The model runs on the browser's WebGPU (`tandem-wgpu`); where
+//! The model's bytes stream into wasm memory (`source`: fetch, Cache API,
+//! progress). The model runs on the browser's WebGPU (`tandem-wgpu`); where
 //! `navigator.gpu` is missing or no adapter opens, on the CPU backend, single
 //! threaded. Every engine step reads its tokens back with an async download
 //! (blocking is not allowed on the browser's main thread), so each `next()`
 //! of a generation is one `Engine::begin_step` / `finish_step` pair.
 //! Errors become JavaScript exceptions; nothing panics across the boundary.
 
+mod source;
+
 use std::cell::{Cell, RefCell};
 use std::path::Path;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
-use js_sys::{Function, Object, Reflect, Uint32Array, Uint8Array};
+use js_sys::{Array, Function, Object, Reflect, Uint32Array};
 use wasm_bindgen::prelude::*;
 
 use tandem_core::engine::{Engine, EngineConfig, ReadValues, Readback, TokenEvent};
 use tandem_core::kv::SeqId;
 use tandem_core::model::gguf::{model_from_gguf, GgufFile};
-use tandem_core::model::Bytes;
+use tandem_core::model::{Bytes, ModelFiles};
 use tandem_core::sched::SamplingParams;
-use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
+use tandem_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use tandem_core::Backend;
 use tandem_cpu::CpuBackend;
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
+use source::{Origin, Progress};
+
 /// Tokens of context the KV cache holds (f32 K/V: SmolLM2-135M takes 90 MiB).
 const CONTEXT_TOKENS: usize = 2048;
 const DEFAULT_MAX_TOKENS: usize = 128;
+/// The Cache API cache downloaded models go to unless `options.cache` names another.
+const DEFAULT_CACHE: &str = "tandem-models-v1";
 
 #[wasm_bindgen(inline_js = r#"
 export function asyncPieces(generation) {
@@ -56,11 +64,50 @@ extern "C" {
     fn async_pieces(generation: Generation) -> JsValue;
 }
 
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console)]
+    fn warn(message: &str);
+}
+
 #[wasm_bindgen(typescript_custom_section)]
 const TYPESCRIPT_TYPES: &str = r#"
+/**
+ * A GGUF model: a URL (fetched with a streamed body, and cached), a Response,
+ * a Blob or File, or bytes (copied into wasm memory: the caller keeps its own
+ * copy, so a URL, Response or Blob takes half the memory).
+ */
+export type ModelSource = string | URL | Response | Blob | ArrayBuffer | Uint8Array;
+/**
+ * One progress report of `Tandem.load`. Phases, in order: "download" (a URL,
+ * from the network), "cache" (a URL, from the browser's cache) or "read" (a
+ * Response, Blob, File or bytes handed in); then "store" (writing a download
+ * to the cache: one report before, one after) and "upload" (weights to the
+ * backend).
+ * `done` and `total` count bytes; `total` is null when the server sent no
+ * length.
+ */
+export interface LoadProgress {
+  phase: "download" | "cache" | "read" | "store" | "upload";
+  done: number;
+  total: number | null;
+}
 export interface LoadOptions {
+  /** "auto" (default): WebGPU, else the CPU backend in wasm. */
   backend?: "auto" | "webgpu" | "cpu";
-  onProgress?: (done: number, total: number) => void;
+  onProgress?: (progress: LoadProgress) => void;
+  /**
+   * Where a model loaded from a URL is kept: true (default) for the Cache API
+   * cache "tandem-models-v1", a string for another cache, false for none.
+   * Only a download that arrived whole (as long as its Content-Length) and
+   * parsed as a model is stored; a bad cached copy is dropped and the model
+   * downloaded again.
+   */
+  cache?: boolean | string;
+}
+export interface ChatMessage {
+  role: string;
+  content: string;
 }
 export interface GenerateOptions {
   maxTokens?: number;
@@ -70,6 +117,10 @@ export interface GenerateOptions {
 }
 export interface TandemInfo {
   model: string;
+  /** Where the model's bytes came from. */
+  source: "network" | "cache" | "caller";
+  /** Size of the model file in bytes. */
+  modelBytes: number;
   backend: "webgpu" | "cpu";
   adapter: string;
   features: { shaderF16: boolean; subgroups: boolean; usesF16: boolean; usesSubgroups: boolean };
@@ -95,28 +146,34 @@ struct Shared {
 
 #[wasm_bindgen]
 impl Tandem {
-    /// Loads a GGUF model from its bytes. `options.onProgress(done, total)`
-    /// follows the upload of the weights; `options.backend` is `"auto"`
-    /// (WebGPU, else the CPU), `"webgpu"` or `"cpu"`.
+    /// Loads a GGUF model from `source`: a URL (string or URL: fetched with
+    /// a streamed body and kept in the Cache API), a Response, a Blob or
+    /// File, an ArrayBuffer or a Uint8Array. `options.onProgress({ phase,
+    /// done, total })` follows reading the bytes and uploading the weights;
+    /// `options.backend` is `"auto"` (WebGPU, else the CPU), `"webgpu"` or
+    /// `"cpu"`; `options.cache` is `true` (default), a cache name, or `false`.
     pub async fn load(
-        bytes: Uint8Array,
+        #[wasm_bindgen(unchecked_param_type = "ModelSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "LoadOptions")] options: Option<Object>,
     ) -> Result<Tandem, JsError> {
         let options = options.unwrap_or_default();
         let choice = string_option(&options, "backend")?.unwrap_or_else(|| "auto".into());
-        let on_progress = get(&options, "onProgress")?.dyn_into::<Function>().ok();
-        let mut progress = |done: usize, total: usize| {
-            if let Some(f) = &on_progress {
-                // A failing progress callback must not stop the load.
-                let _ = f.call2(&JsValue::NULL, &done.into(), &total.into());
+        let cache = cache_option(&options)?;
+        let progress = Progress::new(get(&options, "onProgress")?.dyn_into::<Function>().ok());
+        let loaded = read_model(&source, cache.as_deref(), &progress).await?;
+        if let (Origin::Network, Some(cache), Some(key)) =
+            (loaded.origin, cache.as_deref(), loaded.cache_key.as_deref())
+        {
+            let len = loaded.bytes.len();
+            progress.report("store", 0, Some(len));
+            // A model that cannot be cached still runs.
+            match source::store(cache, key, &loaded.bytes).await {
+                Ok(()) => progress.report("store", len, Some(len)),
+                Err(e) => warn(&format!("tandem: {key} was not cached: {e}")),
             }
-        };
-        let file = GgufFile::parse(
-            Arc::new(Bytes::Owned(bytes.to_vec())),
-            Path::new("model.gguf"),
-        )
-        .map_err(js_error)?;
-        let files = model_from_gguf(file, Path::new("model.gguf")).map_err(js_error)?;
+        }
+        let files = loaded.files;
+        let mut upload = |done: usize, total: usize| progress.report("upload", done, Some(total));
         let model = files
             .metadata
             .iter()
@@ -153,13 +210,12 @@ impl Tandem {
                     uses_f16: backend.uses_f16(),
                     uses_subgroups: backend.uses_subgroups(),
                 };
-                let engine =
-                    Engine::new(backend, &files, config, &mut progress).map_err(js_error)?;
+                let engine = Engine::new(backend, &files, config, &mut upload).map_err(js_error)?;
                 (AnyEngine::WebGpu(Box::new(engine)), adapter, features, None)
             }
             Err(reason) if choice == "webgpu" => return Err(JsError::new(&reason)),
             Err(reason) => {
-                let engine = Engine::new(CpuBackend::new(1), &files, config, &mut progress)
+                let engine = Engine::new(CpuBackend::new(1), &files, config, &mut upload)
                     .map_err(js_error)?;
                 let device = engine.backend().info().device;
                 (
@@ -172,12 +228,15 @@ impl Tandem {
         };
         let info = Info {
             model,
+            source: loaded.origin,
+            model_bytes: loaded.bytes.len(),
             backend: engine.name().into(),
             adapter,
             features,
             fallback_reason,
         };
-        // The weights are on the backend now: only the tokenizer stays.
+        // The weights are on the backend now: only the tokenizer stays (the
+        // file's bytes are freed when `loaded.bytes` and `files` go).
         let runtime = Runtime {
             engine,
             tokenizer: files.tokenizer,
@@ -202,27 +261,27 @@ impl Tandem {
         prompt: &str,
         #[wasm_bindgen(unchecked_optional_param_type = "GenerateOptions")] options: Option<Object>,
     ) -> Result<JsValue, JsError> {
-        let options = options.unwrap_or_default();
-        let max_tokens = number_option(&options, "maxTokens")?
-            .map_or(DEFAULT_MAX_TOKENS, |n| n.max(0.0) as usize);
-        let params = SamplingParams {
-            temperature: number_option(&options, "temperature")?.unwrap_or(0.0) as f32,
-            top_p: number_option(&options, "topP")?.unwrap_or(1.0) as f32,
-            seed: number_option(&options, "seed")?.unwrap_or(0.0) as u64,
-            ..SamplingParams::default()
-        };
-        self.abort()?;
-        let mut runtime = self.shared.runtime.try_borrow_mut().map_err(|_| busy())?;
-        let seq = runtime
-            .start(prompt, params, max_tokens)
-            .map_err(js_error)?;
-        self.shared.active.set(Some(seq));
-        self.shared.generated.borrow_mut().clear();
-        Ok(async_pieces(Generation {
-            shared: self.shared.clone(),
-            seq,
-            decoder: Rc::new(RefCell::new(StreamDecoder::new())),
-        }))
+        let tokens = self.tokenizer(|t| t.encode(prompt, true))?;
+        self.start(tokens, options)
+    }
+
+    /// Like `generate`, after a conversation: `messages` is the whole
+    /// conversation so far (`[{ role, content }]`: "system", "user",
+    /// "assistant"), rendered with the model's chat template (ChatML when it
+    /// has none) the way `tandem chat` renders it, ending with the prompt for
+    /// the assistant's reply. Nothing is kept between calls.
+    #[wasm_bindgen(unchecked_return_type = "AsyncIterable<string>")]
+    pub fn chat(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "ChatMessage[]")] messages: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "GenerateOptions")] options: Option<Object>,
+    ) -> Result<JsValue, JsError> {
+        let messages = chat_messages(&messages)?;
+        let tokens = self.tokenizer(|t| {
+            let text = t.apply_chat_template(&messages, true)?;
+            t.encode(&text, true)
+        })?;
+        self.start(tokens, options)
     }
 
     /// Stops the running generation (its iterator ends at its next step).
@@ -240,20 +299,145 @@ impl Tandem {
         Uint32Array::from(self.shared.generated.borrow().as_slice())
     }
 
-    /// `{ model, backend, adapter, features: { shaderF16, subgroups, usesF16,
-    /// usesSubgroups }, fallbackReason }`.
+    /// `{ model, source, modelBytes, backend, adapter, features: { shaderF16,
+    /// subgroups, usesF16, usesSubgroups }, fallbackReason }`.
     #[wasm_bindgen(unchecked_return_type = "TandemInfo")]
     pub fn info(&self) -> Result<Object, JsError> {
         self.info.to_js()
     }
 }
 
+impl Tandem {
+    /// Runs `f` on the model's tokenizer.
+    fn tokenizer<T>(
+        &self,
+        f: impl FnOnce(&Tokenizer) -> tandem_core::Result<T>,
+    ) -> Result<T, JsError> {
+        let runtime = self.shared.runtime.try_borrow().map_err(|_| busy())?;
+        f(&runtime.tokenizer).map_err(js_error)
+    }
+
+    /// Starts a generation after `prompt` (token ids), stopping the running one.
+    fn start(&self, prompt: Vec<u32>, options: Option<Object>) -> Result<JsValue, JsError> {
+        let options = options.unwrap_or_default();
+        let max_tokens = number_option(&options, "maxTokens")?
+            .map_or(DEFAULT_MAX_TOKENS, |n| n.max(0.0) as usize);
+        let params = SamplingParams {
+            temperature: number_option(&options, "temperature")?.unwrap_or(0.0) as f32,
+            top_p: number_option(&options, "topP")?.unwrap_or(1.0) as f32,
+            seed: number_option(&options, "seed")?.unwrap_or(0.0) as u64,
+            ..SamplingParams::default()
+        };
+        self.abort()?;
+        let mut runtime = self.shared.runtime.try_borrow_mut().map_err(|_| busy())?;
+        let seq = runtime
+            .start(prompt, params, max_tokens)
+            .map_err(js_error)?;
+        self.shared.active.set(Some(seq));
+        self.shared.generated.borrow_mut().clear();
+        Ok(async_pieces(Generation {
+            shared: Rc::downgrade(&self.shared),
+            seq,
+            decoder: Rc::new(RefCell::new(StreamDecoder::new())),
+        }))
+    }
+}
+
+/// A model file in wasm memory and what was parsed from it.
+struct LoadedModel {
+    files: ModelFiles,
+    /// The file's bytes (the weights in `files` point into them).
+    bytes: Arc<Bytes>,
+    origin: Origin,
+    cache_key: Option<String>,
+}
+
+/// Reads and parses the model. A cached copy that is incomplete or does not
+/// parse is dropped from the cache and the model downloaded again.
+async fn read_model(
+    source: &JsValue,
+    cache: Option<&str>,
+    progress: &Progress,
+) -> Result<LoadedModel, JsError> {
+    let error = match read_and_parse(source, cache, true, progress).await {
+        Ok(loaded) => return Ok(loaded),
+        Err(error) => error,
+    };
+    let (Some(cache), Some(key)) = (cache, error.cached) else {
+        return Err(JsError::new(&error.message));
+    };
+    warn(&format!(
+        "tandem: the cached copy of {key} is bad ({}); downloading it again",
+        error.message
+    ));
+    source::forget(cache, &key)
+        .await
+        .map_err(|e| JsError::new(&e))?;
+    read_and_parse(source, Some(cache), false, progress)
+        .await
+        .map_err(|e| JsError::new(&e.message))
+}
+
+async fn read_and_parse(
+    source: &JsValue,
+    cache: Option<&str>,
+    use_cached: bool,
+    progress: &Progress,
+) -> Result<LoadedModel, source::ReadError> {
+    let model = source::read(source, cache, use_cached, progress).await?;
+    let bytes = Arc::new(Bytes::Owned(model.bytes));
+    let path = Path::new(&model.name);
+    match GgufFile::parse(bytes.clone(), path).and_then(|file| model_from_gguf(file, path)) {
+        Ok(files) => Ok(LoadedModel {
+            files,
+            bytes,
+            origin: model.origin,
+            cache_key: model.cache_key,
+        }),
+        Err(e) => Err(source::ReadError {
+            message: e.to_string(),
+            cached: model.cache_key.filter(|_| model.origin == Origin::Cache),
+        }),
+    }
+}
+
+/// `[{ role, content }]` from JavaScript.
+fn chat_messages(messages: &JsValue) -> Result<Vec<ChatMessage>, JsError> {
+    let wrong = || {
+        JsError::new(
+            "messages must be a non-empty array of { role, content } objects \
+             whose role and content are strings",
+        )
+    };
+    if !Array::is_array(messages) {
+        return Err(wrong());
+    }
+    let messages = Array::from(messages);
+    if messages.length() == 0 {
+        return Err(wrong());
+    }
+    messages
+        .iter()
+        .map(|m| {
+            let field = |key: &str| {
+                Reflect::get(&m, &key.into())
+                    .ok()
+                    .and_then(|v| v.as_string())
+                    .ok_or_else(wrong)
+            };
+            Ok(ChatMessage::new(field("role")?, field("content")?))
+        })
+        .collect()
+}
+
 /// One generation, as the async iterable's source: each `next()` runs one
 /// engine step and resolves to the text it completed (possibly empty), or
-/// `undefined` when the sequence is finished or stopped.
+/// `undefined` when the sequence is finished or stopped, or the engine freed.
+/// It holds the engine weakly: `free()` on the engine releases the model at
+/// once, not when the garbage collector gets to the finished iterators.
 #[wasm_bindgen]
 pub struct Generation {
-    shared: Rc<Shared>,
+    shared: Weak<Shared>,
     seq: SeqId,
     decoder: Rc<RefCell<StreamDecoder>>,
 }
@@ -262,10 +446,13 @@ pub struct Generation {
 impl Generation {
     #[wasm_bindgen(unchecked_return_type = "Promise<string | undefined>")]
     pub fn next(&self) -> js_sys::Promise {
-        let shared = self.shared.clone();
+        let shared = self.shared.upgrade();
         let seq = self.seq;
         let decoder = self.decoder.clone();
         wasm_bindgen_futures::future_to_promise(async move {
+            let Some(shared) = shared else {
+                return Ok(JsValue::UNDEFINED);
+            };
             next_piece(&shared, seq, &decoder)
                 .await
                 .map_err(|e| JsValue::from(js_sys::Error::new(&e)))
@@ -274,9 +461,12 @@ impl Generation {
 
     /// Ends this generation (a `break` out of `for await` calls it).
     pub fn stop(&self) {
-        if self.shared.active.get() == Some(self.seq) {
-            self.shared.active.set(None);
-            if let Ok(mut runtime) = self.shared.runtime.try_borrow_mut() {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        if shared.active.get() == Some(self.seq) {
+            shared.active.set(None);
+            if let Ok(mut runtime) = shared.runtime.try_borrow_mut() {
                 runtime.remove(self.seq);
             }
         }
@@ -340,11 +530,10 @@ impl AnyEngine {
 impl Runtime {
     fn start(
         &mut self,
-        prompt: &str,
+        prompt: Vec<u32>,
         params: SamplingParams,
         max_tokens: usize,
     ) -> tandem_core::Result<SeqId> {
-        let prompt = self.tokenizer.encode(prompt, true)?;
         let stop = self.tokenizer.eos_tokens().to_vec();
         match &mut self.engine {
             AnyEngine::WebGpu(e) => e.add_request(prompt, params, max_tokens, stop),
@@ -445,6 +634,8 @@ async fn open_webgpu() -> Result<WgpuBackend, String> {
 /// What `Tandem.info()` returns.
 struct Info {
     model: String,
+    source: Origin,
+    model_bytes: usize,
     backend: String,
     adapter: String,
     features: Features,
@@ -472,6 +663,8 @@ impl Info {
         )?;
         let info = Object::new();
         set(&info, "model", self.model.as_str().into())?;
+        set(&info, "source", self.source.as_str().into())?;
+        set(&info, "modelBytes", (self.model_bytes as f64).into())?;
         set(&info, "backend", self.backend.as_str().into())?;
         set(&info, "adapter", self.adapter.as_str().into())?;
         set(&info, "features", features.into())?;
@@ -505,6 +698,23 @@ fn number_option(options: &Object, key: &str) -> Result<Option<f64>, JsError> {
         _ => Err(JsError::new(&format!(
             "option {key} must be a finite number"
         ))),
+    }
+}
+
+/// `options.cache`: the cache's name, or `None` for no caching.
+fn cache_option(options: &Object) -> Result<Option<String>, JsError> {
+    let value = get(options, "cache")?;
+    if value.is_undefined() || value.is_null() || value.as_bool() == Some(true) {
+        return Ok(Some(DEFAULT_CACHE.into()));
+    }
+    if value.as_bool() == Some(false) {
+        return Ok(None);
+    }
+    match value.as_string() {
+        Some(name) if !name.is_empty() => Ok(Some(name)),
+        _ => Err(JsError::new(
+            "option cache must be true, false or the name of a cache",
+        )),
     }
 }
 

@@ -1,26 +1,29 @@
-// The demo page: load a GGUF model (picked, dropped, or the default served
-// beside the page, kept in the Cache API), then stream a generation.
+// The demo page: load a GGUF model (the default served beside the page,
+// fetched and cached by the package; or a file picked or dropped), then
+// stream a completion or a chat reply.
 
 import init, { Tandem } from "./pkg/tandem_web.js";
 
 const DEFAULT_MODEL_URL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-const MODEL_CACHE = "tandem-models-v1";
 
 const $ = (id) => document.getElementById(id);
 let engine = null;
+/** The chat so far: [{ role, content }], sent whole with each turn. */
+let conversation = [];
 
-await init();
+const wasm = await init();
 wireModelInputs();
 $("generate").onclick = generate;
 $("stop").onclick = () => engine?.abort();
+$("new-chat").onclick = () => showConversation([]);
 
 /** Wires the model inputs, then enables the button (a click before init would be lost). */
 function wireModelInputs() {
-  $("load-default").onclick = () => loadModel(() => fetchModel(DEFAULT_MODEL_URL));
+  $("load-default").onclick = () => loadModel(DEFAULT_MODEL_URL);
   $("load-default").disabled = false;
   $("file").onchange = (e) => {
     const file = e.target.files[0];
-    if (file) loadModel(() => readFile(file));
+    if (file) loadModel(file);
   };
   const drop = $("drop");
   drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
@@ -29,80 +32,53 @@ function wireModelInputs() {
     e.preventDefault();
     drop.classList.remove("over");
     const file = e.dataTransfer.files[0];
-    if (file) loadModel(() => readFile(file));
+    if (file) loadModel(file);
   };
 }
 
-async function loadModel(getBytes) {
+/** Loads `source` (a URL or a File); the phases of the load and their times go to #load-log. */
+async function loadModel(source) {
   engine?.abort();
+  engine?.free();
   engine = null;
   $("generate").disabled = true;
+  $("load-log").textContent = "";
+  const memoryBefore = wasm.memory.buffer.byteLength;
+  const phases = new Map();
   try {
     const started = performance.now();
-    const bytes = await getBytes();
-    setStatus(`Uploading ${megabytes(bytes.length)} to the backend…`);
-    engine = await Tandem.load(bytes, {
+    setStatus(`Loading ${source.name ?? source}…`);
+    engine = await Tandem.load(source, {
       backend: $("force-cpu").checked ? "cpu" : "auto",
-      onProgress: (done, total) => setProgress(done, total),
+      cache: !$("no-cache").checked,
+      onProgress: (p) => {
+        const now = performance.now();
+        const phase = phases.get(p.phase) ?? { start: now };
+        phases.set(p.phase, { ...phase, end: now, done: p.done, total: p.total });
+        setProgress(p.done, p.total ?? p.done);
+        setStatus(`${PHASES[p.phase]} ${megabytes(p.done)}${p.total ? ` of ${megabytes(p.total)}` : ""}…`);
+      },
     });
     const info = engine.info();
     $("info").textContent = JSON.stringify(info, null, 2);
+    $("load-log").textContent = [...phases].map(([phase, p]) =>
+      `${phase} ${megabytes(p.done)} in ${seconds(p.end - p.start)}`).join("; ");
     const fallback = info.fallbackReason ? ` (${info.fallbackReason})` : "";
-    setStatus(`Ready: ${info.model} on ${info.backend}${fallback}, loaded in ${seconds(performance.now() - started)}.`);
+    setStatus(`Ready: ${info.model} on ${info.backend}${fallback}, ${SOURCES[info.source]}, ` +
+      `loaded in ${seconds(performance.now() - started)}; wasm memory ` +
+      `${megabytes(wasm.memory.buffer.byteLength)} (${megabytes(memoryBefore)} before) ` +
+      `for a ${megabytes(info.modelBytes)} model.`);
     $("generate").disabled = false;
   } catch (e) {
     setStatus(`Loading failed: ${e.message ?? e}`);
   }
 }
 
-/** The model at `url`, from the cache when a complete copy is there. */
-async function fetchModel(url) {
-  const cache = globalThis.caches ? await caches.open(MODEL_CACHE) : null;
-  const cached = await cache?.match(url);
-  if (cached) {
-    setStatus("Reading the model from the browser cache…");
-    return new Uint8Array(await cached.arrayBuffer());
-  }
-  setStatus(`Downloading ${url}…`);
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
-  const total = Number(response.headers.get("content-length")) || 0;
-  const bytes = await readStream(response.body, total);
-  // Only a complete download is cached: a partial one would poison reloads.
-  if (cache && (total === 0 || bytes.length === total)) {
-    await cache.put(url, new Response(bytes, {
-      headers: { "content-type": "application/octet-stream", "content-length": String(bytes.length) },
-    }));
-  }
-  return bytes;
-}
-
-/** Reads a body into one buffer (allocated once when its length is known). */
-async function readStream(body, total) {
-  const reader = body.getReader();
-  const chunks = [];
-  let received = 0;
-  const whole = total ? new Uint8Array(total) : null;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (whole && received + value.length <= total) whole.set(value, received);
-    else chunks.push(value);
-    received += value.length;
-    setProgress(received, total || received);
-  }
-  if (whole && received === total) return whole;
-  if (whole) throw new Error(`download ended after ${received} of ${total} bytes`);
-  const bytes = new Uint8Array(received);
-  let offset = 0;
-  for (const chunk of chunks) { bytes.set(chunk, offset); offset += chunk.length; }
-  return bytes;
-}
-
-async function readFile(file) {
-  setStatus(`Reading ${file.name}…`);
-  return new Uint8Array(await file.arrayBuffer());
-}
+const PHASES = {
+  download: "Downloading", cache: "Reading from the browser cache", read: "Reading the file",
+  store: "Caching the download", upload: "Uploading the weights",
+};
+const SOURCES = { network: "downloaded", cache: "from the browser cache", caller: "from a file" };
 
 async function generate() {
   $("generate").disabled = true;
@@ -113,13 +89,16 @@ async function generate() {
   const started = performance.now();
   let firstToken = 0;
   let tokens = 0;
+  const options = {
+    maxTokens: Number($("max-tokens").value),
+    temperature: Number($("temperature").value),
+    topP: Number($("top-p").value),
+    seed: Number($("seed").value),
+  };
+  const chat = $("chat").checked;
+  const messages = [...conversation, { role: "user", content: $("prompt").value }];
   try {
-    const pieces = engine.generate($("prompt").value, {
-      maxTokens: Number($("max-tokens").value),
-      temperature: Number($("temperature").value),
-      topP: Number($("top-p").value),
-      seed: Number($("seed").value),
-    });
+    const pieces = chat ? engine.chat(messages, options) : engine.generate($("prompt").value, options);
     for await (const piece of pieces) {
       tokens += 1;
       if (tokens === 1) firstToken = performance.now() - started;
@@ -129,6 +108,7 @@ async function generate() {
         (tokens > 1 ? `, ${((tokens - 1) / decode).toFixed(1)} tokens/s` : "");
     }
     $("token-ids").textContent = Array.from(engine.generatedTokens()).join(" ");
+    if (chat) showConversation([...messages, { role: "assistant", content: $("output").textContent }]);
     setStatus("Done.");
   } catch (e) {
     setStatus(`Generation failed: ${e.message ?? e}`);
@@ -136,6 +116,11 @@ async function generate() {
     $("generate").disabled = false;
     $("stop").disabled = true;
   }
+}
+
+function showConversation(messages) {
+  conversation = messages;
+  $("conversation").textContent = messages.map((m) => `${m.role}: ${m.content}`).join("\n");
 }
 
 function setStatus(text) {

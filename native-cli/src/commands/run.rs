@@ -22,6 +22,9 @@ pub struct RunArgs {
     /// Apply the model's chat template to the prompt (as a user message).
     #[arg(long)]
     pub chat_template: bool,
+    /// After the text, print the generated token ids on stderr (`token ids: 1 2 3`).
+    #[arg(long)]
+    pub token_ids: bool,
     pub prompt: String,
 }
 
@@ -57,8 +60,13 @@ impl WithBackend for RunArgs {
             tokenizer.eos_tokens().to_vec(),
         )?;
         let mut stdout = std::io::stdout().lock();
-        let (_, stats) = stream_turn(&mut engine, tokenizer, seq, prompt.len(), &mut stdout)?;
+        let (generated, stats) =
+            stream_turn(&mut engine, tokenizer, seq, prompt.len(), &mut stdout)?;
         println!();
+        if self.token_ids {
+            let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
+            eprintln!("token ids: {}", ids.join(" "));
+        }
         eprintln!("{}", stats.report());
         if engine.speculation().is_some() {
             eprintln!("{}", engine.stats().speculation.summary());
