@@ -1,5 +1,6 @@
 // paged_attention_quant: causal attention of each query row over its
-// sequence's INT8/INT4 cached K/V (slot layout: paged_kv_write_quant.cu),
+// sequence's INT8/INT4 cached K/V (slot layout: paged_kv_write_quant.cu;
+// INT4 keys are per-channel blocks: paged_kv_write_int4_keys.cu),
 // read through the block table and dequantized as it is read, with an online
 // softmax. Inputs as paged_attention.cu: q, out [rows, heads * head_dim] f32,
 // row_seq, positions [rows], block_tables [seqs, max_blocks]; a row at
@@ -22,6 +23,8 @@ struct QuantAttentionShape {
     u32 rows, heads, kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
     u32 groups_per_head, bits, slot_words;
+    // INT4: kv_heads * head_dim, keys in per-channel blocks; 0: keys in slots.
+    u32 key_channels;
 };
 
 // Element e (of the kv_heads * head_dim row) of the slot starting at `slot`.
@@ -32,6 +35,17 @@ __device__ __forceinline__ float dequantize(const u32* __restrict__ slot, const 
     const u32 q = (__ldg(slot + g * s.bits + i / per_word) >> ((i % per_word) * s.bits)) & ((1u << s.bits) - 1u);
     float scale, zero;
     half2_to_f32<FMT_F16>(__ldg(slot + s.kv_heads * s.groups_per_head * s.bits + g), scale, zero);
+    return fmaf((float)q, scale, zero);
+}
+
+// Channel e of the token in `slot` of an INT4 key block.
+__device__ __forceinline__ float dequantize_key_block(const u32* __restrict__ k_cache, const QuantAttentionShape& s,
+                                                      u64 slot, u32 e) {
+    const u32 per_token = (s.key_channels + 7u) / 8u;
+    const u32* block = k_cache + slot / s.block_size * (u64)(s.block_size * per_token + s.key_channels);
+    const u32 q = (__ldg(block + slot % s.block_size * per_token + e / 8u) >> (e % 8u * 4u)) & 15u;
+    float scale, zero;
+    half2_to_f32<FMT_F16>(__ldg(block + s.block_size * per_token + e), scale, zero);
     return fmaf((float)q, scale, zero);
 }
 
@@ -63,7 +77,11 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
         if (j < hi && j / s.block_size < s.max_blocks)
             slot = (long long)table_row[j / s.block_size] * s.block_size + j % s.block_size;
         float score = NEG_INF;
-        if (slot >= 0) {
+        if (slot >= 0 && s.key_channels != 0) {
+            score = 0.0f;
+            for (u32 d = 0; d < hd; ++d)
+                score = fmaf(qs[d], dequantize_key_block(k_cache, s, (u64)slot, kv_base + d), score);
+        } else if (slot >= 0) {
             const u32* key = k_cache + (u64)slot * s.slot_words;
             score = 0.0f;
             for (u32 d = 0; d < hd; ++d) score = fmaf(qs[d], dequantize(key, s, kv_base + d), score);

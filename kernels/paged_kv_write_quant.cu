@@ -8,7 +8,9 @@
 // / (2^bits - 1), both rounded to f16 (saturating at 65504), code =
 // floor((x - min) / scale + 0.5) clamped to [0, 2^bits - 1] with the rounded
 // values, computed without fused multiply-adds so the codes match the CPU's.
-// One thread per (row, group); a slot past the cache is skipped.
+// One thread per (row, group) writes that group of v, and of k unless `keys`
+// is 0 (INT4 keys are quantized per channel over each block by
+// paged_kv_write_int4_keys.cu); a slot past the cache is skipped.
 
 #include "common.cuh"
 
@@ -40,7 +42,7 @@ __device__ __forceinline__ void quantize_group(const float* __restrict__ x, u32 
 extern "C" __global__ void paged_kv_write_quant(const float* __restrict__ k, const float* __restrict__ v,
                                                 const u32* __restrict__ slots, u32 rows, u32 kv_heads, u32 head_dim,
                                                 u32 groups_per_head, u32 num_slots, u32 slot_words, u32 bits,
-                                                u32* __restrict__ k_cache, u32* __restrict__ v_cache) {
+                                                u32 keys, u32* __restrict__ k_cache, u32* __restrict__ v_cache) {
     const u32 groups = kv_heads * groups_per_head;
     const u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i >= (u64)rows * groups) return;
@@ -51,6 +53,6 @@ extern "C" __global__ void paged_kv_write_quant(const float* __restrict__ k, con
     const u32 len = min((u32)KV_GROUP, head_dim - first);
     const u64 src = ((u64)t * kv_heads + head) * head_dim + first;
     const u64 dst = (u64)slot * slot_words;
-    quantize_group(k + src, len, k_cache + dst, g, groups, bits);
+    if (keys) quantize_group(k + src, len, k_cache + dst, g, groups, bits);
     quantize_group(v + src, len, v_cache + dst, g, groups, bits);
 }

@@ -3,7 +3,8 @@
 // K and V elements as they are read; the algorithm is
 // backend-wgpu/src/wgsl/attention.wgsl, shared with paged_attention.wgsl. Slot layout: see
 // paged_kv_write_quant.wgsl (codes, then one f16 scale / f16 min word per
-// group of 32 elements).
+// group of 32 elements). INT4 keys are per block instead, quantized per
+// channel (layout: paged_kv_write_int4_keys.wgsl).
 
 struct Params {
     rows: u32,
@@ -20,6 +21,9 @@ struct Params {
     scale: f32,
     groups_per_head: u32,
     bits: u32,
+    // INT4: kv_heads * head_dim, keys in per-channel blocks; 0: keys in
+    // slots like the values.
+    key_channels: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -57,7 +61,19 @@ fn dequantize(word: u32, shift: u32, params: u32) -> f32 {
     return scale_min.y + f32(q) * scale_min.x;
 }
 
+// Channel e of the token in `slot` of an INT4 key block.
+fn key_block_at(slot: u32, e: u32) -> f32 {
+    let per_token = (P.key_channels + 7u) / 8u;
+    let base = (slot / P.block_size) * (P.block_size * per_token + P.key_channels);
+    let word = K_CACHE[base + (slot % P.block_size) * per_token + e / 8u];
+    let params = K_CACHE[base + P.block_size * per_token + e];
+    return dequantize(word, (e % 8u) * 4u, params);
+}
+
 fn k_at(slot: u32, e: u32) -> f32 {
+    if P.key_channels != 0u {
+        return key_block_at(slot, e);
+    }
     let at = element_of(slot, e);
     return dequantize(K_CACHE[at.code_word], at.shift, K_CACHE[at.param_word]);
 }

@@ -8,7 +8,9 @@
 // `groups * bits + g`. Asymmetric: scale = (max - min) / (2^bits - 1), both
 // rounded to f16 (saturating at 65504), code = floor((x - min) / scale + 0.5)
 // clamped to [0, 2^bits - 1]. One thread per (row, group) quantizes that
-// group of K and of V. Slots past the cache are skipped.
+// group of V, and of K unless `keys` is 0: INT4 keys are quantized per
+// channel over each block by paged_kv_write_int4_keys.wgsl. Slots past the
+// cache are skipped.
 
 struct Params {
     rows: u32,
@@ -18,6 +20,8 @@ struct Params {
     num_slots: u32,
     slot_words: u32,
     bits: u32,
+    // 1: K is written here too; 0: V only (INT4, whose keys are per block).
+    keys: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -101,6 +105,8 @@ fn main(ids: Ids, group: Group) {
     let len = min(GROUP, P.head_dim - first);
     let src = t * P.kv_heads * P.head_dim + head * P.head_dim + first;
     let base = slot * P.slot_words;
-    quantize_group(0u, src, len, base, g);
+    if P.keys != 0u {
+        quantize_group(0u, src, len, base, g);
+    }
     quantize_group(1u, src, len, base, g);
 }

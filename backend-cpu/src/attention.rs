@@ -16,7 +16,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::AttentionParams;
-use tandem_core::kv::quant::KvQuantLayout;
+use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
 use tandem_core::Result;
 
 use crate::check;
@@ -64,6 +64,20 @@ pub(crate) fn paged_attention(
         }
         KvStorage::Quant {
             quant,
+            key_blocks: Some(blocks),
+            keys,
+            values,
+        } => {
+            let keys = KeyBlockRows {
+                blocks,
+                words: keys,
+            };
+            let values = QuantRows::new(quant, values);
+            attend_all(workers, isa, &inputs, keys, values, p, chunk, out)
+        }
+        KvStorage::Quant {
+            quant,
+            key_blocks: None,
             keys,
             values,
         } => {
@@ -76,12 +90,12 @@ pub(crate) fn paged_attention(
 
 /// Splits the `(row, head)` outputs into tasks of `chunk` elements.
 #[allow(clippy::too_many_arguments)]
-fn attend_all<K: KvRows>(
+fn attend_all<K: KvRows, V: KvRows>(
     workers: &Workers,
     isa: Isa,
     inputs: &AttentionInputs<'_>,
     keys: K,
-    values: K,
+    values: V,
     p: AttentionParams,
     chunk: usize,
     out: &mut [f32],
@@ -99,17 +113,17 @@ fn attend_all<K: KvRows>(
             // SAFETY: an `Isa` exists only for instruction sets the CPU has.
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe { attend_heads_avx2(task, out) },
-            IsaKind::Portable => attend_heads::<K, Separate>(task, out),
+            IsaKind::Portable => attend_heads::<K, V, Separate>(task, out),
         }
     });
 }
 
 /// A run of consecutive `(row, head)` outputs, numbered `row * heads + head`
 /// from `first_head`.
-struct Task<'a, K> {
+struct Task<'a, K, V> {
     inputs: &'a AttentionInputs<'a>,
     keys: &'a K,
-    values: &'a K,
+    values: &'a V,
     p: AttentionParams,
     first_head: usize,
 }
@@ -121,18 +135,18 @@ struct Task<'a, K> {
 /// The CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_heads_avx2<K: KvRows>(task: Task<'_, K>, out: &mut [f32]) {
-    attend_heads::<K, Fused>(task, out)
+unsafe fn attend_heads_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
+    attend_heads::<K, V, Fused>(task, out)
 }
 
 #[inline(always)]
-fn attend_heads<K: KvRows, M: MulAdd>(task: Task<'_, K>, out: &mut [f32]) {
+fn attend_heads<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>, out: &mut [f32]) {
     let p = task.p;
     let mut scratch = Scratch::new(p);
     for (k, out) in out.chunks_exact_mut(p.head_dim).enumerate() {
         let index = task.first_head + k;
         let (row, head) = (index / p.heads, index % p.heads);
-        attend::<K, M>(&task, row, head, &mut scratch, out);
+        attend::<K, V, M>(&task, row, head, &mut scratch, out);
     }
 }
 
@@ -277,10 +291,29 @@ impl KvRows for QuantRows<'_> {
     }
 }
 
+/// INT4 keys, quantized per channel over each block; element offsets as
+/// for [`QuantRows`].
+struct KeyBlockRows<'a> {
+    blocks: &'a KeyBlockLayout,
+    words: &'a [u32],
+}
+
+impl KvRows for KeyBlockRows<'_> {
+    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        let b = self.blocks;
+        let width = b.channels();
+        let (slot, head) = (at / width, at % width / b.head_dim);
+        let words = b.block_words();
+        let block = &self.words[slot / b.block_size * words..][..words];
+        b.dequantize_head(block, slot % b.block_size, head, scratch);
+        scratch
+    }
+}
+
 /// Attention output of query head `head` of row `row`, into `out`.
 #[inline(always)]
-fn attend<K: KvRows, M: MulAdd>(
-    task: &Task<'_, K>,
+fn attend<K: KvRows, V: KvRows, M: MulAdd>(
+    task: &Task<'_, K, V>,
     row: usize,
     head: usize,
     scratch: &mut Scratch,

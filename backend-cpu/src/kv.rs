@@ -1,11 +1,12 @@
 //! One layer's paged K/V storage and the kernels that write it:
 //! `paged_kv_write` and `copy_kv_blocks`. Quantized caches (INT8, INT4) hold
-//! the slots of `tandem_core::kv::quant`, scales and zero points included.
+//! the slots of `tandem_core::kv::quant`, scales and zero points included;
+//! INT4 keys are whole blocks quantized per channel.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::{KvCacheLayout, KvDtype};
-use tandem_core::kv::quant::KvQuantLayout;
+use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
 use tandem_core::Result;
 
 use crate::check;
@@ -29,9 +30,11 @@ pub(crate) enum KvStorage {
         keys: Vec<f16>,
         values: Vec<f16>,
     },
-    /// `slot_words` words per slot.
+    /// Values (and INT8 keys): `slot_words` words per slot. INT4 keys:
+    /// `block_words` words per block (`key_blocks`).
     Quant {
         quant: KvQuantLayout,
+        key_blocks: Option<KeyBlockLayout>,
         keys: Vec<u32>,
         values: Vec<u32>,
     },
@@ -67,9 +70,15 @@ impl KvCache {
         )?;
         let storage = if let Some(quant) = layout.quant() {
             let words = check::product(kernel, &[layout.num_slots(), quant.slot_words()])?;
+            let key_blocks = layout.key_blocks();
+            let key_words = match key_blocks {
+                Some(blocks) => check::product(kernel, &[layout.num_blocks, blocks.block_words()])?,
+                None => words,
+            };
             KvStorage::Quant {
                 quant,
-                keys: zeroed(words, 0)?,
+                key_blocks,
+                keys: zeroed(key_words, 0)?,
                 values: zeroed(words, 0)?,
             }
         } else if layout.dtype == KvDtype::F16 {
@@ -96,6 +105,11 @@ impl KvCache {
         match &self.storage {
             KvStorage::F32 { keys, .. } => keys.clone(),
             KvStorage::F16 { keys, .. } => keys.to_f32_vec(),
+            KvStorage::Quant {
+                key_blocks: Some(blocks),
+                keys,
+                ..
+            } => dequantize_key_blocks(blocks, keys),
             KvStorage::Quant { quant, keys, .. } => dequantize_all(quant, keys),
         }
     }
@@ -151,14 +165,24 @@ pub(crate) fn paged_kv_write(
         }
         KvStorage::Quant {
             quant,
+            key_blocks,
             keys,
             values,
         } => {
+            let runs = match key_blocks {
+                Some(blocks) => key_runs(blocks.block_size, slots)?,
+                None => Vec::new(),
+            };
             let words = quant.slot_words();
             for ((&slot, k), v) in rows {
                 let at = slot as usize * words;
-                quant.quantize_row(k, &mut keys[at..at + words]);
+                if key_blocks.is_none() {
+                    quant.quantize_row(k, &mut keys[at..at + words]);
+                }
                 quant.quantize_row(v, &mut values[at..at + words]);
+            }
+            if let Some(blocks) = key_blocks {
+                write_key_runs(blocks, &runs, k, keys);
             }
         }
     }
@@ -178,25 +202,36 @@ pub(crate) fn copy_kv_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Resul
             format!("pair ({src}, {dst}) names a block outside 0..{num_blocks}"),
         ));
     }
-    let slot_units = match &cache.storage {
-        KvStorage::Quant { quant, .. } => quant.slot_words(),
-        KvStorage::F32 { .. } | KvStorage::F16 { .. } => cache.layout.row_width(),
+    let block_size = cache.layout.block_size;
+    let (key_units, value_units) = match &cache.storage {
+        KvStorage::Quant {
+            quant, key_blocks, ..
+        } => (
+            key_blocks.map_or(block_size * quant.slot_words(), |b| b.block_words()),
+            block_size * quant.slot_words(),
+        ),
+        KvStorage::F32 { .. } | KvStorage::F16 { .. } => {
+            let units = block_size * cache.layout.row_width();
+            (units, units)
+        }
     };
-    let block_elems = cache.layout.block_size * slot_units;
-    for &(src, dst) in pairs {
-        let (src, dst) = (src as usize * block_elems, dst as usize * block_elems);
+    fn copy<T: Copy>(store: &mut [T], block_units: usize, (src, dst): (u32, u32)) {
+        let (src, dst) = (src as usize * block_units, dst as usize * block_units);
+        store.copy_within(src..src + block_units, dst);
+    }
+    for &pair in pairs {
         match &mut cache.storage {
             KvStorage::F32 { keys, values } => {
-                keys.copy_within(src..src + block_elems, dst);
-                values.copy_within(src..src + block_elems, dst);
+                copy(keys, key_units, pair);
+                copy(values, value_units, pair);
             }
             KvStorage::F16 { keys, values } => {
-                keys.copy_within(src..src + block_elems, dst);
-                values.copy_within(src..src + block_elems, dst);
+                copy(keys, key_units, pair);
+                copy(values, value_units, pair);
             }
             KvStorage::Quant { keys, values, .. } => {
-                keys.copy_within(src..src + block_elems, dst);
-                values.copy_within(src..src + block_elems, dst);
+                copy(keys, key_units, pair);
+                copy(values, value_units, pair);
             }
         }
     }
@@ -213,6 +248,82 @@ fn dequantize_all(quant: &KvQuantLayout, words: &[u32]) -> Vec<f32> {
         .zip(out.chunks_exact_mut(width))
     {
         quant.dequantize_row(slot, out);
+    }
+    out
+}
+
+/// Rows `rows` of a `paged_kv_write` call, written to offsets `first..` of
+/// INT4 key block `block`.
+struct KeyRun {
+    block: usize,
+    first: usize,
+    rows: std::ops::Range<usize>,
+}
+
+/// Cuts the rows of a call into runs of consecutive rows whose slots lie in
+/// one block, at consecutive offsets (as a sequence appends its tokens). A
+/// block written by two runs of one call, or a run with a gap, is refused:
+/// the GPU kernels give one worker per run, which must see the block's
+/// earlier tokens as they were before the call.
+fn key_runs(block_size: usize, slots: &[u32]) -> Result<Vec<KeyRun>> {
+    let kernel = "paged_kv_write";
+    let mut runs: Vec<KeyRun> = Vec::new();
+    for (t, &slot) in slots.iter().enumerate() {
+        let (block, offset) = (slot as usize / block_size, slot as usize % block_size);
+        if let Some(run) = runs.last_mut().filter(|run| run.block == block) {
+            let want = run.first + run.rows.len();
+            if offset != want {
+                return Err(check::error(
+                    kernel,
+                    format!(
+                        "rows {} and {t} write offsets {} and {offset} of KV block {block}: \
+                         an INT4 key block takes consecutive offsets",
+                        t - 1,
+                        want - 1
+                    ),
+                ));
+            }
+            run.rows.end = t + 1;
+            continue;
+        }
+        if runs.iter().any(|run| run.block == block) {
+            return Err(check::error(
+                kernel,
+                format!("KV block {block} is written by rows that are not consecutive"),
+            ));
+        }
+        runs.push(KeyRun {
+            block,
+            first: offset,
+            rows: t..t + 1,
+        });
+    }
+    Ok(runs)
+}
+
+/// Writes INT4 keys, run by run ([`KeyBlockLayout::write_run`]).
+fn write_key_runs(blocks: &KeyBlockLayout, runs: &[KeyRun], k: &[f32], keys: &mut [u32]) {
+    let (words, channels) = (blocks.block_words(), blocks.channels());
+    for run in runs {
+        blocks.write_run(
+            &mut keys[run.block * words..][..words],
+            run.first,
+            &k[run.rows.start * channels..run.rows.end * channels],
+        );
+    }
+}
+
+/// Every slot of an INT4 key store, dequantized (slot `block * block_size
+/// + offset`, including offsets past a block's valid tokens).
+fn dequantize_key_blocks(blocks: &KeyBlockLayout, words: &[u32]) -> Vec<f32> {
+    let width = blocks.channels();
+    let mut out = Vec::new();
+    let mut row = vec![0.0; width];
+    for block in words.chunks_exact(blocks.block_words()) {
+        for offset in 0..blocks.block_size {
+            blocks.dequantize_token(block, offset, &mut row);
+            out.extend_from_slice(&row);
+        }
     }
     out
 }

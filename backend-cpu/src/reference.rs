@@ -16,6 +16,7 @@ use half::f16;
 use tandem_core::backend::{
     AttentionParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams, RopeStyle,
 };
+use tandem_core::kv::quant::KeyBlockLayout;
 use tandem_core::quant::{dequantize_row, quantize_activation_row_i8, WeightFormat, WeightView};
 
 /// `out[t] = table[tokens[t]]`, decoding only the rows looked up.
@@ -113,7 +114,7 @@ pub fn rope(x: &mut [f32], positions: &[u32], inv_freq: &[f32], p: RopeParams) {
 
 /// Writes row `t` of `k` and `v` to slot `slots[t]` of the caches, rounded
 /// to the cache's element type (quantized caches: through the quantize and
-/// dequantize of `tandem_core::kv::quant`).
+/// dequantize of `tandem_core::kv::quant`; INT4 keys per block).
 pub fn paged_kv_write(
     k: &[f32],
     v: &[f32],
@@ -139,8 +140,39 @@ pub fn paged_kv_write(
     for (t, &slot) in slots.iter().enumerate() {
         let dst = slot as usize * row_width..(slot as usize + 1) * row_width;
         let src = t * row_width..(t + 1) * row_width;
-        round(&k[src.clone()], &mut k_cache[dst.clone()]);
+        if layout.key_blocks().is_none() {
+            round(&k[src.clone()], &mut k_cache[dst.clone()]);
+        }
         round(&v[src], &mut v_cache[dst]);
+    }
+    if let Some(blocks) = layout.key_blocks() {
+        write_key_blocks(&blocks, k, slots, k_cache);
+    }
+}
+
+/// INT4 keys: each run of consecutive rows in one block is added to the
+/// block's valid tokens (its offsets before the run), the block is quantized
+/// per channel over them, and all its offsets are stored dequantized (those
+/// past the run read as each channel's minimum, code 0).
+fn write_key_blocks(blocks: &KeyBlockLayout, k: &[f32], slots: &[u32], k_cache: &mut [f32]) {
+    let (block_size, width) = (blocks.block_size, blocks.channels());
+    let mut t = 0;
+    while t < slots.len() {
+        let block = slots[t] as usize / block_size;
+        let first = slots[t] as usize % block_size;
+        let run = slots[t..]
+            .iter()
+            .take_while(|&&s| s as usize / block_size == block)
+            .count();
+        let cached = &mut k_cache[block * block_size * width..][..block_size * width];
+        let mut tokens = cached[..first * width].to_vec();
+        tokens.extend_from_slice(&k[t * width..(t + run) * width]);
+        let mut words = vec![0; blocks.block_words()];
+        blocks.quantize_block(&tokens, &mut words);
+        for (offset, out) in cached.chunks_exact_mut(width).enumerate() {
+            blocks.dequantize_token(&words, offset, out);
+        }
+        t += run;
     }
 }
 

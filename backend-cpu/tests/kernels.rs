@@ -700,6 +700,24 @@ fn too_short_buffers_and_bad_indices_are_errors() {
     );
     assert_backend_error(b.copy_kv_blocks(&mut cache, &[(0, 1), (1, 2)]), "(1, 2)");
 
+    // INT4 keys: the rows of one block must be consecutive, at consecutive offsets.
+    let mut int4 = b
+        .alloc_kv_cache(KvCacheLayout {
+            dtype: KvDtype::Int4,
+            ..layout
+        })
+        .unwrap();
+    assert_backend_error(
+        b.paged_kv_write(&t(24), &t(24), &ids(&[0, 2, 3]), 3, &mut int4),
+        "offsets 0 and 2 of KV block 0",
+    );
+    assert_backend_error(
+        b.paged_kv_write(&t(24), &t(24), &ids(&[0, 4, 1]), 3, &mut int4),
+        "KV block 0 is written by rows that are not consecutive",
+    );
+    b.paged_kv_write(&t(24), &t(24), &ids(&[1, 2, 4]), 3, &mut int4)
+        .unwrap();
+
     let attention = AttentionParams {
         rows: 2,
         heads: 2,

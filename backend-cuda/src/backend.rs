@@ -87,7 +87,8 @@ impl CudaWeight {
     }
 }
 
-/// One layer's paged K and V, `[num_slots, kv_heads * head_dim]` each.
+/// One layer's paged K and V, `[num_slots, kv_heads * head_dim]` each (INT4
+/// keys: `num_blocks` per-channel blocks).
 pub struct CudaKvCache {
     layout: KvCacheLayout,
     k: CudaSlice<u8>,
@@ -145,6 +146,8 @@ struct QuantAttentionShape {
     groups_per_head: u32,
     bits: u32,
     slot_words: u32,
+    /// INT4: `kv_heads * head_dim`, keys in per-channel blocks; 0: keys in slots.
+    key_channels: u32,
 }
 
 // SAFETY: plain `#[repr(C)]` data with the kernel's field order and types
@@ -547,22 +550,23 @@ impl Backend for CudaBackend {
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<CudaKvCache> {
         self.refuse_while_capturing("alloc_kv_cache")?;
-        let bytes = layout
-            .num_slots()
-            .checked_mul(layout.dtype.row_bytes(layout.kv_heads, layout.head_dim))
-            .ok_or_else(|| backend_error("KV cache size overflows"))?;
+        let bytes = |block_bytes: usize| {
+            layout
+                .num_blocks
+                .checked_mul(block_bytes)
+                .ok_or_else(|| backend_error("KV cache size overflows"))
+        };
         Ok(CudaKvCache {
             layout,
-            k: self.alloc_raw(bytes)?,
-            v: self.alloc_raw(bytes)?,
+            k: self.alloc_raw(bytes(layout.key_block_bytes())?)?,
+            v: self.alloc_raw(bytes(layout.value_block_bytes())?)?,
         })
     }
 
     fn copy_kv_blocks(&self, cache: &mut CudaKvCache, pairs: &[(u32, u32)]) -> Result<()> {
         let layout = cache.layout;
-        // Quantized slots carry their scales, so whole slots copy everything.
-        let block_bytes =
-            layout.block_size * layout.dtype.row_bytes(layout.kv_heads, layout.head_dim);
+        // Quantized blocks carry their scales, so whole blocks copy everything.
+        let (key_bytes, value_bytes) = (layout.key_block_bytes(), layout.value_block_bytes());
         for &(src, dst) in pairs {
             if src as usize >= layout.num_blocks || dst as usize >= layout.num_blocks {
                 return Err(backend_error(format!(
@@ -571,7 +575,7 @@ impl Backend for CudaBackend {
                 )));
             }
         }
-        for buf in [&mut cache.k, &mut cache.v] {
+        for (buf, block_bytes) in [(&mut cache.k, key_bytes), (&mut cache.v, value_bytes)] {
             let (base, _sync) = buf.device_ptr(&self.stream);
             for &(src, dst) in pairs {
                 // SAFETY: both ranges lie inside `buf` (checked above) and the
@@ -782,6 +786,7 @@ impl Backend for CudaBackend {
                 to_u32(layout.num_slots(), "KV slots")?,
                 to_u32(quant.slot_words(), "slot words")?,
                 to_u32(quant.bits, "bits")?,
+                u32::from(layout.key_blocks().is_none()),
             ];
             let mut args = self.stream.launch_builder(&f);
             args.arg(&k.buf).arg(&v.buf).arg(&slots.buf);
@@ -790,6 +795,26 @@ impl Backend for CudaBackend {
             }
             args.arg(&mut cache.k).arg(&mut cache.v);
             let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
+            self.launch(entry, &mut args, config(grid, 128, 0))?;
+            let Some(blocks) = layout.key_blocks() else {
+                return Ok(());
+            };
+            let entry = "paged_kv_write_int4_keys";
+            let f = self.function(entry, entry)?;
+            let sizes = [
+                to_u32(rows, "rows")?,
+                to_u32(blocks.channels(), "KV width")?,
+                to_u32(blocks.block_size, "block_size")?,
+                to_u32(layout.num_slots(), "KV slots")?,
+            ];
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&k.buf).arg(&slots.buf);
+            for size in &sizes {
+                args.arg(size);
+            }
+            args.arg(&mut cache.k);
+            let words = rows * blocks.words_per_token();
+            let grid = (blocks_for(words, 128, "INT4 key words")?, 1, 1);
             return self.launch(entry, &mut args, config(grid, 128, 0));
         }
         let entry = match layout.dtype {
@@ -872,6 +897,7 @@ impl Backend for CudaBackend {
                 groups_per_head: to_u32(quant.groups_per_head, "groups per head")?,
                 bits: to_u32(quant.bits, "bits")?,
                 slot_words: to_u32(quant.slot_words(), "slot words")?,
+                key_channels: to_u32(layout.key_blocks().map_or(0, |b| b.channels()), "KV width")?,
             };
             let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
             let mut args = self.stream.launch_builder(&f);

@@ -43,6 +43,7 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "paged_attention",
     "paged_kv_write_quant",
     "paged_attention_quant",
+    "paged_kv_write_int4_keys",
     "swiglu",
     "gather_rows",
     "argmax",

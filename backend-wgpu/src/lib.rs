@@ -83,6 +83,9 @@ pub struct WgpuKvCache {
     /// Storage units (f32 values, or u32 words holding two halves or
     /// quantized codes and scales) per slot.
     slot_units: usize,
+    /// Storage units of one block of keys: `block_size * slot_units`, or
+    /// the per-channel INT4 key block.
+    key_block_units: usize,
 }
 
 /// Activation rows up to which `matmul` takes the GEMV path (`wgsl/matmul.wgsl`).
@@ -375,18 +378,24 @@ impl Backend for WgpuBackend {
             None if layout.dtype == KvDtype::F16 => layout.row_width().div_ceil(2),
             None => layout.row_width(),
         };
+        let key_block_units = layout
+            .key_blocks()
+            .map_or(layout.block_size * slot_units, |b| b.block_words());
         let bytes = 4 * (layout.num_slots() * slot_units) as u64;
+        let key_bytes = 4 * (layout.num_blocks * key_block_units) as u64;
         Ok(WgpuKvCache {
             layout,
-            k: self.gpu.dedicated(bytes, "K cache")?,
+            k: self.gpu.dedicated(key_bytes, "K cache")?,
             v: self.gpu.dedicated(bytes, "V cache")?,
             slot_units,
+            key_block_units,
         })
     }
 
     fn copy_kv_blocks(&self, cache: &mut WgpuKvCache, pairs: &[(u32, u32)]) -> Result<()> {
         let blocks = cache.layout.num_blocks;
         let block_bytes = 4 * (cache.layout.block_size * cache.slot_units) as u64;
+        let key_block_bytes = 4 * cache.key_block_units as u64;
         if let Some(&(src, dst)) = pairs
             .iter()
             .find(|&&(src, dst)| src as usize >= blocks || dst as usize >= blocks)
@@ -400,13 +409,11 @@ impl Backend for WgpuBackend {
         }
         // WebGPU forbids copies within one buffer: each block goes through a
         // scratch buffer, pair after pair, so chained pairs copy in order.
-        let scratch = self.gpu.pooled(block_bytes)?;
+        let scratch = self.gpu.pooled(block_bytes.max(key_block_bytes))?;
         for &(src, dst) in pairs {
-            for buf in [&cache.k, &cache.v] {
-                self.gpu
-                    .copy(buf, src as u64 * block_bytes, &scratch, 0, block_bytes);
-                self.gpu
-                    .copy(&scratch, 0, buf, dst as u64 * block_bytes, block_bytes);
+            for (buf, bytes) in [(&cache.k, key_block_bytes), (&cache.v, block_bytes)] {
+                self.gpu.copy(buf, src as u64 * bytes, &scratch, 0, bytes);
+                self.gpu.copy(&scratch, 0, buf, dst as u64 * bytes, bytes);
             }
         }
         Ok(())
@@ -604,14 +611,32 @@ impl Backend for WgpuBackend {
                 u32_of(cache.layout.num_slots(), "slots")?,
                 u32_of(cache.slot_units, "slot width")?,
                 u32_of(quant.bits, "bits")?,
+                u32::from(cache.layout.key_blocks().is_none()),
             ];
-            return self.dispatch(
+            self.dispatch(
                 simple("paged_kv_write_quant"),
                 "main",
                 &[READ, READ, READ, WRITE, WRITE],
                 &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
                 &params,
                 (rows * quant.groups()).div_ceil(64),
+            )?;
+            let Some(blocks) = cache.layout.key_blocks() else {
+                return Ok(());
+            };
+            let params = [
+                u32_of(rows, "rows")?,
+                u32_of(blocks.channels(), "KV width")?,
+                u32_of(blocks.block_size, "block_size")?,
+                u32_of(cache.layout.num_slots(), "slots")?,
+            ];
+            return self.dispatch(
+                simple("paged_kv_write_int4_keys"),
+                "main",
+                &[READ, READ, WRITE],
+                &[&k.buf, &slots.buf, &cache.k],
+                &params,
+                (rows * blocks.words_per_token()).div_ceil(64),
             );
         }
         let params = [
@@ -705,6 +730,8 @@ impl Backend for WgpuBackend {
         if let Some(quant) = layout.quant() {
             params.push(u32_of(quant.groups_per_head, "groups per head")?);
             params.push(u32_of(quant.bits, "bits")?);
+            let key_channels = layout.key_blocks().map_or(0, |b| b.channels());
+            params.push(u32_of(key_channels, "KV width")?);
             return self.dispatch(
                 simple("paged_attention_quant"),
                 "main",

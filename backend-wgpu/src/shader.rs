@@ -95,6 +95,10 @@ const SOURCES: &[(&str, &str)] = &[
         "paged_attention_quant",
         include_str!("../../shaders/paged_attention_quant.wgsl"),
     ),
+    (
+        "paged_kv_write_int4_keys",
+        include_str!("../../shaders/paged_kv_write_int4_keys.wgsl"),
+    ),
     ("swiglu", include_str!("../../shaders/swiglu.wgsl")),
     (
         "gather_rows",

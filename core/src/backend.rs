@@ -20,8 +20,9 @@ pub struct BackendInfo {
 }
 
 /// Element type of the paged KV cache. INT8 and INT4 store codes with
-/// per-token, per-head, per-group scales and zero points; their block layout
-/// is documented in [`crate::kv::quant`].
+/// per-token, per-head, per-group scales and zero points, except INT4 keys,
+/// which are quantized per channel over each block; their block layouts are
+/// documented in [`crate::kv::quant`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvDtype {
     #[default]
@@ -45,8 +46,9 @@ impl KvDtype {
         }
     }
 
-    /// Bytes of one token's K (or V) row of `kv_heads * head_dim` elements.
-    pub fn row_bytes(self, kv_heads: usize, head_dim: usize) -> usize {
+    /// Bytes of one token's V row of `kv_heads * head_dim` elements (and of
+    /// its K row, except for INT4, whose keys are quantized per block).
+    fn row_bytes(self, kv_heads: usize, head_dim: usize) -> usize {
         match self {
             KvDtype::F32 => 4 * kv_heads * head_dim,
             KvDtype::F16 => 2 * kv_heads * head_dim,
@@ -55,6 +57,27 @@ impl KvDtype {
                     .map_or(0, |q| q.slot_words())
             }
         }
+    }
+
+    /// Bytes of the keys of one KV block of `block_size` tokens.
+    pub fn key_block_bytes(self, kv_heads: usize, head_dim: usize, block_size: usize) -> usize {
+        match crate::kv::quant::KeyBlockLayout::new(self, kv_heads, head_dim, block_size) {
+            Some(keys) => 4 * keys.block_words(),
+            None => block_size * self.row_bytes(kv_heads, head_dim),
+        }
+    }
+
+    /// Bytes of the values of one KV block of `block_size` tokens.
+    pub fn value_block_bytes(self, kv_heads: usize, head_dim: usize, block_size: usize) -> usize {
+        block_size * self.row_bytes(kv_heads, head_dim)
+    }
+
+    /// Bytes of K plus V per token in one layer, with block-wide
+    /// parameters (INT4 keys) spread over the block's tokens, rounded up.
+    pub fn bytes_per_token(self, kv_heads: usize, head_dim: usize, block_size: usize) -> usize {
+        (self.key_block_bytes(kv_heads, head_dim, block_size)
+            + self.value_block_bytes(kv_heads, head_dim, block_size))
+        .div_ceil(block_size.max(1))
     }
 }
 
@@ -85,7 +108,8 @@ impl std::str::FromStr for KvDtype {
 /// `[num_blocks, block_size]` slots; a slot holds one token's K (or V) for
 /// all heads: `kv_heads * head_dim` elements (F32, F16) as one contiguous
 /// row at slot `block * block_size + offset`, or the quantized slot of
-/// [`crate::kv::quant`] (INT8, INT4).
+/// [`crate::kv::quant`] (INT8, INT4 values). INT4 keys are stored per block
+/// ([`crate::kv::quant::KeyBlockLayout`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheLayout {
     pub num_blocks: usize,
@@ -104,14 +128,39 @@ impl KvCacheLayout {
         self.num_blocks * self.block_size
     }
 
-    /// The quantized slot layout (INT8, INT4), `None` for float caches.
+    /// The quantized slot layout of values (INT8, INT4) and of INT8 keys,
+    /// `None` for float caches.
     pub fn quant(&self) -> Option<crate::kv::quant::KvQuantLayout> {
         crate::kv::quant::KvQuantLayout::new(self.dtype, self.kv_heads, self.head_dim)
     }
 
-    /// Bytes of K plus V for one token in one layer.
+    /// The per-channel block layout of INT4 keys, `None` for other dtypes.
+    pub fn key_blocks(&self) -> Option<crate::kv::quant::KeyBlockLayout> {
+        crate::kv::quant::KeyBlockLayout::new(
+            self.dtype,
+            self.kv_heads,
+            self.head_dim,
+            self.block_size,
+        )
+    }
+
+    /// Bytes of one block's keys.
+    pub fn key_block_bytes(&self) -> usize {
+        self.dtype
+            .key_block_bytes(self.kv_heads, self.head_dim, self.block_size)
+    }
+
+    /// Bytes of one block's values.
+    pub fn value_block_bytes(&self) -> usize {
+        self.dtype
+            .value_block_bytes(self.kv_heads, self.head_dim, self.block_size)
+    }
+
+    /// Bytes of K plus V for one token in one layer (block parameters spread
+    /// over the block, rounded up).
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.dtype.row_bytes(self.kv_heads, self.head_dim)
+        self.dtype
+            .bytes_per_token(self.kv_heads, self.head_dim, self.block_size)
     }
 }
 

@@ -393,8 +393,12 @@ impl<B: Backend> Engine<B> {
     /// KV bytes per token over all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.model.config;
-        let row_bytes = self.config.kv_dtype.row_bytes(c.num_kv_heads, c.head_dim);
-        c.num_layers * 2 * row_bytes
+        c.num_layers
+            * self.config.kv_dtype.bytes_per_token(
+                c.num_kv_heads,
+                c.head_dim,
+                self.config.block_size,
+            )
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -130,8 +130,15 @@ pub const MANIFEST: &[KernelSpec] = &[
         name: "paged_kv_write_quant",
         method: "paged_kv_write",
         inputs: "k, v [rows, kv_heads*head_dim] f32; slots [rows] u32",
-        outputs: "INT8/INT4 K/V cache slots at the given slots: codes and per-(head, group of 32) f16 scale and min (layout: kv::quant)",
+        outputs: "INT8 K/V and INT4 V cache slots at the given slots: codes and per-(head, group of 32) f16 scale and min (layout: kv::quant)",
         tolerance: 1e-3,
+    },
+    KernelSpec {
+        name: "paged_kv_write_int4_keys",
+        method: "paged_kv_write",
+        inputs: "k [rows, kv_heads*head_dim] f32; slots [rows] u32 (a block's rows consecutive, at consecutive offsets)",
+        outputs: "INT4 K cache blocks: codes and per-channel f16 scale and min over each block's valid tokens, re-quantized as the block fills (layout: kv::quant)",
+        tolerance: 2e-3,
     },
     KernelSpec {
         name: "paged_attention_quant",

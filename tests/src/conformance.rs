@@ -125,6 +125,7 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.rope();
     suite.paged_kv_write();
     suite.paged_attention();
+    suite.int4_key_blocks();
     suite.swiglu();
     suite.gather_rows();
     suite.argmax();
@@ -215,10 +216,22 @@ struct Sequence {
     cached: usize,
 }
 
+/// A write or a block copy, in the order an engine does them.
+enum KvStep {
+    Write {
+        slots: Vec<u32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    Copy(Vec<(u32, u32)>),
+}
+
 /// An attention step: sequences with K/V already cached, then the step's
 /// rows (their K/V are written first, then they attend).
 struct AttentionCase {
     layout: KvCacheLayout,
+    /// Steps before everything else (earlier prefills and decode steps).
+    history: Vec<KvStep>,
     heads: usize,
     window: Option<usize>,
     max_blocks: usize,
@@ -530,6 +543,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let width = layout.row_width();
             let case = AttentionCase {
                 layout,
+                history: Vec::new(),
                 heads: 3,
                 window: Some(1),
                 max_blocks,
@@ -608,12 +622,17 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             for (s, &(cached, new)) in lengths.iter().enumerate() {
                 rows.extend((cached..cached + new).map(|p| (s, p)));
             }
-            rows.swap(0, 5);
-            rows.swap(2, 7);
+            // Interleaved, except for INT4, whose key blocks take a
+            // sequence's rows consecutively (as the engine batches them).
+            if dtype != KvDtype::Int4 {
+                rows.swap(0, 5);
+                rows.swap(2, 7);
+            }
             let width = layout.row_width();
             let n = rows.len();
             let case = AttentionCase {
                 layout,
+                history: Vec::new(),
                 heads,
                 window,
                 max_blocks,
@@ -635,6 +654,93 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             self.check(
                 kv_kernel("paged_attention", dtype),
                 format!("{dtype:?} cache, {heads}/3 heads of {head_dim}, {n} rows of 4 sequences{window}"),
+                got,
+                want,
+            );
+        }
+    }
+
+    /// INT4 keys, quantized per channel over each block, through an
+    /// engine's life: one prefill call for two sequences, decode steps one
+    /// token per sequence, a rollback rewriting three positions (stale tokens
+    /// past the first), a fork whose copied block holds the parent's later
+    /// tokens (a stale tail for the child), then attention over partly
+    /// filled blocks. Awkward widths (21 and 120 channels: a last code word
+    /// half used) and blocks of 5 and 16.
+    fn int4_key_blocks(&mut self) {
+        for (head_dim, block_size) in [(7, 5), (40, 5), (9, 16)] {
+            let layout = KvCacheLayout {
+                num_blocks: 12,
+                block_size,
+                kv_heads: 3,
+                head_dim,
+                dtype: KvDtype::Int4,
+            };
+            let width = layout.row_width();
+            let max_blocks = 4;
+            let free = self.rng.permutation(layout.num_blocks);
+            // Sequences A, B and C (a fork of A); table rows of max_blocks.
+            let mut tables = vec![0u32; 3 * max_blocks];
+            for b in 0..max_blocks {
+                tables[b] = free[b] as u32;
+                tables[max_blocks + b] = free[max_blocks + b] as u32;
+            }
+            let slot = |tables: &[u32], seq: usize, pos: usize| {
+                tables[seq * max_blocks + pos / block_size] * block_size as u32
+                    + (pos % block_size) as u32
+            };
+            let step = |rng: &mut Rng, rows: &[(usize, usize)], tables: &[u32]| KvStep::Write {
+                slots: rows.iter().map(|&(s, p)| slot(tables, s, p)).collect(),
+                k: rng.values(rows.len() * width, 1.0),
+                v: rng.values(rows.len() * width, 1.0),
+            };
+            let prefill: Vec<_> = (0..12)
+                .map(|p| (0, p))
+                .chain((0..3).map(|p| (1, p)))
+                .collect();
+            let mut history = vec![step(&mut self.rng, &prefill, &tables)];
+            for i in 0..4 {
+                history.push(step(&mut self.rng, &[(0, 12 + i), (1, 3 + i)], &tables));
+            }
+            // Rollback of A to 13 tokens (14 and 15 stay behind, stale):
+            // position 13 again, then 14 and 15 in one step.
+            history.push(step(&mut self.rng, &[(0, 13)], &tables));
+            history.push(step(&mut self.rng, &[(0, 14), (0, 15)], &tables));
+            // C shares A's first 14 tokens; the block of position 13 is copied.
+            let shared = 13 / block_size;
+            tables.copy_within(..max_blocks, 2 * max_blocks);
+            let copy = (tables[shared], free[2 * max_blocks] as u32);
+            tables[2 * max_blocks + shared] = copy.1;
+            history.push(KvStep::Copy(vec![copy]));
+            history.push(step(&mut self.rng, &[(2, 14), (0, 16)], &tables));
+            let rows: [(u32, u32); 5] = [(0, 16), (0, 7), (1, 6), (2, 14), (2, 3)];
+            let heads = 6;
+            let case = AttentionCase {
+                layout,
+                history,
+                heads,
+                window: None,
+                max_blocks,
+                tables,
+                prefix_k: Vec::new(),
+                prefix_v: Vec::new(),
+                prefix_slots: Vec::new(),
+                row_seq: rows.iter().map(|&(s, _)| s).collect(),
+                positions: rows.iter().map(|&(_, p)| p).collect(),
+                slots: Vec::new(),
+                k: Vec::new(),
+                v: Vec::new(),
+                q: self.rng.values(rows.len() * heads * head_dim, 2.0),
+                copies: Vec::new(),
+            };
+            let got = attention(self.backend, &case);
+            let want = attention(self.reference, &case);
+            self.check(
+                "paged_kv_write_int4_keys",
+                format!(
+                    "3 KV heads of {head_dim} in blocks of {block_size}: prefill, decode, \
+                     rollback, fork"
+                ),
                 got,
                 want,
             );
@@ -761,6 +867,12 @@ fn attention<X: Backend>(be: &X, c: &AttentionCase) -> Out {
         let (k, v, s) = (be.upload(k)?, be.upload(v)?, be.upload_indices(slots)?);
         be.paged_kv_write(&k, &v, &s, slots.len(), cache)
     };
+    for step in &c.history {
+        match step {
+            KvStep::Write { slots, k, v } => write(&mut cache, k, v, slots)?,
+            KvStep::Copy(pairs) => be.copy_kv_blocks(&mut cache, pairs)?,
+        }
+    }
     write(&mut cache, &c.prefix_k, &c.prefix_v, &c.prefix_slots)?;
     if !c.copies.is_empty() {
         be.copy_kv_blocks(&mut cache, &c.copies)?;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
+use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 
 use super::ModelArgs;
 use crate::backend_select::BackendChoice;
@@ -63,9 +64,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
     if let Some(w) = c.sliding_window {
         println!("sliding window: {w}");
     }
-    let kv_bytes = |dtype: KvDtype| c.num_layers * 2 * dtype.row_bytes(c.num_kv_heads, c.head_dim);
+    let kv_bytes = |dtype: KvDtype| {
+        c.num_layers * dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE)
+    };
     println!(
-        "KV per token:   {} bytes ({})",
+        "KV per token:   {} bytes ({}, blocks of {DEFAULT_BLOCK_SIZE} tokens)",
         kv_bytes(args.kv_dtype),
         args.kv_dtype
     );

@@ -112,6 +112,15 @@ pub fn build_engine<B: Backend>(
         ..EngineConfig::default()
     }
     .with_capacity_tokens(ctx * sequences);
+    build_engine_with(backend, files, config)
+}
+
+/// An engine on `backend` with `config`, reporting load progress.
+pub fn build_engine_with<B: Backend>(
+    backend: B,
+    files: &ModelFiles,
+    config: EngineConfig,
+) -> Result<Engine<B>> {
     let mut progress = LoadProgress::new(files.path.display().to_string());
     Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_core::engine::EngineConfig;
 use tandem_core::Backend;
 
-use super::{build_engine, ModelArgs};
+use super::{build_engine_with, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
 #[derive(Args, Debug)]
@@ -24,6 +25,10 @@ pub struct PerplexityArgs {
     /// Score at most this many windows (0: all).
     #[arg(long, default_value_t = 0)]
     pub chunks: usize,
+    /// Tokens per forward pass (the engine's batch budget); small values
+    /// fill the KV cache as decoding does, a few tokens per step.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch: u64,
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
@@ -93,7 +98,14 @@ impl WithBackend for PerplexityArgs {
         if self.chunks > 0 {
             windows = windows.min(self.chunks);
         }
-        let mut engine = build_engine(backend, &files, n + 1, 1, self.model.kv_dtype)?;
+        let config = EngineConfig {
+            max_context: Some(n + 1),
+            kv_dtype: self.model.kv_dtype,
+            max_batch_tokens: self.batch as usize,
+            ..EngineConfig::default()
+        }
+        .with_capacity_tokens(n + 1);
+        let mut engine = build_engine_with(backend, &files, config)?;
         let vocab = files.config.vocab_size;
         let bos = files
             .tokenizer

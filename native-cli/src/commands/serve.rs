@@ -41,8 +41,9 @@ impl EngineArgs {
     fn config(&self, files: &ModelFiles, ctx: usize, kv_dtype: KvDtype) -> Result<EngineConfig> {
         let base = EngineConfig::default();
         let c = &files.config;
-        let bytes_per_block =
-            c.num_layers * 2 * kv_dtype.row_bytes(c.num_kv_heads, c.head_dim) * base.block_size;
+        let bytes_per_block = c.num_layers
+            * (kv_dtype.key_block_bytes(c.num_kv_heads, c.head_dim, base.block_size)
+                + kv_dtype.value_block_bytes(c.num_kv_heads, c.head_dim, base.block_size));
         let num_blocks = match self.kv_blocks {
             Some(n) => n,
             None => parse_bytes(&self.kv_memory)? / bytes_per_block.max(1),
