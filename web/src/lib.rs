@@ -25,6 +25,7 @@ use std::sync::Arc;
 use js_sys::{Array, Function, Object, Reflect, Uint32Array};
 use wasm_bindgen::prelude::*;
 
+use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig, ReadValues, Readback, TokenEvent};
 use tandem_core::kv::SeqId;
 use tandem_core::model::gguf::{model_from_gguf, GgufFile};
@@ -104,6 +105,12 @@ export interface LoadOptions {
    * downloaded again.
    */
   cache?: boolean | string;
+  /**
+   * How the KV cache stores keys and values: "f32" (default), "f16", "int8"
+   * (per token, groups of 32) or "int4" (keys per channel over each KV
+   * block, values per token), as `--kv-dtype` natively.
+   */
+  kvDtype?: "f32" | "f16" | "int8" | "int4";
 }
 export interface ChatMessage {
   role: string;
@@ -125,6 +132,9 @@ export interface TandemInfo {
   adapter: string;
   features: { shaderF16: boolean; subgroups: boolean; usesF16: boolean; usesSubgroups: boolean };
   fallbackReason: string | null;
+  kvDtype: "f32" | "f16" | "int8" | "int4";
+  /** KV-cache bytes per token of context, all layers. */
+  kvBytesPerToken: number;
 }
 "#;
 
@@ -151,7 +161,8 @@ impl Tandem {
     /// File, an ArrayBuffer or a Uint8Array. `options.onProgress({ phase,
     /// done, total })` follows reading the bytes and uploading the weights;
     /// `options.backend` is `"auto"` (WebGPU, else the CPU), `"webgpu"` or
-    /// `"cpu"`; `options.cache` is `true` (default), a cache name, or `false`.
+    /// `"cpu"`; `options.cache` is `true` (default), a cache name, or `false`;
+    /// `options.kvDtype` is the KV cache's storage (`"f32"` by default).
     pub async fn load(
         #[wasm_bindgen(unchecked_param_type = "ModelSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "LoadOptions")] options: Option<Object>,
@@ -159,6 +170,12 @@ impl Tandem {
         let options = options.unwrap_or_default();
         let choice = string_option(&options, "backend")?.unwrap_or_else(|| "auto".into());
         let cache = cache_option(&options)?;
+        let kv_dtype = match string_option(&options, "kvDtype")? {
+            Some(name) => name
+                .parse::<KvDtype>()
+                .map_err(|e| JsError::new(&format!("kvDtype: {e}")))?,
+            None => KvDtype::F32,
+        };
         let progress = Progress::new(get(&options, "onProgress")?.dyn_into::<Function>().ok());
         let loaded = read_model(&source, cache.as_deref(), &progress).await?;
         if let (Origin::Network, Some(cache), Some(key)) =
@@ -182,6 +199,7 @@ impl Tandem {
         let context = CONTEXT_TOKENS.min(files.config.max_context);
         let config = EngineConfig {
             max_context: Some(context),
+            kv_dtype,
             ..EngineConfig::default()
         }
         .with_capacity_tokens(context);
@@ -234,6 +252,8 @@ impl Tandem {
             adapter,
             features,
             fallback_reason,
+            kv_dtype,
+            kv_bytes_per_token: engine.kv_bytes_per_token(),
         };
         // The weights are on the backend now: only the tokenizer stays (the
         // file's bytes are freed when `loaded.bytes` and `files` go).
@@ -525,6 +545,13 @@ impl AnyEngine {
             AnyEngine::Cpu(_) => "cpu",
         }
     }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        match self {
+            AnyEngine::WebGpu(e) => e.kv_bytes_per_token(),
+            AnyEngine::Cpu(e) => e.kv_bytes_per_token(),
+        }
+    }
 }
 
 impl Runtime {
@@ -640,6 +667,8 @@ struct Info {
     adapter: String,
     features: Features,
     fallback_reason: Option<String>,
+    kv_dtype: KvDtype,
+    kv_bytes_per_token: usize,
 }
 
 #[derive(Default)]
@@ -673,6 +702,12 @@ impl Info {
             .as_deref()
             .map_or(JsValue::NULL, JsValue::from);
         set(&info, "fallbackReason", reason)?;
+        set(&info, "kvDtype", self.kv_dtype.name().into())?;
+        set(
+            &info,
+            "kvBytesPerToken",
+            (self.kv_bytes_per_token as f64).into(),
+        )?;
         Ok(info)
     }
 }
