@@ -40,6 +40,7 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target wasm32-unknown-unknown -p tandem-web -p tandem-web-kernel-tests --all-targets -- -D warnings
 
 # ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----
 
