@@ -133,15 +133,20 @@ impl KvQuantLayout {
     /// Dequantizes head `head` of a slot into `out` (`head_dim` values).
     pub fn dequantize_head(&self, slot: &[u32], head: usize, out: &mut [f32]) {
         let params = &slot[self.groups() * self.bits..];
-        let mask = self.max_code();
         for (i, out) in out[..self.head_dim].chunks_mut(KV_GROUP).enumerate() {
             let g = head * self.groups_per_head + i;
             let (scale, min) = unpack_params(params[g]);
             let words = &slot[g * self.bits..][..self.bits];
-            for (e, o) in out.iter_mut().enumerate() {
-                let shift = self.bits * (e % self.codes_per_word());
-                let q = (words[e / self.codes_per_word()] >> shift) & mask;
-                *o = min + q as f32 * scale;
+            match self.bits {
+                4 => decode_codes::<4>(words, scale, min, out),
+                8 => decode_codes::<8>(words, scale, min, out),
+                bits => {
+                    let per_word = 32 / bits;
+                    for (e, o) in out.iter_mut().enumerate() {
+                        let q = (words[e / per_word] >> (bits * (e % per_word))) & self.max_code();
+                        *o = min + q as f32 * scale;
+                    }
+                }
             }
         }
     }
@@ -247,13 +252,29 @@ impl KeyBlockLayout {
     pub fn dequantize_head(&self, block: &[u32], offset: usize, head: usize, out: &mut [f32]) {
         let per_token = self.words_per_token();
         let codes = &block[offset * per_token..][..per_token];
-        let params = &block[self.block_size * per_token..][..self.channels()];
-        for (d, o) in out[..self.head_dim].iter_mut().enumerate() {
-            let c = head * self.head_dim + d;
-            let (scale, min) = unpack_params(params[c]);
-            let q =
-                (codes[c / KEY_CODES_PER_WORD] >> (4 * (c % KEY_CODES_PER_WORD))) & KEY_MAX_CODE;
-            *o = min + q as f32 * scale;
+        let first = head * self.head_dim;
+        let params = &block[self.block_size * per_token + first..][..self.head_dim];
+        let out = &mut out[..self.head_dim];
+        if first.is_multiple_of(KEY_CODES_PER_WORD) {
+            // The head starts a word: decode word by word, shifts constant.
+            let words = &codes[first / KEY_CODES_PER_WORD..];
+            let runs = out
+                .chunks_mut(KEY_CODES_PER_WORD)
+                .zip(params.chunks(KEY_CODES_PER_WORD));
+            for (&word, (out, params)) in words.iter().zip(runs) {
+                for (k, (o, &p)) in out.iter_mut().zip(params).enumerate() {
+                    let (scale, min) = unpack_params(p);
+                    *o = min + ((word >> (4 * k)) & KEY_MAX_CODE) as f32 * scale;
+                }
+            }
+        } else {
+            for (d, (o, &p)) in out.iter_mut().zip(params).enumerate() {
+                let c = first + d;
+                let (scale, min) = unpack_params(p);
+                let q = (codes[c / KEY_CODES_PER_WORD] >> (4 * (c % KEY_CODES_PER_WORD)))
+                    & KEY_MAX_CODE;
+                *o = min + q as f32 * scale;
+            }
         }
     }
 
@@ -261,6 +282,18 @@ impl KeyBlockLayout {
     pub fn dequantize_token(&self, block: &[u32], offset: usize, out: &mut [f32]) {
         for (head, out) in out.chunks_exact_mut(self.head_dim).enumerate() {
             self.dequantize_head(block, offset, head, out);
+        }
+    }
+}
+
+/// Dequantizes a group's `BITS`-bit codes (`32 / BITS` per word, lowest
+/// bits first) into `out`.
+#[inline(always)]
+fn decode_codes<const BITS: usize>(words: &[u32], scale: f32, min: f32, out: &mut [f32]) {
+    let mask = (1u32 << BITS) - 1;
+    for (&word, out) in words.iter().zip(out.chunks_mut(32 / BITS)) {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = min + ((word >> (BITS * k)) & mask) as f32 * scale;
         }
     }
 }
@@ -296,16 +329,41 @@ fn pack_params(scale: f32, min: f32) -> u32 {
     scale | (min << 16)
 }
 
+// Attention reads every cached element through here, so it must inline:
+// half's own conversion is an out-of-line call with a CPU-feature dispatch.
+#[inline(always)]
 fn unpack_params(word: u32) -> (f32, f32) {
-    (
-        half::f16::from_bits(word as u16).to_f32(),
-        half::f16::from_bits((word >> 16) as u16).to_f32(),
-    )
+    (f16_to_f32(word as u16), f16_to_f32((word >> 16) as u16))
+}
+
+/// Exact f16 → f32 for every f16: the bits moved into f32 position are the
+/// value scaled by 2^-112 (normal or subnormal alike), so one multiply by
+/// 2^112 restores it; infinities and NaN take half's path.
+#[inline(always)]
+fn f16_to_f32(bits: u16) -> f32 {
+    let magnitude = (bits & 0x7fff) as u32;
+    if magnitude >= 0x7c00 {
+        return half::f16::from_bits(bits).to_f32();
+    }
+    let value = f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000);
+    f32::from_bits(value.to_bits() | ((bits as u32 & 0x8000) << 16))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for bits in 0..=u16::MAX {
+            let want = half::f16::from_bits(bits).to_f32();
+            let got = f16_to_f32(bits);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{bits:#06x}: {got} instead of {want}"
+            );
+        }
+    }
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
         let mut state = seed | 1;
