@@ -91,19 +91,13 @@ pub fn apply(model: &mut DenseModel, layer: usize, site: Site, factors: &[f32]) 
         model.set(name, data)
     };
     match site {
-        Site::AttnIn => {
-            let name = format!("blk.{layer}.attn_norm.weight");
-            let w: Vec<f32> = model
-                .tensor(&name)?
-                .data
-                .iter()
-                .zip(&inverse)
-                .map(|(w, s)| w * s)
-                .collect();
-            model.set(&name, w)?;
-        }
-        Site::FfnIn => {
-            let name = format!("blk.{layer}.ffn_norm.weight");
+        Site::AttnIn | Site::FfnIn => {
+            let norm = if site == Site::AttnIn {
+                "attn_norm"
+            } else {
+                "ffn_norm"
+            };
+            let name = format!("blk.{layer}.{norm}.weight");
             let w: Vec<f32> = model
                 .tensor(&name)?
                 .data

@@ -110,13 +110,7 @@ pub fn quantize_with(
     factor: &HessianFactor,
 ) -> Result<QuantizedMatrix> {
     let cols = factor.cols;
-    scheme.check_cols(name, cols)?;
-    if w.len() != rows * cols {
-        return invalid(format!(
-            "{name}: {} weights for a {rows} × {cols} matrix",
-            w.len()
-        ));
-    }
+    scheme.check_matrix(name, w.len(), rows, cols)?;
     let g = scheme.group_len(cols);
     let mut w = w.to_vec();
     for (i, _) in factor.dead.iter().enumerate().filter(|(_, d)| **d) {

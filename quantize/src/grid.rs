@@ -59,6 +59,18 @@ impl Scheme {
         }
         Ok(())
     }
+
+    /// Checks that `len` weights make a `rows × cols` matrix this scheme
+    /// can group.
+    pub fn check_matrix(self, name: &str, len: usize, rows: usize, cols: usize) -> Result<()> {
+        self.check_cols(name, cols)?;
+        if len != rows * cols {
+            return invalid(format!(
+                "{name}: {len} weights for a {rows} × {cols} matrix"
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn round_f16(x: f32) -> f32 {

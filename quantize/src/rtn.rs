@@ -2,7 +2,7 @@
 //! takes the nearest code. The baseline the other methods must beat.
 
 use crate::grid::{QuantizedMatrix, Scheme, Step};
-use crate::{invalid, Result};
+use crate::Result;
 
 /// Quantizes `w` (`rows × cols`, row-major) to the nearest codes of `scheme`.
 pub fn quantize(
@@ -12,13 +12,7 @@ pub fn quantize(
     rows: usize,
     cols: usize,
 ) -> Result<QuantizedMatrix> {
-    scheme.check_cols(name, cols)?;
-    if w.len() != rows * cols {
-        return invalid(format!(
-            "{name}: {} values for a {rows} × {cols} matrix",
-            w.len()
-        ));
-    }
+    scheme.check_matrix(name, w.len(), rows, cols)?;
     let g = scheme.group_len(cols);
     let mut codes = Vec::with_capacity(w.len());
     let mut steps = Vec::with_capacity(w.len() / g);

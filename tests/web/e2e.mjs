@@ -43,10 +43,6 @@ const CACHE = "tandem-models-v1";
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
 const TIMEOUT_MS = 3 * 60 * 1000;
 
-const expectedChat = nativeTokens(["--chat-template"], CHAT_MESSAGE, EXPECTED.length);
-console.log(`native CPU chat tokens for ${JSON.stringify(CHAT_MESSAGE)}: ${expectedChat.join(" ")}`);
-const expectedInt4 = nativeTokens(["--kv-dtype", "int4"], PROMPT, EXPECTED.length);
-console.log(`native CPU tokens with an INT4 KV cache: ${expectedInt4.join(" ")}`);
 
 const model = readFileSync(join(siteDir, MODEL_PATH));
 const requests = new Map();
@@ -107,6 +103,7 @@ try {
   // tokens); on SwiftShader its ~40-token prefill takes minutes, so it runs
   // on the page's CPU backend only.
   if (BACKEND === "cpu") {
+    const expectedChat = nativeTokens(["--chat-template"], CHAT_MESSAGE, EXPECTED.length);
     await page.click("#new-chat");
     const chatIds = await run(page, { prompt: CHAT_MESSAGE, chat: true });
     check(same(chatIds, expectedChat), "engine.chat gives the native CPU backend's greedy tokens",
@@ -220,6 +217,7 @@ try {
       return { refused, ids, kvDtype, kvBytesPerToken };
     }, { url: MODEL_PATH.slice(1), backend: "cpu", prompt: PROMPT, count: EXPECTED.length });
     console.log(JSON.stringify(kv));
+    const expectedInt4 = nativeTokens(["--kv-dtype", "int4"], PROMPT, EXPECTED.length);
     check(/^kvDtype: .*unknown KV dtype `int3`/.test(kv.refused), "an unknown kvDtype is a clear error", kv.refused);
     check(kv.kvDtype === "int4" && same(kv.ids, expectedInt4),
       "kvDtype int4 gives the native CPU backend's greedy tokens with an INT4 KV cache",
