@@ -10,7 +10,8 @@
 # TANDEM_REQUIRE_CUDA=1, so a missing device fails), then `tandem bench
 # --backend cuda` for SmolLM2-135M and for a Llama-3-8B-shaped model with
 # random weights in F16 and Q4_1, and prints decode tokens/s at batch 1 with
-# the fraction of the H200's 4.8 TB/s that the weight reads reach. Each
+# the fraction of the H200's 4.8 TB/s that the weight reads reach, and the
+# speedup of CUDA-graph decode over launching every kernel. Each
 # step's failure is recorded and the others still run; the exit status is
 # non-zero when any step failed. Everything is written under $OUT (default
 # target/gpu-check): summary.txt and one log per step.
@@ -52,20 +53,25 @@ json_number() {
 
 # Prints the decode figures of one bench run. Weights read per decode token
 # are the model's weight bytes less an untied embedding table, of which a
-# step reads one row (a tied table is read whole, as the LM head).
+# step reads one row (a tied table is read whole, as the LM head). Where the
+# bench compared CUDA-graph replay with launching every kernel, the speedup
+# follows.
 #   report_bench LABEL LOG EMBEDDING_BYTES
 report_bench() {
-  local label=$1 file=$2 embedding=$3 tg wb
+  local label=$1 file=$2 embedding=$3 tg wb eager
   tg=$(json_number "$file" decode_tokens_per_s)
   wb=$(json_number "$file" weight_bytes)
+  eager=$(json_number "$file" decode_eager_tokens_per_s)
   if [ -z "$tg" ] || [ -z "$wb" ]; then
     echo "$label: no decode figures in $(basename "$file")"
     return 1
   fi
-  awk -v label="$label" -v tg="$tg" -v wb="$wb" -v emb="$embedding" -v peak="$peak_bytes_per_s" 'BEGIN {
+  awk -v label="$label" -v tg="$tg" -v wb="$wb" -v emb="$embedding" -v peak="$peak_bytes_per_s" -v eager="${eager:-0}" 'BEGIN {
     bytes = wb - emb
-    printf "%s: decode %.1f tokens/s at batch 1, %.3f GB of weights per token, %.1f%% of 4.8 TB/s\n",
+    printf "%s: decode %.1f tokens/s at batch 1, %.3f GB of weights per token, %.1f%% of 4.8 TB/s",
       label, tg, bytes / 1e9, 100 * tg * bytes / peak
+    if (eager > 0) printf "; CUDA graphs %.2fx over launching every kernel (%.1f tokens/s)", tg / eager, eager
+    printf "\n"
   }'
 }
 
@@ -90,6 +96,13 @@ self_test() {
   fi
   if [ "$(embedding_bytes 128256 4096 f16)" != 1050673152 ] || [ "$(embedding_bytes 32 32 q4_1)" != 640 ]; then
     echo "self-test: wrong embedding table sizes" >&2
+    status=1
+  fi
+  echo '{"decode_tokens_per_s":2400.0,"weight_bytes":98000000,"decode_eager_tokens_per_s":800.0}' >"$dir/graphs.log"
+  expected='s: decode 2400.0 tokens/s at batch 1, 0.098 GB of weights per token, 4.9% of 4.8 TB/s; CUDA graphs 3.00x over launching every kernel (800.0 tokens/s)'
+  got=$(report_bench s "$dir/graphs.log" 0)
+  if [ "$got" != "$expected" ]; then
+    echo "self-test: got '$got', expected '$expected'" >&2
     status=1
   fi
   echo '{"backend":"cuda"}' >"$dir/empty.log"

@@ -119,6 +119,12 @@ impl Backend for CpuBackend {
         Ok(t.as_slice()[..len].to_vec())
     }
 
+    fn write_indices(&self, dst: &mut Indices, data: &[u32]) -> Result<()> {
+        check::buffer_len("write_indices", "destination", dst.len(), data.len())?;
+        dst.as_mut_slice()[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
     fn upload_weight(&self, w: WeightView<'_>) -> Result<Weight> {
         Weight::from_view(w)
     }

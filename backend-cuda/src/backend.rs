@@ -21,7 +21,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
-    RmsNormParams, RopeParams, RopeStyle,
+    RecordedStep, RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::quant::{Int4Group, WeightFormat, WeightView};
@@ -226,12 +226,18 @@ pub struct CudaBackend {
     scratch: Mutex<Scratch>,
     /// Set between `begin_capture` and `end_capture` (see `crate::graph`).
     pub(crate) capturing: AtomicBool,
+    /// Set once a graph was recorded: outgrown scratch buffers are retired
+    /// rather than freed from then on.
+    pub(crate) recorded: AtomicBool,
 }
 
 #[derive(Default)]
 struct Scratch {
     partials: Option<CudaSlice<f32>>,
     halves: Option<CudaSlice<u16>>,
+    /// Outgrown buffers a recorded graph may still write to.
+    retired_partials: Vec<CudaSlice<f32>>,
+    retired_halves: Vec<CudaSlice<u16>>,
 }
 
 impl CudaBackend {
@@ -284,6 +290,7 @@ impl CudaBackend {
             sm_count,
             scratch: Mutex::new(Scratch::default()),
             capturing: AtomicBool::new(false),
+            recorded: AtomicBool::new(false),
         })
     }
 
@@ -310,17 +317,6 @@ impl CudaBackend {
         sources::KERNEL_FILES
             .iter()
             .try_for_each(|file| self.kernels.module(file).map(drop))
-    }
-
-    /// Overwrites the start of `dst` with `data` (graph inputs are updated in
-    /// place: a replayed graph reads the buffers it was captured with).
-    pub fn write_indices(&self, dst: &mut CudaIndices, data: &[u32]) -> Result<()> {
-        self.refuse_while_capturing("write_indices")?;
-        check_len("write_indices: destination", dst.len(), data.len())?;
-        let mut view = dst.buf.slice_mut(..data.len());
-        self.stream
-            .memcpy_htod(data, &mut view)
-            .map_err(|e| backend_error(format!("copy to device: {e}")))
     }
 
     /// Overwrites the start of `dst` with `data`.
@@ -374,7 +370,10 @@ impl CudaBackend {
             self.refuse_while_capturing(
                 "growing the attention scratch buffer (run the step once before capturing)",
             )?;
-            scratch.partials = Some(self.alloc_raw::<f32>(len)?);
+            let grown = self.alloc_raw::<f32>(len.next_power_of_two())?;
+            if let Some(old) = scratch.partials.replace(grown) {
+                self.retire(&mut scratch.retired_partials, old);
+            }
         }
         Ok(ScratchSlice {
             guard: scratch,
@@ -389,12 +388,23 @@ impl CudaBackend {
             self.refuse_while_capturing(
                 "growing the GEMM scratch buffer (run the step once before capturing)",
             )?;
-            scratch.halves = Some(self.alloc_raw::<u16>(len)?);
+            let grown = self.alloc_raw::<u16>(len.next_power_of_two())?;
+            if let Some(old) = scratch.halves.replace(grown) {
+                self.retire(&mut scratch.retired_halves, old);
+            }
         }
         Ok(ScratchSlice {
             guard: scratch,
             pick: |s| s.halves.as_mut(),
         })
+    }
+
+    /// Keeps an outgrown scratch buffer alive if a recorded graph may name
+    /// it (sizes grow by powers of two, so at most as much again is kept).
+    fn retire<T>(&self, retired: &mut Vec<CudaSlice<T>>, old: CudaSlice<T>) {
+        if self.recorded.load(Ordering::Acquire) {
+            retired.push(old);
+        }
     }
 
     fn lock_scratch(&self) -> Result<MutexGuard<'_, Scratch>> {
@@ -520,6 +530,15 @@ impl Backend for CudaBackend {
         download(&self.stream, &t.buf, len)
     }
 
+    fn write_indices(&self, dst: &mut CudaIndices, data: &[u32]) -> Result<()> {
+        self.refuse_while_capturing("write_indices")?;
+        check_len("write_indices: destination", dst.len(), data.len())?;
+        let mut view = dst.buf.slice_mut(..data.len());
+        self.stream
+            .memcpy_htod(data, &mut view)
+            .map_err(|e| backend_error(format!("copy to device: {e}")))
+    }
+
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
         self.refuse_while_capturing("upload_weight")?;
         let expected = w.format.bytes_for(w.rows as u64, w.cols as u64);
@@ -596,6 +615,18 @@ impl Backend for CudaBackend {
 
     fn supports_format(&self, format: WeightFormat) -> bool {
         format_code(format) >= 0
+    }
+
+    fn can_record(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.begin_graph_capture()
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn RecordedStep>> {
+        Ok(Box::new(self.end_graph_capture()?))
     }
 
     fn embedding(

@@ -1,41 +1,43 @@
-//! Decode steps as CUDA graphs.
+//! Recorded steps as CUDA graphs (`Backend::begin_capture`).
 //!
 //! A small model's decode step is hundreds of short kernels (30 layers ×
 //! ~10), and launching them one by one costs more than running them. A graph
-//! records the step's launches once and replays them with one call.
+//! records the step's launches once and replays them with one call; the
+//! engine's decode recorder (`tandem_core::model::recorded`) decides what to
+//! record and keeps the buffers a graph names alive.
 //!
-//! A graph replays the exact launches it recorded: the same kernels, grid
-//! sizes, scalar arguments and buffer addresses. So the caller (the engine):
-//!
-//! 1. runs the step once eagerly with the shapes it will capture (this
-//!    compiles the kernels and sizes the scratch buffers);
-//! 2. calls [`CudaBackend::begin_capture`], runs the step's kernels (no
-//!    allocation, upload or download: those return an error while
-//!    capturing), and [`CudaBackend::end_capture`];
-//! 3. per step, writes the new inputs into the same buffers
-//!    ([`CudaBackend::write_indices`]: token ids, positions, slots, block
-//!    tables), calls [`CudaBackend::replay`], and downloads the sampled ids.
-//!
-//! A graph is valid for one batch size and one `max_blocks_per_seq` (both
-//! are launch parameters); the engine keeps one per padded batch size.
+//! While capturing, allocation, upload and download return an error (they
+//! would not be part of the graph), and the scratch buffers cannot grow:
+//! the recorder runs each shape eagerly first, which sizes them. A scratch
+//! buffer that grows after a graph was recorded is kept, not freed, because
+//! the graph still writes to it (`CudaBackend::retire`).
 
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::{sys, CudaGraph};
+use tandem_core::backend::RecordedStep;
 use tandem_core::Result;
 
 use crate::backend_error;
 use crate::CudaBackend;
 
-/// A captured decode step, ready to replay on the backend that captured it.
+/// A captured step, replayed on the stream that captured it.
 pub struct DecodeGraph {
     graph: CudaGraph,
 }
 
+impl RecordedStep for DecodeGraph {
+    fn replay(&self) -> Result<()> {
+        self.graph
+            .launch()
+            .map_err(|e| backend_error(format!("graph launch: {e}")))
+    }
+}
+
 impl CudaBackend {
     /// Starts recording: kernels launched from this thread until
-    /// [`end_capture`](Self::end_capture) are recorded, not run.
-    pub fn begin_capture(&self) -> Result<()> {
+    /// [`end_graph_capture`](Self::end_graph_capture) are recorded, not run.
+    pub(crate) fn begin_graph_capture(&self) -> Result<()> {
         if self.capturing.swap(true, Ordering::AcqRel) {
             return Err(backend_error(
                 "begin_capture: a capture is already in progress",
@@ -48,7 +50,7 @@ impl CudaBackend {
     }
 
     /// Stops recording and instantiates the graph.
-    pub fn end_capture(&self) -> Result<DecodeGraph> {
+    pub(crate) fn end_graph_capture(&self) -> Result<DecodeGraph> {
         if !self.capturing.load(Ordering::Acquire) {
             return Err(backend_error("end_capture without begin_capture"));
         }
@@ -60,14 +62,7 @@ impl CudaBackend {
         graph
             .upload()
             .map_err(|e| backend_error(format!("uploading the graph: {e}")))?;
+        self.recorded.store(true, Ordering::Release);
         Ok(DecodeGraph { graph })
-    }
-
-    /// Queues one replay of `graph` on the backend's stream.
-    pub fn replay(&self, graph: &DecodeGraph) -> Result<()> {
-        graph
-            .graph
-            .launch()
-            .map_err(|e| backend_error(format!("graph launch: {e}")))
     }
 }

@@ -11,7 +11,7 @@
 //! - [`nvrtc`]: compiling a kernel file to CUBIN, and ptxas's resource figures.
 //! - [`cache`]: compiled kernels on disk, per GPU architecture.
 //! - [`backend`]: [`CudaBackend`], the `Backend` implementation.
-//! - [`graph`]: capturing a decode step as a CUDA graph and replaying it.
+//! - [`graph`]: recording a step as a CUDA graph (`Backend::begin_capture`).
 
 pub mod backend;
 pub mod cache;

@@ -312,6 +312,15 @@ impl Backend for WgpuBackend {
         })
     }
 
+    fn write_indices(&self, dst: &mut WgpuIndices, data: &[u32]) -> Result<()> {
+        check_len("write_indices", dst.len, data.len())?;
+        // Queue writes land before the next submit: recorded kernels that
+        // read the old values go first.
+        self.gpu.submit()?;
+        self.gpu.write(&dst.buf, bytemuck::cast_slice(data));
+        Ok(())
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     fn download_indices(&self, t: &WgpuIndices, len: usize) -> Result<Vec<u32>> {
         pollster::block_on(self.download_indices_async(t, len))

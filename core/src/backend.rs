@@ -6,9 +6,15 @@
 //! struct with the sizes it needs. Activations are f32 row-major
 //! `[rows, width]` matrices. A GPU backend may record kernels into a queue and
 //! run them later: only the `download*` methods must wait for results.
+//!
+//! A backend may also record a whole step once and replay it
+//! ([`Backend::begin_capture`], CUDA graphs): the replay runs the same
+//! kernels with the same shapes on the same buffers, so the caller updates
+//! the inputs in place ([`Backend::write_indices`]) and keeps every buffer
+//! alive while the recording exists (`crate::model::recorded`).
 
 use crate::quant::{WeightFormat, WeightView};
-use crate::Result;
+use crate::{Error, Result};
 
 /// What a backend says about itself (for `inspect`, `bench` and logs).
 #[derive(Clone, Debug, Default)]
@@ -222,6 +228,11 @@ pub struct AttentionIndices<'a, B: Backend + ?Sized> {
     pub block_tables: &'a B::Indices,
 }
 
+/// A recorded step (a CUDA graph): its kernel launches, queued again with one call.
+pub trait RecordedStep {
+    fn replay(&self) -> Result<()>;
+}
+
 /// A compute device. Implementations: `tandem-cpu`, `tandem-wgpu`, `tandem-cuda`.
 pub trait Backend: 'static {
     /// f32 activations on the device.
@@ -241,6 +252,9 @@ pub trait Backend: 'static {
     fn download(&self, t: &Self::Tensor, len: usize) -> Result<Vec<f32>>;
     fn upload_indices(&self, data: &[u32]) -> Result<Self::Indices>;
     fn download_indices(&self, t: &Self::Indices, len: usize) -> Result<Vec<u32>>;
+    /// Overwrites the start of `dst` with `data`, in place: a recorded step
+    /// reads the buffers it was recorded with.
+    fn write_indices(&self, dst: &mut Self::Indices, data: &[u32]) -> Result<()>;
     fn upload_weight(&self, w: WeightView<'_>) -> Result<Self::Weight>;
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
     /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
@@ -248,6 +262,31 @@ pub trait Backend: 'static {
 
     /// Weight formats `matmul` accepts; the loader refuses others with a clear error.
     fn supports_format(&self, format: WeightFormat) -> bool;
+
+    // ---- recorded steps ----
+
+    /// Whether [`begin_capture`](Self::begin_capture) works here.
+    fn can_record(&self) -> bool {
+        false
+    }
+
+    /// Starts recording: kernels called until [`end_capture`](Self::end_capture)
+    /// are recorded, not run, and memory operations fail.
+    fn begin_capture(&self) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "backend {} cannot record steps",
+            self.info().name
+        )))
+    }
+
+    /// Stops recording. Called after every `begin_capture`, also when a
+    /// kernel failed while recording (the recording is then discarded).
+    fn end_capture(&self) -> Result<Box<dyn RecordedStep>> {
+        Err(Error::Unsupported(format!(
+            "backend {} cannot record steps",
+            self.info().name
+        )))
+    }
 
     // ---- fused kernels (one per manifest entry) ----
 

@@ -14,12 +14,16 @@
 //! forward pass as provisional tokens, every drafted position returns
 //! logits, and `finish_step` keeps what the exact acceptance rule accepts
 //! (`crate::spec`), rolling the rest back from the block tables.
+//!
+//! On a backend that records steps (CUDA graphs), small decode batches run
+//! through `crate::model::recorded`: recorded once per shape, then replayed.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::backend::{Backend, KvDtype};
 use crate::kv::{KvCacheManager, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::forward::{ForwardBatch, Model, Progress};
+use crate::model::recorded::{DecodeOutputs, DecodeRecorder, RecordingStats};
 use crate::model::ModelFiles;
 use crate::sched::{
     Priority, Sampler, SamplingParams, SchedSeq, Schedule, Scheduler, SchedulerConfig, SeqStatus,
@@ -30,6 +34,10 @@ use crate::spec::{
     SequenceAcceptance, SpeculationStats, Stopwatch,
 };
 use crate::{Error, Result};
+
+/// Up to 8 rows every CUDA matmul is a GEMV kernel: the launch-bound regime
+/// recording is for (larger batches would also record cuBLAS calls).
+pub const DEFAULT_MAX_RECORDED_BATCH: usize = 8;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -46,6 +54,10 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Most requests waiting for admission; more are refused.
     pub max_waiting: usize,
+    /// Decode batches of at most this many sequences are recorded once per
+    /// shape and replayed (CUDA graphs) on backends that record; 0 turns
+    /// recording off.
+    pub max_recorded_batch: usize,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +70,7 @@ impl Default for EngineConfig {
             max_context: None,
             max_running: 256,
             max_waiting: 1024,
+            max_recorded_batch: DEFAULT_MAX_RECORDED_BATCH,
         }
     }
 }
@@ -146,6 +159,8 @@ pub struct EngineStats {
     pub steps: u64,
     /// Zero when speculation is off.
     pub speculation: SpeculationStats,
+    /// Zero where the backend does not record or recording is off.
+    pub recorded_steps: RecordingStats,
 }
 
 /// A step whose forward pass is queued but whose tokens are not sampled
@@ -158,6 +173,8 @@ pub struct PendingStep<B: Backend> {
     /// Rows of the forward pass and when it started (for adaptive k).
     rows: usize,
     started: Stopwatch,
+    /// The readback's buffer is lent by the decode recorder (this generation).
+    lent_by_recorder: Option<u64>,
 }
 
 impl<B: Backend> PendingStep<B> {
@@ -175,6 +192,24 @@ pub enum Readback<B: Backend> {
     Logits { tensor: B::Tensor, len: usize },
     /// `len` token ids, the device's argmax (batches that are all greedy).
     TokenIds { ids: B::Indices, len: usize },
+}
+
+impl<B: Backend> Readback<B> {
+    fn expected(&self) -> Expected {
+        match self {
+            Readback::Nothing => Expected::Nothing,
+            Readback::Logits { len, .. } => Expected::Logits(*len),
+            Readback::TokenIds { len, .. } => Expected::TokenIds(*len),
+        }
+    }
+}
+
+/// The variant and length of a [`Readback`], kept once its buffer is handed on.
+#[derive(Clone, Copy)]
+enum Expected {
+    Nothing,
+    Logits(usize),
+    TokenIds(usize),
 }
 
 /// The host's copy of a [`Readback`], of the same variant and length.
@@ -256,6 +291,10 @@ pub struct Engine<B: Backend> {
     generated_tokens: u64,
     steps: u64,
     speculation: Option<Speculation<B>>,
+    /// Present when the backend records and `max_recorded_batch > 0`.
+    recorder: Option<DecodeRecorder<B>>,
+    /// Off: the recorder is kept but not used.
+    recording: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -287,7 +326,7 @@ impl<B: Backend> Engine<B> {
             .max_context
             .unwrap_or(cfg.max_context)
             .min(cfg.max_context);
-        Ok(Self {
+        let mut engine = Self {
             backend,
             kv_manager: KvCacheManager::new(config.num_blocks, config.block_size),
             model,
@@ -301,7 +340,22 @@ impl<B: Backend> Engine<B> {
             generated_tokens: 0,
             steps: 0,
             speculation: None,
-        })
+            recorder: None,
+            recording: true,
+        };
+        let max_batch = engine.config.max_recorded_batch;
+        if max_batch > 0 && engine.backend.can_record() {
+            let longest = engine.max_context.min(engine.kv_capacity());
+            let widest = table_width(longest, engine.config.block_size);
+            engine.recorder = Some(DecodeRecorder::new(max_batch, widest));
+        }
+        Ok(engine)
+    }
+
+    /// Off: decode steps launch every kernel even where they could replay
+    /// a recording (A/B benchmarks); the recordings are kept.
+    pub fn enable_recording(&mut self, on: bool) {
+        self.recording = on;
     }
 
     /// Turns on speculative decoding with `proposer` for every sequence
@@ -419,6 +473,11 @@ impl<B: Backend> Engine<B> {
                 .speculation
                 .as_ref()
                 .map(|s| s.stats.clone())
+                .unwrap_or_default(),
+            recorded_steps: self
+                .recorder
+                .as_ref()
+                .map(|r| r.stats().clone())
                 .unwrap_or_default(),
         }
     }
@@ -659,17 +718,22 @@ impl<B: Backend> Engine<B> {
                 readback: Readback::Nothing,
                 rows: 0,
                 started,
+                lent_by_recorder: None,
             });
         }
         self.steps += 1;
         self.computed_tokens += schedule.num_tokens() as u64;
         let bs = self.kv_manager.block_size();
-        let max_blocks = schedule
+        let longest = schedule
             .chunks
             .iter()
             .map(|c| self.kv_manager.table(c.seq).map_or(0, |t| t.blocks().len()))
             .max()
             .unwrap_or(1);
+        // The table width is a launch parameter of attention: rounding it
+        // keeps the recorded decode shapes few, and eager steps use the same
+        // widths so both run the same launches.
+        let max_blocks = longest.max(1).next_power_of_two();
         let mut batch = ForwardBatch::new(bs, max_blocks);
         let mut sampled: Vec<(SeqId, usize)> = Vec::new();
         for c in &schedule.chunks {
@@ -701,15 +765,49 @@ impl<B: Backend> Engine<B> {
                 sampled.push((c.seq, c.len - from));
             }
         }
-        let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+        let recording = self.recording;
+        let recorder = (self.recorder.as_mut()).filter(|r| recording && r.accepts(&batch));
+        let (readback, lent_by_recorder) = match recorder {
+            Some(recorder) => {
+                let outputs = recorder.run(&self.backend, &self.model, &batch, &mut self.kv)?;
+                let generation = outputs.generation;
+                (self.lend_readback(outputs, &sampled), Some(generation))
+            }
+            None => {
+                let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+                (self.readback_for(logits, &sampled)?, None)
+            }
+        };
         self.scheduler.complete(&schedule, &mut self.kv_manager)?;
-        let readback = self.readback_for(logits, &sampled)?;
         Ok(PendingStep {
             seqs: sampled,
             readback,
             rows: batch.rows(),
             started,
+            lent_by_recorder,
         })
+    }
+
+    /// The readback of a recorded decode step of the sequences `seqs`
+    /// (one row each): its logits or its ids, lent by the recorder, which
+    /// takes the other back now.
+    fn lend_readback(&mut self, outputs: DecodeOutputs<B>, seqs: &[(SeqId, usize)]) -> Readback<B> {
+        let host_logits = self.needs_host_logits(seqs);
+        let recorder = self.recorder.as_mut().expect("the step was recorded");
+        let (rows, vocab) = (seqs.len(), self.model.config.vocab_size);
+        if host_logits {
+            recorder.give_back_ids(outputs.ids, outputs.generation);
+            Readback::Logits {
+                tensor: outputs.logits,
+                len: rows * vocab,
+            }
+        } else {
+            recorder.give_back_logits(outputs.logits, outputs.generation);
+            Readback::TokenIds {
+                ids: outputs.ids,
+                len: rows,
+            }
+        }
     }
 
     /// Asks the proposer for drafts for every decoding sequence, as many as
@@ -828,11 +926,7 @@ impl<B: Backend> Engine<B> {
             return Ok(Readback::Nothing);
         }
         let vocab = self.model.config.vocab_size;
-        let host_logits = seqs.iter().any(|&(id, _)| {
-            let g = &self.scheduler.get(id).expect("sampled").data;
-            !g.sampler.params().is_greedy() || g.logprobs.is_some()
-        });
-        if host_logits {
+        if self.needs_host_logits(seqs) {
             return Ok(Readback::Logits {
                 tensor: logits,
                 len: rows * vocab,
@@ -841,6 +935,15 @@ impl<B: Backend> Engine<B> {
         let mut ids = self.backend.upload_indices(&vec![0; rows])?;
         self.backend.argmax(&logits, rows, vocab, &mut ids)?;
         Ok(Readback::TokenIds { ids, len: rows })
+    }
+
+    /// Whether any of `seqs` samples on the host (or reports logprobs)
+    /// rather than taking the device's argmax.
+    fn needs_host_logits(&self, seqs: &[(SeqId, usize)]) -> bool {
+        seqs.iter().any(|&(id, _)| {
+            let g = &self.scheduler.get(id).expect("sampled").data;
+            !g.sampler.params().is_greedy() || g.logprobs.is_some()
+        })
     }
 
     /// The second half of [`Engine::step`]: samples the next token of each
@@ -853,14 +956,28 @@ impl<B: Backend> Engine<B> {
         pending: PendingStep<B>,
         values: ReadValues,
     ) -> Result<Vec<TokenEvent>> {
-        let seqs = pending.seqs;
+        let PendingStep {
+            seqs,
+            readback,
+            rows: step_rows,
+            started,
+            lent_by_recorder,
+        } = pending;
         let vocab = self.model.config.vocab_size;
-        let (rows, argmax) = match (&pending.readback, values) {
-            (Readback::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
-            (Readback::Logits { len, .. }, ReadValues::Logits(rows)) if rows.len() == *len => {
+        let expected = readback.expected();
+        if let (Some(generation), Some(recorder)) = (lent_by_recorder, &mut self.recorder) {
+            match readback {
+                Readback::Logits { tensor, .. } => recorder.give_back_logits(tensor, generation),
+                Readback::TokenIds { ids, .. } => recorder.give_back_ids(ids, generation),
+                Readback::Nothing => {}
+            }
+        }
+        let (rows, argmax) = match (expected, values) {
+            (Expected::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
+            (Expected::Logits(len), ReadValues::Logits(rows)) if rows.len() == len => {
                 (rows, Vec::new())
             }
-            (Readback::TokenIds { len, .. }, ReadValues::TokenIds(ids)) if ids.len() == *len => {
+            (Expected::TokenIds(len), ReadValues::TokenIds(ids)) if ids.len() == len => {
                 (Vec::new(), ids)
             }
             _ => {
@@ -902,8 +1019,8 @@ impl<B: Backend> Engine<B> {
             events.push(self.take_token(id, picks[0]));
         }
         if let Some(spec) = &mut self.speculation {
-            let secs = pending.started.seconds();
-            spec.control.observe_step(pending.rows, secs);
+            let secs = started.seconds();
+            spec.control.observe_step(step_rows, secs);
             if verified {
                 spec.stats.verify_seconds += secs;
             }
@@ -1071,6 +1188,12 @@ impl<B: Backend> Engine<B> {
 }
 
 /// Log-softmax of `row` at `token`, and the `top` most likely tokens.
+/// Block-table entries of a sequence of up to `max_tokens` tokens, rounded
+/// up to a power of two as the engine rounds every step's table width.
+fn table_width(max_tokens: usize, block_size: usize) -> usize {
+    max_tokens.div_ceil(block_size).max(1).next_power_of_two()
+}
+
 fn token_logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_sum = row

@@ -1,10 +1,13 @@
 //! Shared helpers of the test suite: where the default model is, tiny random
 //! models written to disk, and an independent dense forward pass (no KV
-//! cache, no paging, no fusion) that the engine is checked against.
+//! cache, no paging, no fusion) that the engine is checked against, and a
+//! CPU backend that records steps like CUDA graphs (`recording_cpu`).
 
 pub mod backend_e2e;
 pub mod conformance;
+pub mod decode_mix;
 pub mod dense_reference;
+pub mod recording_cpu;
 
 use std::path::PathBuf;
 

@@ -1,13 +1,14 @@
 //! The whole model on the CUDA backend against the CPU backend
-//! (`tandem_tests::backend_e2e`). Without a CUDA driver or device the tests
-//! say so and pass, unless `TANDEM_REQUIRE_CUDA=1` (scripts/gpu-check.sh sets
-//! it), where that fails.
+//! (`tandem_tests::backend_e2e`), and CUDA-graph decode against launching
+//! every kernel (`tandem_tests::decode_mix`). Without a CUDA driver or
+//! device the tests say so and pass, unless `TANDEM_REQUIRE_CUDA=1`
+//! (scripts/gpu-check.sh sets it), where that fails.
 
 use std::io::Write;
 
 use tandem_core::quant::WeightFormat;
 use tandem_cuda::CudaBackend;
-use tandem_tests::backend_e2e;
+use tandem_tests::{backend_e2e, decode_mix};
 
 fn cuda() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -51,5 +52,12 @@ fn tiny_model_logits_match_the_cpu_over_prefill_and_decode() {
 fn smollm2_greedy_output_equals_the_cpu_backend() {
     if let Some(backend) = cuda() {
         backend_e2e::smollm2_greedy_matches_the_cpu(backend);
+    }
+}
+
+#[test]
+fn cuda_graph_decode_gives_the_eager_events() {
+    if cuda().is_some() {
+        decode_mix::recorded_decode_matches_eager(|| CudaBackend::new(0).expect("CUDA device"));
     }
 }

@@ -224,40 +224,66 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         kv: &mut [B::KvCache],
     ) -> Result<B::Tensor> {
-        let cfg = &self.config;
-        let rows = batch.rows();
-        if rows == 0 {
+        let shape = self.check_batch(batch, kv)?;
+        let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
+        let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
+        self.forward_into(backend, &mut buffers, shape, kv, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// The shape of `batch`, once it is known to fit this model and `kv`.
+    pub(crate) fn check_batch(&self, batch: &ForwardBatch, kv: &[B::KvCache]) -> Result<StepShape> {
+        if batch.rows() == 0 {
             return Err(Error::InvalidRequest("empty batch".into()));
         }
-        if kv.len() != cfg.num_layers {
+        if kv.len() != self.config.num_layers {
             return Err(Error::InvalidRequest(format!(
                 "{} KV caches for {} layers",
                 kv.len(),
-                cfg.num_layers
+                self.config.num_layers
             )));
         }
-        let (dim, q_dim, kv_dim, ffn) = (
-            cfg.hidden_size,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.intermediate_size,
-        );
-        let tokens = backend.upload_indices(&batch.tokens)?;
-        let positions = backend.upload_indices(&batch.positions)?;
-        let row_seq = backend.upload_indices(&batch.row_seq)?;
-        let slots = backend.upload_indices(&batch.slots)?;
-        let block_tables = backend.upload_indices(&batch.block_tables)?;
+        Ok(StepShape {
+            rows: batch.rows(),
+            logit_rows: batch.logit_rows.len(),
+            block_size: batch.block_size,
+            max_blocks_per_seq: batch.max_blocks_per_seq,
+        })
+    }
 
-        let mut residual = backend.alloc(rows * dim)?;
-        let mut normed = backend.alloc(rows * dim)?;
-        let mut q = backend.alloc(rows * q_dim)?;
-        let mut k = backend.alloc(rows * kv_dim)?;
-        let mut v = backend.alloc(rows * kv_dim)?;
-        let mut attn = backend.alloc(rows * q_dim)?;
-        let mut delta = backend.alloc(rows * dim)?;
-        let mut gate = backend.alloc(rows * ffn)?;
-        let mut up = backend.alloc(rows * ffn)?;
-        let mut act = backend.alloc(rows * ffn)?;
+    /// The kernels of one forward pass of `shape` over `buffers`, whose
+    /// indices already hold the batch; the logits go to `logits`. Allocates
+    /// nothing, uploads nothing, reads nothing back: a backend can record it.
+    pub(crate) fn forward_into(
+        &self,
+        backend: &B,
+        buffers: &mut StepBuffers<B>,
+        shape: StepShape,
+        kv: &mut [B::KvCache],
+        logits: &mut B::Tensor,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let rows = shape.rows;
+        let (dim, ffn) = (cfg.hidden_size, cfg.intermediate_size);
+        let StepBuffers {
+            tokens,
+            positions,
+            row_seq,
+            slots,
+            block_tables,
+            logit_rows,
+            residual,
+            normed,
+            q,
+            k,
+            v,
+            attn,
+            delta,
+            gate,
+            up,
+            act,
+            final_normed,
+        } = buffers;
 
         let norm = RmsNormParams {
             rows,
@@ -277,59 +303,174 @@ impl<B: Backend> Model<B> {
             heads: cfg.num_heads,
             kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
-            block_size: batch.block_size,
-            max_blocks_per_seq: batch.max_blocks_per_seq,
+            block_size: shape.block_size,
+            max_blocks_per_seq: shape.max_blocks_per_seq,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             sliding_window: cfg.sliding_window,
         };
 
-        backend.embedding(&self.embed, &tokens, rows, &mut residual)?;
+        backend.embedding(&self.embed, tokens, rows, residual)?;
         for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             if i == 0 {
-                backend.rms_norm(&residual, &layer.attn_norm, norm, &mut normed)?;
+                backend.rms_norm(residual, &layer.attn_norm, norm, normed)?;
             } else {
-                backend.rms_norm_residual(
-                    &mut residual,
-                    &delta,
-                    &layer.attn_norm,
-                    norm,
-                    &mut normed,
-                )?;
+                backend.rms_norm_residual(residual, delta, &layer.attn_norm, norm, normed)?;
             }
-            backend.matmul(&normed, &layer.wq, layer.bq.as_ref(), mm, &mut q)?;
-            backend.matmul(&normed, &layer.wk, layer.bk.as_ref(), mm, &mut k)?;
-            backend.matmul(&normed, &layer.wv, layer.bv.as_ref(), mm, &mut v)?;
-            backend.rope(&mut q, &positions, &self.inv_freq, rope(cfg.num_heads))?;
-            backend.rope(&mut k, &positions, &self.inv_freq, rope(cfg.num_kv_heads))?;
-            backend.paged_kv_write(&k, &v, &slots, rows, cache)?;
+            backend.matmul(normed, &layer.wq, layer.bq.as_ref(), mm, q)?;
+            backend.matmul(normed, &layer.wk, layer.bk.as_ref(), mm, k)?;
+            backend.matmul(normed, &layer.wv, layer.bv.as_ref(), mm, v)?;
+            backend.rope(q, positions, &self.inv_freq, rope(cfg.num_heads))?;
+            backend.rope(k, positions, &self.inv_freq, rope(cfg.num_kv_heads))?;
+            backend.paged_kv_write(k, v, slots, rows, cache)?;
             let idx = AttentionIndices::<B> {
-                row_seq: &row_seq,
-                positions: &positions,
-                block_tables: &block_tables,
+                row_seq,
+                positions,
+                block_tables,
             };
-            backend.paged_attention(&q, cache, idx, attn_params, &mut attn)?;
-            backend.matmul(&attn, &layer.wo, None, mm, &mut delta)?;
-            backend.rms_norm_residual(&mut residual, &delta, &layer.ffn_norm, norm, &mut normed)?;
-            backend.matmul(&normed, &layer.w_gate, None, mm, &mut gate)?;
-            backend.matmul(&normed, &layer.w_up, None, mm, &mut up)?;
-            backend.swiglu(&gate, &up, rows * ffn, &mut act)?;
-            backend.matmul(&act, &layer.w_down, None, mm, &mut delta)?;
+            backend.paged_attention(q, cache, idx, attn_params, attn)?;
+            backend.matmul(attn, &layer.wo, None, mm, delta)?;
+            backend.rms_norm_residual(residual, delta, &layer.ffn_norm, norm, normed)?;
+            backend.matmul(normed, &layer.w_gate, None, mm, gate)?;
+            backend.matmul(normed, &layer.w_up, None, mm, up)?;
+            backend.swiglu(gate, up, rows * ffn, act)?;
+            backend.matmul(act, &layer.w_down, None, mm, delta)?;
         }
-        let n_logits = batch.logit_rows.len();
-        let mut final_normed = backend.alloc(n_logits.max(1) * dim)?;
-        backend.rms_norm_residual(&mut residual, &delta, &self.output_norm, norm, &mut normed)?;
-        let logit_rows = backend.upload_indices(&batch.logit_rows)?;
-        backend.gather_rows(&normed, &logit_rows, n_logits, dim, &mut final_normed)?;
-        let mut logits = backend.alloc(n_logits.max(1) * cfg.vocab_size)?;
+        let n_logits = shape.logit_rows;
+        backend.rms_norm_residual(residual, delta, &self.output_norm, norm, normed)?;
+        backend.gather_rows(normed, logit_rows, n_logits, dim, final_normed)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
         backend.matmul(
-            &final_normed,
+            final_normed,
             out_w,
             None,
             MatmulParams { rows: n_logits },
-            &mut logits,
-        )?;
-        Ok(logits)
+            logits,
+        )
+    }
+}
+
+/// The sizes of one forward pass: what its kernels' launch parameters hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct StepShape {
+    pub rows: usize,
+    pub logit_rows: usize,
+    pub block_size: usize,
+    pub max_blocks_per_seq: usize,
+}
+
+/// The device buffers of one forward pass: the batch's indices and every
+/// intermediate activation. A plain pass allocates them for its batch; a
+/// recorded decode step keeps one set for its largest batch and rewrites
+/// the indices in place (`super::recorded`).
+pub(crate) struct StepBuffers<B: Backend> {
+    tokens: B::Indices,
+    positions: B::Indices,
+    row_seq: B::Indices,
+    slots: B::Indices,
+    block_tables: B::Indices,
+    logit_rows: B::Indices,
+    residual: B::Tensor,
+    normed: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: B::Tensor,
+    delta: B::Tensor,
+    gate: B::Tensor,
+    up: B::Tensor,
+    act: B::Tensor,
+    final_normed: B::Tensor,
+}
+
+impl<B: Backend> StepBuffers<B> {
+    /// Buffers holding `batch`.
+    fn upload(backend: &B, cfg: &ModelConfig, batch: &ForwardBatch) -> Result<Self> {
+        let up = |data: &[u32]| backend.upload_indices(data);
+        Self::with_indices(
+            backend,
+            cfg,
+            batch.rows(),
+            batch.logit_rows.len(),
+            [
+                up(&batch.tokens)?,
+                up(&batch.positions)?,
+                up(&batch.row_seq)?,
+                up(&batch.slots)?,
+                up(&batch.block_tables)?,
+                up(&batch.logit_rows)?,
+            ],
+        )
+    }
+
+    /// Buffers for decode batches of up to `rows` rows, row `i` the only
+    /// row of sequence `i` and logit row `i` (those indices are written
+    /// here, once), with block tables of up to `max_blocks_per_seq` entries.
+    pub(crate) fn for_decode(
+        backend: &B,
+        cfg: &ModelConfig,
+        rows: usize,
+        max_blocks_per_seq: usize,
+    ) -> Result<Self> {
+        let zeros = |len: usize| backend.upload_indices(&vec![0; len.max(1)]);
+        let in_order: Vec<u32> = (0..rows as u32).collect();
+        Self::with_indices(
+            backend,
+            cfg,
+            rows,
+            rows,
+            [
+                zeros(rows)?,
+                zeros(rows)?,
+                backend.upload_indices(&in_order)?,
+                zeros(rows)?,
+                zeros(rows * max_blocks_per_seq)?,
+                backend.upload_indices(&in_order)?,
+            ],
+        )
+    }
+
+    fn with_indices(
+        backend: &B,
+        cfg: &ModelConfig,
+        rows: usize,
+        logit_rows: usize,
+        [tokens, positions, row_seq, slots, block_tables, logit_rows_ids]: [B::Indices; 6],
+    ) -> Result<Self> {
+        let (dim, q_dim, kv_dim, ffn) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let alloc = |width: usize| backend.alloc(rows * width);
+        Ok(Self {
+            tokens,
+            positions,
+            row_seq,
+            slots,
+            block_tables,
+            logit_rows: logit_rows_ids,
+            residual: alloc(dim)?,
+            normed: alloc(dim)?,
+            q: alloc(q_dim)?,
+            k: alloc(kv_dim)?,
+            v: alloc(kv_dim)?,
+            attn: alloc(q_dim)?,
+            delta: alloc(dim)?,
+            gate: alloc(ffn)?,
+            up: alloc(ffn)?,
+            act: alloc(ffn)?,
+            final_normed: backend.alloc(logit_rows.max(1) * dim)?,
+        })
+    }
+
+    /// Overwrites the indices that change from one decode step to the next
+    /// with `batch`'s, in place (see [`for_decode`](Self::for_decode)).
+    pub(crate) fn write_decode(&mut self, backend: &B, batch: &ForwardBatch) -> Result<()> {
+        backend.write_indices(&mut self.tokens, &batch.tokens)?;
+        backend.write_indices(&mut self.positions, &batch.positions)?;
+        backend.write_indices(&mut self.slots, &batch.slots)?;
+        backend.write_indices(&mut self.block_tables, &batch.block_tables)
     }
 }
 

@@ -3,7 +3,8 @@
 //! Loading produces a host-side [`ModelFiles`]: a [`ModelConfig`], a
 //! [`TensorStore`] of weights under GGUF's canonical names (memory-mapped, not
 //! copied), the tokenizer and the metadata `inspect` shows. `forward` uploads
-//! the weights to a backend and runs batches.
+//! the weights to a backend and runs batches; `recorded` replays decode
+//! steps recorded on backends that can (CUDA graphs).
 //!
 //! Canonical tensor names (GGUF's): `token_embd.weight`, `output_norm.weight`,
 //! `output.weight` (absent with tied embeddings), and per layer `blk.N.` +
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod forward;
 pub mod gguf;
+pub mod recorded;
 pub mod safetensors;
 pub mod synthetic;
 

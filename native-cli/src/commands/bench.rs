@@ -1,6 +1,9 @@
 //! `tandem bench`: prefill and decode throughput, measured like llama-bench
 //! (pp512: one 512-token prompt; tg128: 128 tokens decoded one at a time from
 //! an empty context), repeated and reported as mean ± standard deviation.
+//! Where the backend records decode steps (CUDA graphs), each decode
+//! repetition also runs with recording off, on the same prompt, and the
+//! speedup of replaying over launching is reported with it.
 
 use std::time::Instant;
 
@@ -109,16 +112,32 @@ fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Seconds to run `prompt` and generate `n` tokens (a prefill test is `n = 1`).
-fn time_request<B: Backend>(engine: &mut Engine<B>, prompt: Vec<u32>, n: usize) -> Result<f64> {
+/// Seconds to run `prompt` and generate `n` tokens (a prefill test is
+/// `n = 1`), and the tokens generated.
+fn time_request<B: Backend>(
+    engine: &mut Engine<B>,
+    prompt: Vec<u32>,
+    n: usize,
+) -> Result<(f64, Vec<u32>)> {
+    let prompt_len = prompt.len();
     let seq = engine.add_request(prompt, SamplingParams::default(), n, Vec::new())?;
     let t = Instant::now();
     while !engine.is_finished(seq) {
         engine.step()?;
     }
     let secs = t.elapsed().as_secs_f64();
+    let tokens = engine.tokens(seq).unwrap_or_default()[prompt_len..].to_vec();
     engine.remove(seq);
-    Ok(secs)
+    Ok((secs, tokens))
+}
+
+/// Mean and standard deviation, zeros for no samples.
+fn summary(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        (0.0, 0.0)
+    } else {
+        mean_sd(xs)
+    }
 }
 
 impl WithBackend for BenchArgs {
@@ -137,38 +156,47 @@ impl WithBackend for BenchArgs {
         };
         let ctx = (self.prompt_tokens.max(self.gen_tokens).max(spec_ctx) + 2)
             .min(files.config.max_context);
-        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
+        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
         let info = engine.backend().info();
         let vocab = files.config.vocab_size;
         let mut rng = Rng::new(42);
         // Warm-up: first-touch of weights and buffers is not what we measure.
         let warmup = random_tokens(&mut rng, 16.min(self.prompt_tokens).max(1), vocab);
         time_request(&mut engine, warmup, 1)?;
+        // The A/B of recorded decode: only where the backend records.
+        let graph_batch = self.model.graph_batch;
+        let compare_graphs = graph_batch > 0 && engine.backend().can_record();
         let mut prefill = Vec::new();
         let mut decode = Vec::new();
+        let mut decode_eager = Vec::new();
         for _ in 0..self.repetitions.max(1) {
             if self.prompt_tokens > 0 {
                 let prompt = random_tokens(&mut rng, self.prompt_tokens, vocab);
-                let secs = time_request(&mut engine, prompt, 1)?;
+                let (secs, _) = time_request(&mut engine, prompt, 1)?;
                 prefill.push(self.prompt_tokens as f64 / secs);
             }
             if self.gen_tokens > 0 {
                 // A one-token prompt, then `gen_tokens` single-token forward passes.
                 let prompt = random_tokens(&mut rng, 1, vocab);
-                let secs = time_request(&mut engine, prompt, self.gen_tokens)?;
+                let (secs, tokens) = time_request(&mut engine, prompt.clone(), self.gen_tokens)?;
                 decode.push(self.gen_tokens as f64 / secs);
+                if compare_graphs {
+                    engine.enable_recording(false);
+                    let (secs, eager_tokens) = time_request(&mut engine, prompt, self.gen_tokens)?;
+                    engine.enable_recording(true);
+                    decode_eager.push(self.gen_tokens as f64 / secs);
+                    if eager_tokens != tokens {
+                        anyhow::bail!(
+                            "decoding with recorded steps gave other tokens than without"
+                        );
+                    }
+                }
             }
         }
-        let (pp, pp_sd) = if prefill.is_empty() {
-            (0.0, 0.0)
-        } else {
-            mean_sd(&prefill)
-        };
-        let (tg, tg_sd) = if decode.is_empty() {
-            (0.0, 0.0)
-        } else {
-            mean_sd(&decode)
-        };
+        let (pp, pp_sd) = summary(&prefill);
+        let (tg, tg_sd) = summary(&decode);
+        let (tg_eager, tg_eager_sd) = summary(&decode_eager);
+        let recorded = engine.stats().recorded_steps;
         let weight_bytes = engine.model().weight_bytes;
         if self.json {
             let obj = serde_json::json!({
@@ -186,6 +214,14 @@ impl WithBackend for BenchArgs {
                 "kv_dtype": self.model.kv_dtype.name(),
                 "kv_bytes_per_token": engine.kv_bytes_per_token(),
                 "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
+                "graph_batch": if compare_graphs { graph_batch } else { 0 },
+                "decode_eager_tokens_per_s": tg_eager,
+                "decode_eager_tokens_per_s_sd": tg_eager_sd,
+                "graph_speedup": if tg_eager > 0.0 { tg / tg_eager } else { 0.0 },
+                "graphs_recorded": recorded.recorded,
+                "graph_replays": recorded.replayed,
+                "graph_failures": recorded.failed,
+                "graph_last_error": recorded.last_error,
             });
             println!("{obj}");
         } else {
@@ -207,6 +243,22 @@ impl WithBackend for BenchArgs {
                 tg_sd,
                 tg * weight_bytes as f64 / 1e9
             );
+            if compare_graphs {
+                println!(
+                    "tg{:<5} {:10.1} ± {:.1} tokens/s  launching every kernel: graphs {:.2}x ({} recorded, {} replays, {} failed{})",
+                    self.gen_tokens,
+                    tg_eager,
+                    tg_eager_sd,
+                    tg / tg_eager.max(1e-12),
+                    recorded.recorded,
+                    recorded.replayed,
+                    recorded.failed,
+                    recorded
+                        .last_error
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default(),
+                );
+            }
         }
         if self.speculation.is_on() {
             self.compare_speculation(&mut engine, &files)?;

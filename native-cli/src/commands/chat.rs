@@ -40,7 +40,7 @@ impl WithBackend for ChatArgs {
         let files = self.model.load_files()?;
         let ctx = context_length(&self.model, &files);
         let tokenizer = &files.tokenizer;
-        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
+        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
         self.speculation.attach(&mut engine, &files)?;
         let mut messages: Vec<ChatMessage> = self
             .system

@@ -36,6 +36,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         threads: 0,
         ctx: None,
         kv_dtype: args.kv_dtype,
+        graph_batch: 0,
     };
     let files = model_args.load_files()?;
     let c = &files.config;

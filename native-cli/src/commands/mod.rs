@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use tandem_core::backend::KvDtype;
-use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::engine::{Engine, EngineConfig, DEFAULT_MAX_RECORDED_BATCH};
 use tandem_core::kv::SeqId;
 use tandem_core::model::ModelFiles;
 use tandem_core::sched::SamplingParams;
@@ -44,6 +44,10 @@ pub struct ModelArgs {
     /// token, head and group of 32 with a scale and zero point).
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
     pub kv_dtype: KvDtype,
+    /// CUDA: decode batches of up to N sequences are captured once per shape
+    /// as CUDA graphs and replayed (0: launch every kernel every step).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_RECORDED_BATCH)]
+    pub graph_batch: usize,
 }
 
 pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
@@ -101,14 +105,15 @@ pub fn context_length(args: &ModelArgs, files: &ModelFiles) -> usize {
 /// An engine whose KV pool holds `sequences` sequences of `ctx` tokens.
 pub fn build_engine<B: Backend>(
     backend: B,
+    args: &ModelArgs,
     files: &ModelFiles,
     ctx: usize,
     sequences: usize,
-    kv_dtype: KvDtype,
 ) -> Result<Engine<B>> {
     let config = EngineConfig {
         max_context: Some(ctx),
-        kv_dtype,
+        kv_dtype: args.kv_dtype,
+        max_recorded_batch: args.graph_batch,
         ..EngineConfig::default()
     }
     .with_capacity_tokens(ctx * sequences);

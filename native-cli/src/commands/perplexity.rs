@@ -101,6 +101,7 @@ impl WithBackend for PerplexityArgs {
         let config = EngineConfig {
             max_context: Some(n + 1),
             kv_dtype: self.model.kv_dtype,
+            max_recorded_batch: self.model.graph_batch,
             max_batch_tokens: self.batch as usize,
             ..EngineConfig::default()
         }

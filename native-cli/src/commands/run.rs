@@ -49,7 +49,7 @@ impl WithBackend for RunArgs {
             self.prompt.clone()
         };
         let prompt = tokenizer.encode(&text, true)?;
-        let mut engine = build_engine(backend, &files, ctx, 1, self.model.kv_dtype)?;
+        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
         self.speculation.attach(&mut engine, &files)?;
         let info = engine.backend().info();
         eprintln!("backend: {} ({})", info.name, info.device);

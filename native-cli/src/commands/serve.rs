@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_core::Backend;
@@ -38,7 +37,8 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn config(&self, files: &ModelFiles, ctx: usize, kv_dtype: KvDtype) -> Result<EngineConfig> {
+    fn config(&self, files: &ModelFiles, ctx: usize, model: &ModelArgs) -> Result<EngineConfig> {
+        let kv_dtype = model.kv_dtype;
         let base = EngineConfig::default();
         let c = &files.config;
         let bytes_per_block = c.num_layers
@@ -58,6 +58,7 @@ impl EngineArgs {
             max_running: self.max_running,
             max_waiting: self.max_queue,
             kv_dtype,
+            max_recorded_batch: model.graph_batch,
             ..base
         })
     }
@@ -133,7 +134,7 @@ impl WithBackend for EngineThread {
 pub fn run(args: ServeArgs) -> Result<()> {
     let files = args.model.load_files()?;
     let ctx = context_length(&args.model, &files);
-    let config = args.engine.config(&files, ctx, args.model.kv_dtype)?;
+    let config = args.engine.config(&files, ctx, &args.model)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
         files
             .path
@@ -207,7 +208,7 @@ impl WithBackend for BenchServeArgs {
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let files = self.model.load_files()?;
         let ctx = context_length(&self.model, &files);
-        let config = self.engine.config(&files, ctx, self.model.kv_dtype)?;
+        let config = self.engine.config(&files, ctx, &self.model)?;
         let info = backend.info();
         let mut engine = Engine::new(backend, &files, config, &mut |_, _| {})?;
         let vocab = files.config.vocab_size;

@@ -181,6 +181,10 @@ impl Backend for Replay {
         }
     }
 
+    fn write_indices(&self, dst: &mut Self::Indices, data: &[u32]) -> Result<()> {
+        self.gpu.write_indices(exclusive(dst)?, data)
+    }
+
     fn upload_weight(&self, w: WeightView<'_>) -> Result<Self::Weight> {
         self.gpu.upload_weight(w)
     }
