@@ -320,10 +320,15 @@ impl CudaBackend {
     }
 
     /// Overwrites the start of `dst` with `data`.
-    pub fn write_tensor(&self, dst: &mut CudaTensor, data: &[f32]) -> Result<()> {
-        self.refuse_while_capturing("write_tensor")?;
-        check_len("write_tensor: destination", dst.len(), data.len())?;
-        let mut view = dst.buf.slice_mut(..data.len());
+    fn write_prefix<T: DeviceRepr>(
+        &self,
+        what: &str,
+        dst: &mut CudaSlice<T>,
+        data: &[T],
+    ) -> Result<()> {
+        self.refuse_while_capturing(what)?;
+        check_len(&format!("{what}: destination"), dst.len(), data.len())?;
+        let mut view = dst.slice_mut(..data.len());
         self.stream
             .memcpy_htod(data, &mut view)
             .map_err(|e| backend_error(format!("copy to device: {e}")))
@@ -507,7 +512,7 @@ impl Backend for CudaBackend {
 
     fn upload(&self, data: &[f32]) -> Result<CudaTensor> {
         let mut t = self.alloc(data.len())?;
-        self.write_tensor(&mut t, data)?;
+        self.write_prefix("upload", &mut t.buf, data)?;
         Ok(t)
     }
 
@@ -531,12 +536,7 @@ impl Backend for CudaBackend {
     }
 
     fn write_indices(&self, dst: &mut CudaIndices, data: &[u32]) -> Result<()> {
-        self.refuse_while_capturing("write_indices")?;
-        check_len("write_indices: destination", dst.len(), data.len())?;
-        let mut view = dst.buf.slice_mut(..data.len());
-        self.stream
-            .memcpy_htod(data, &mut view)
-            .map_err(|e| backend_error(format!("copy to device: {e}")))
+        self.write_prefix("write_indices", &mut dst.buf, data)
     }
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
