@@ -15,6 +15,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tandem_core::backend::MatmulParams;
 use tandem_core::quant::{quantize_matrix, Int4Group, WeightFormat, WeightView};
+use tandem_core::sched::Rng;
 use tandem_core::Backend;
 use tandem_cpu::{reference, CpuBackend, Tensor, Weight};
 
@@ -23,14 +24,9 @@ const PREFILL_TOKENS: usize = 512;
 
 /// Deterministic pseudo-random values in `[-scale, scale)`.
 fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed | 1;
+    let mut rng = Rng::new(seed);
     (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
+        .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32 * scale)
         .collect()
 }
 

@@ -397,15 +397,10 @@ mod tests {
     /// sequences (one decoding, one in a prefill chunk) over 3-token blocks.
     #[test]
     fn every_instruction_set_matches_the_reference() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = tandem_core::sched::Rng::new(1);
         let mut values = |len: usize| -> Vec<f32> {
             (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                })
+                .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
                 .collect()
         };
         let p = AttentionParams {

@@ -194,24 +194,6 @@ pub enum Readback<B: Backend> {
     TokenIds { ids: B::Indices, len: usize },
 }
 
-impl<B: Backend> Readback<B> {
-    fn expected(&self) -> Expected {
-        match self {
-            Readback::Nothing => Expected::Nothing,
-            Readback::Logits { len, .. } => Expected::Logits(*len),
-            Readback::TokenIds { len, .. } => Expected::TokenIds(*len),
-        }
-    }
-}
-
-/// The variant and length of a [`Readback`], kept once its buffer is handed on.
-#[derive(Clone, Copy)]
-enum Expected {
-    Nothing,
-    Logits(usize),
-    TokenIds(usize),
-}
-
 /// The host's copy of a [`Readback`], of the same variant and length.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ReadValues {
@@ -346,7 +328,7 @@ impl<B: Backend> Engine<B> {
         let max_batch = engine.config.max_recorded_batch;
         if max_batch > 0 && engine.backend.can_record() {
             let longest = engine.max_context.min(engine.kv_capacity());
-            let widest = table_width(longest, engine.config.block_size);
+            let widest = rounded_width(longest.div_ceil(engine.config.block_size));
             engine.recorder = Some(DecodeRecorder::new(max_batch, widest));
         }
         Ok(engine)
@@ -730,11 +712,7 @@ impl<B: Backend> Engine<B> {
             .map(|c| self.kv_manager.table(c.seq).map_or(0, |t| t.blocks().len()))
             .max()
             .unwrap_or(1);
-        // The table width is a launch parameter of attention: rounding it
-        // keeps the recorded decode shapes few, and eager steps use the same
-        // widths so both run the same launches.
-        let max_blocks = longest.max(1).next_power_of_two();
-        let mut batch = ForwardBatch::new(bs, max_blocks);
+        let mut batch = ForwardBatch::new(bs, rounded_width(longest));
         let mut sampled: Vec<(SeqId, usize)> = Vec::new();
         for c in &schedule.chunks {
             if !c.reservation.copies.is_empty() {
@@ -964,20 +942,12 @@ impl<B: Backend> Engine<B> {
             lent_by_recorder,
         } = pending;
         let vocab = self.model.config.vocab_size;
-        let expected = readback.expected();
-        if let (Some(generation), Some(recorder)) = (lent_by_recorder, &mut self.recorder) {
-            match readback {
-                Readback::Logits { tensor, .. } => recorder.give_back_logits(tensor, generation),
-                Readback::TokenIds { ids, .. } => recorder.give_back_ids(ids, generation),
-                Readback::Nothing => {}
-            }
-        }
-        let (rows, argmax) = match (expected, values) {
-            (Expected::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
-            (Expected::Logits(len), ReadValues::Logits(rows)) if rows.len() == len => {
+        let (rows, argmax) = match (&readback, values) {
+            (Readback::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
+            (Readback::Logits { len, .. }, ReadValues::Logits(rows)) if rows.len() == *len => {
                 (rows, Vec::new())
             }
-            (Expected::TokenIds(len), ReadValues::TokenIds(ids)) if ids.len() == len => {
+            (Readback::TokenIds { len, .. }, ReadValues::TokenIds(ids)) if ids.len() == *len => {
                 (Vec::new(), ids)
             }
             _ => {
@@ -986,6 +956,15 @@ impl<B: Backend> Engine<B> {
                 ))
             }
         };
+        // A buffer not given back (the error above) only costs the recorder
+        // its recordings: it starts over at its next run.
+        if let (Some(generation), Some(recorder)) = (lent_by_recorder, &mut self.recorder) {
+            match readback {
+                Readback::Logits { tensor, .. } => recorder.give_back_logits(tensor, generation),
+                Readback::TokenIds { ids, .. } => recorder.give_back_ids(ids, generation),
+                Readback::Nothing => {}
+            }
+        }
         let pick = |r: usize| match rows.get(r * vocab..(r + 1) * vocab) {
             Some(row) => Pick::Logits(row),
             None => Pick::Argmax(argmax[r]),
@@ -1188,10 +1167,12 @@ impl<B: Backend> Engine<B> {
 }
 
 /// Log-softmax of `row` at `token`, and the `top` most likely tokens.
-/// Block-table entries of a sequence of up to `max_tokens` tokens, rounded
-/// up to a power of two as the engine rounds every step's table width.
-fn table_width(max_tokens: usize, block_size: usize) -> usize {
-    max_tokens.div_ceil(block_size).max(1).next_power_of_two()
+/// The block-table width of a step whose longest table has `blocks`
+/// entries. The width is a launch parameter of attention: rounding it up to
+/// a power of two keeps the recorded decode shapes few, and eager steps use
+/// the same widths, so both run the same launches.
+fn rounded_width(blocks: usize) -> usize {
+    blocks.max(1).next_power_of_two()
 }
 
 fn token_logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprobs {

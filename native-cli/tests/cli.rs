@@ -3,40 +3,13 @@
 //! random model written to a temporary directory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use tandem_core::model::gguf::{GgufValue, GgufWriter};
 use tandem_core::model::synthetic::{gguf_metadata, SyntheticModel};
 use tandem_core::quant::WeightFormat;
 
-fn tandem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("TANDEM_CACHE", "/nonexistent-tandem-cache")
-        .output()
-        .expect("run tandem")
-}
-
-/// The command failed with exactly one `error:` line naming `needles`, and no panic.
-fn assert_clear_error(out: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    // Mesa's Vulkan driver complains about XDG_RUNTIME_DIR on headless machines
-    // when `--backend auto` probes for a GPU; that line is not ours.
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("error:") && !l.contains("XDG_RUNTIME_DIR"))
-        .collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    for n in needles {
-        assert!(
-            errors[0].contains(n),
-            "{:?} does not mention {n:?}",
-            errors[0]
-        );
-    }
-}
+mod common;
+use common::{assert_clear_error, tandem};
 
 fn tiny_model(dir: &Path) -> PathBuf {
     let path = dir.join("tiny.gguf");

@@ -3,33 +3,13 @@
 //! calibration files give one clear error line.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::quant::WeightFormat;
 
-fn tandem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("TANDEM_CACHE", "/nonexistent-tandem-cache")
-        .output()
-        .expect("run tandem")
-}
-
-fn assert_clear_error(out: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    for n in needles {
-        assert!(
-            errors[0].contains(n),
-            "{:?} does not mention {n:?}",
-            errors[0]
-        );
-    }
-}
+mod common;
+use common::{assert_clear_error, tandem};
 
 struct Fixture {
     dir: PathBuf,

@@ -365,15 +365,11 @@ mod tests {
         }
     }
 
+    /// `len` values uniform in `[-1, 1)`.
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed | 1;
+        let mut rng = crate::sched::Rng::new(seed);
         (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
+            .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
             .collect()
     }
 

@@ -129,6 +129,7 @@ impl<B: Backend> DecodeRecorder<B> {
             .as_ref()
             .is_some_and(|r| r.logits.is_some() && r.ids.is_some());
         if !complete {
+            // Freed before the new set is allocated: device memory may not hold both.
             self.recordings = None;
             self.generation += 1;
             self.recordings = Some(Recordings {

@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::DEFAULT_BLOCK_SIZE;
+use tandem_quantize::dense::{linear_name, LINEARS};
 
 use super::ModelArgs;
 use crate::backend_select::BackendChoice;
@@ -126,21 +127,14 @@ pub fn run(args: InspectArgs) -> Result<()> {
 /// The storage format of each layer's linears, consecutive layers alike on
 /// one line: the per-layer plan of a quantized model.
 fn print_layer_formats(files: &tandem_core::model::ModelFiles) {
-    const LINEARS: [&str; 7] = [
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "ffn_gate",
-        "ffn_up",
-        "ffn_down",
-    ];
     let describe = |layer: usize| -> String {
         let formats: Vec<&str> = LINEARS
             .iter()
             .map(|s| {
-                let name = format!("blk.{layer}.{s}.weight");
-                files.tensors.info(&name).map_or("-", |t| t.format.name())
+                files
+                    .tensors
+                    .info(&linear_name(layer, s))
+                    .map_or("-", |t| t.format.name())
             })
             .collect();
         if formats.iter().all(|f| *f == formats[0]) {
