@@ -6,7 +6,7 @@ export TANDEM_CACHE
 PROMPT ?= The three most useful things to know about the Rust programming language are
 MODEL := $(TANDEM_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: run test model build deps bench fmt lint
+.PHONY: run test model models build deps bench fmt lint
 
 ## Fetch the default model if needed, build in release mode, and generate text.
 run: model
@@ -14,7 +14,7 @@ run: model
 	./target/release/tandem run --max-tokens 64 "$(PROMPT)"
 
 ## Install what the tests need, then run the whole suite.
-test: deps model
+test: deps models
 	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
 	$(CARGO) test --workspace --no-fail-fast
 	$(MAKE) test-web
@@ -23,6 +23,11 @@ test: deps model
 model: $(MODEL)
 $(MODEL):
 	scripts/fetch-model.sh
+
+## Every named model of scripts/models.tsv: the real-model tests run on them.
+REAL_MODELS := smollm2-135m qwen2.5-0.5b qwen2.5-1.5b gemma-3-270m
+models:
+	@for m in $(REAL_MODELS); do scripts/fetch-model.sh $$m >/dev/null || exit 1; done
 
 ## Test prerequisites (idempotent).
 deps:

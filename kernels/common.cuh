@@ -6,9 +6,10 @@
 // Weight layouts are documented in core/src/quant/mod.rs (GGML's, and
 // Tandem's INT8/W8A8/INT4): a weight matrix is row-major, each row an optional
 // head (INT8's f32 scale) then a run of blocks; multi-byte fields are
-// little-endian (as is the GPU). Q8_0 (34-byte) and Q4_0 (18-byte) blocks are
-// only 2-byte aligned, so they are read as 16-bit halves; the others are
-// 4-byte aligned.
+// little-endian (as is the GPU). Q8_0 (34-byte), Q4_0 and IQ4_NL (18-byte),
+// Q5_0 (22-byte), Q3_K (110-byte) and Q6_K (210-byte) blocks are only 2-byte
+// aligned, so they are read as 16-bit halves; the others are 4-byte aligned.
+// The k-quants (Q2_K..Q6_K, core/src/quant/kquant.rs) are super-blocks of 256.
 
 #pragma once
 
@@ -28,6 +29,14 @@ typedef unsigned long long u64;
 #define FMT_W8A8 7
 #define FMT_INT4_G64 8
 #define FMT_INT4_G128 9
+#define FMT_Q5_0 10
+#define FMT_Q5_1 11
+#define FMT_IQ4_NL 12
+#define FMT_Q2_K 13
+#define FMT_Q3_K 14
+#define FMT_Q4_K 15
+#define FMT_Q5_K 16
+#define FMT_Q6_K 17
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu
@@ -71,7 +80,12 @@ __device__ __forceinline__ u32 load_u32(const u8* p) {
 
 // ---- weight elements ----
 
-// Elements per block: 1 for float formats, 32 for GGML's and INT8, the group for INT4.
+__device__ __forceinline__ constexpr bool is_k_quant(int fmt) {
+    return fmt >= FMT_Q2_K && fmt <= FMT_Q6_K;
+}
+
+// Elements per block: 1 for float formats, 32 for GGML's and INT8, the group
+// for INT4, 256 for the k-quants.
 __device__ __forceinline__ constexpr int block_elems(int fmt) {
     switch (fmt) {
         case FMT_F32:
@@ -79,6 +93,11 @@ __device__ __forceinline__ constexpr int block_elems(int fmt) {
         case FMT_BF16: return 1;
         case FMT_INT4_G64: return 64;
         case FMT_INT4_G128: return 128;
+        case FMT_Q2_K:
+        case FMT_Q3_K:
+        case FMT_Q4_K:
+        case FMT_Q5_K:
+        case FMT_Q6_K: return 256;
         default: return 32;
     }
 }
@@ -95,6 +114,14 @@ __device__ __forceinline__ constexpr int block_bytes(int fmt) {
         case FMT_W8A8: return 32;
         case FMT_INT4_G64: return 36;
         case FMT_INT4_G128: return 68;
+        case FMT_Q5_0: return 22;
+        case FMT_Q5_1: return 24;
+        case FMT_IQ4_NL: return 18;
+        case FMT_Q2_K: return 84;
+        case FMT_Q3_K: return 110;
+        case FMT_Q4_K: return 144;
+        case FMT_Q5_K: return 176;
+        case FMT_Q6_K: return 210;
         default: return 20;
     }
 }
@@ -124,6 +151,139 @@ __device__ __forceinline__ const u8* nibble_run(int fmt, const u8* row, u32 i, f
     return block + 4 + 16 * ((i >> 5) % runs_per_block);
 }
 
+// ---- runs of four weights: Q5_0, Q5_1, IQ4_NL and the k-quants ----
+//
+// `decode_run4<FMT>(block, e, w)` decodes values e..e+3 (e % 4 == 0) of one
+// block (32 values) or k-quant super-block (256 values) into w[0..4], reading
+// only the words those four values need; shaders/matmul_FMT.wgsl's `decode4`
+// are the same decoders, line for line.
+
+__device__ __forceinline__ constexpr bool has_run4_decoder(int fmt) {
+    return fmt == FMT_Q5_0 || fmt == FMT_Q5_1 || fmt == FMT_IQ4_NL || is_k_quant(fmt);
+}
+
+// IQ4_NL's level of a nibble (GGML's `kvalues_iq4nl`, tandem_core's
+// IQ4NL_VALUES): the 16 signed bytes packed in four words, picked by byte_perm.
+__device__ __forceinline__ float iq4nl_value(u32 nib) {
+    const u32 lo = __byte_perm(0xbfad9881u, 0xf6eaddcfu, nib & 7);
+    const u32 hi = __byte_perm(0x26190d01u, 0x71594535u, nib & 7);
+    return (float)(signed char)(nib & 8 ? hi : lo);
+}
+
+// Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j (of 8) from the
+// 12 `scales` bytes at `scales` (kquant::scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(const u8* scales, u32 j, float& sc, float& mn) {
+    const u32 s0 = load_u32(scales), s1 = load_u32(scales + 4);
+    if (j < 4) {
+        sc = (float)((s0 >> (8 * j)) & 63);
+        mn = (float)((s1 >> (8 * j)) & 63);
+    } else {
+        const u32 s2 = (load_u32(scales + 8) >> (8 * (j - 4))) & 0xff;
+        sc = (float)((s2 & 15) | (((s0 >> (8 * (j - 4))) >> 6 & 3) << 4));
+        mn = (float)((s2 >> 4) | (((s1 >> (8 * (j - 4))) >> 6 & 3) << 4));
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void decode_run4(const u8* block, u32 e, float w[4]) {
+    if (FMT == FMT_Q5_0 || FMT == FMT_Q5_1 || FMT == FMT_IQ4_NL) {
+        // Values e..e+4: low nibbles of qs[e..e+4] for e < 16, high nibbles of
+        // qs[e-16..e-12] above; Q5's fifth bits are bits e..e+4 of qh.
+        float d, m = 0.0f;
+        u32 q, h = 0;
+        if (FMT == FMT_Q5_1) {
+            const u32 dm = load_u32(block);
+            d = f16_to_f32((u16)(dm & 0xffff));
+            m = f16_to_f32((u16)(dm >> 16));
+            h = load_u32(block + 4) >> e;
+            q = load_u32(block + 8 + (e & 15)) >> (4 * (e >> 4));
+        } else {
+            d = f16_to_f32(load_u16(block));
+            if (FMT == FMT_Q5_0) {
+                h = load_u32_a2(block + 2) >> e;
+                m = -16.0f * d;
+                q = load_u32_a2(block + 6 + (e & 15)) >> (4 * (e >> 4));
+            } else {
+                q = load_u32_a2(block + 2 + (e & 15)) >> (4 * (e >> 4));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u32 nib = (q >> (8 * k)) & 15;
+            if (FMT == FMT_IQ4_NL) {
+                w[k] = d * iq4nl_value(nib);
+            } else {
+                w[k] = d * (float)(nib | (((h >> k) & 1) << 4)) + m;
+            }
+        }
+    } else if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+        // Sub-block j = e / 32: low nibbles of qs[32(j/2)..] for even j, high
+        // for odd; Q5_K's fifth bit of value 32j + l is bit j of qh[l].
+        const u32 j = e >> 5, l = e & 31;
+        const u32 dm = load_u32(block);
+        float sc, mn;
+        scale_min_k4(block + 4, j, sc, mn);
+        const float scale = f16_to_f32((u16)(dm & 0xffff)) * sc;
+        const float offset = -f16_to_f32((u16)(dm >> 16)) * mn;
+        const u8* qs = block + (FMT == FMT_Q5_K ? 48 : 16);
+        const u32 q = load_u32(qs + 32 * (j >> 1) + l) >> (4 * (j & 1));
+        const u32 h = FMT == FMT_Q5_K ? load_u32(block + 16 + l) >> j : 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            w[k] = scale * (float)(((q >> (8 * k)) & 15) | (((h >> (8 * k)) & 1) << 4)) + offset;
+    } else {
+        // Q2_K, Q3_K, Q6_K: value 128h + 32s + l (s < 4, l < 32), one scale per 16.
+        const u32 hh = e >> 7, s = (e >> 5) & 3, l = e & 31, j = e >> 4;
+        if (FMT == FMT_Q6_K) {
+            const float scale = f16_to_f32(load_u16(block + 208)) * (float)(signed char)__ldg(block + 192 + j);
+            const u32 lo = load_u32_a2(block + 64 * hh + l + 32 * (s & 1)) >> (4 * (s >> 1));
+            const u32 hi = load_u32_a2(block + 128 + 32 * hh + l) >> (2 * s);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                w[k] = scale * ((float)(((lo >> (8 * k)) & 15) | (((hi >> (8 * k)) & 3) << 4)) - 32.0f);
+        } else if (FMT == FMT_Q3_K) {
+            // Scale j: low nibble of byte j % 8 (high nibble for j >= 8), top
+            // two bits from byte 8 + j % 4 (kquant::q3k_scales).
+            const u32 low = (__ldg(block + 96 + (j & 7)) >> (4 * (j >> 3))) & 15;
+            const u32 high = (__ldg(block + 104 + (j & 3)) >> (2 * (j >> 2))) & 3;
+            const float scale = f16_to_f32(load_u16(block + 108)) * ((float)(low | (high << 4)) - 32.0f);
+            const u32 lo = load_u32_a2(block + 32 + 32 * hh + l) >> (2 * s);
+            const u32 hm = load_u32_a2(block + l) >> (4 * hh + s);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                w[k] = scale * ((float)(((lo >> (8 * k)) & 3) | (((hm >> (8 * k)) & 1) << 2)) - 4.0f);
+        } else {  // FMT_Q2_K
+            const u32 sm = __ldg(block + j);
+            const u32 dm = load_u32(block + 80);
+            const float scale = f16_to_f32((u16)(dm & 0xffff)) * (float)(sm & 15);
+            const float offset = -f16_to_f32((u16)(dm >> 16)) * (float)(sm >> 4);
+            const u32 q = load_u32(block + 16 + 32 * hh + l) >> (2 * s);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[k] = scale * (float)((q >> (8 * k)) & 3) + offset;
+        }
+    }
+}
+
+// Value `i` of a row of a format with a run-of-four decoder, the format known at run time.
+__device__ __noinline__ float run4_weight_at(int fmt, const u8* row, u32 i) {
+    const u32 elems = block_elems(fmt);
+    const u8* block = row + (u64)(i / elems) * block_bytes(fmt);
+    const u32 e = (i % elems) & ~3u;
+    float w[4];
+    switch (fmt) {
+        case FMT_Q5_0: decode_run4<FMT_Q5_0>(block, e, w); break;
+        case FMT_Q5_1: decode_run4<FMT_Q5_1>(block, e, w); break;
+        case FMT_IQ4_NL: decode_run4<FMT_IQ4_NL>(block, e, w); break;
+        case FMT_Q2_K: decode_run4<FMT_Q2_K>(block, e, w); break;
+        case FMT_Q3_K: decode_run4<FMT_Q3_K>(block, e, w); break;
+        case FMT_Q4_K: decode_run4<FMT_Q4_K>(block, e, w); break;
+        case FMT_Q5_K: decode_run4<FMT_Q5_K>(block, e, w); break;
+        default: decode_run4<FMT_Q6_K>(block, e, w); break;
+    }
+    const u32 k = i & 3;
+    return k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+}
+
 // Element `i` of a weight row in any format. For the kernels that touch a
 // weight once per element (embedding, norms, biases); matmuls decode whole
 // groups with `load_group`.
@@ -131,6 +291,7 @@ __device__ __forceinline__ float weight_at(int fmt, const u8* row, u32 i) {
     if (fmt == FMT_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
     if (fmt == FMT_F16) return f16_to_f32(load_u16(row + 2 * (u64)i));
     if (fmt == FMT_BF16) return bf16_to_f32(load_u16(row + 2 * (u64)i));
+    if (has_run4_decoder(fmt)) return run4_weight_at(fmt, row, i);
     const u32 j = i & 31;
     if (fmt == FMT_INT8 || fmt == FMT_W8A8)
         return __ldg(reinterpret_cast<const float*>(row)) * (float)(signed char)__ldg(row + 4 + i);
@@ -151,7 +312,8 @@ __device__ __forceinline__ float weight_at(int fmt, const u8* row, u32 i) {
 // A matmul lane decodes eight weights at a time, a "group". Quantized formats:
 // group g is the quarter s = g % 4 of block g / 4, elements 4s..4s+3 and
 // 16+4s..16+4s+3 of the block (the low and high nibbles of the same four
-// bytes for the 4-bit formats). Float formats: elements 8g..8g+7.
+// bytes for the 4-bit formats). A k-quant super-block is 8 such blocks of 32
+// (a group never straddles two). Float formats: elements 8g..8g+7.
 // `group_col(fmt, g, j)` is the column of the j-th value of group g.
 
 template <int FMT>
@@ -220,6 +382,14 @@ __device__ __forceinline__ void load_group(const u8* row, u32 g, float w[8]) {
             w[j] = s * (float)(signed char)(lo >> (8 * j));
             w[4 + j] = s * (float)(signed char)(hi >> (8 * j));
         }
+    } else if (has_run4_decoder(FMT)) {
+        // Block of 32 (or 32-value slice of a super-block) g / 4, quarter g % 4.
+        const u32 b32 = g >> 2;
+        const u32 per_block = block_elems(FMT) / 32;
+        const u8* block = row + block_bytes(FMT) * (u64)(b32 / per_block);
+        const u32 e = 32 * (b32 % per_block) + 4 * (g & 3);
+        decode_run4<FMT>(block, e, w);
+        decode_run4<FMT>(block, e + 16, w + 4);
     } else if (FMT == FMT_Q4_0) {
         const u8* block = row + 18 * (u64)(g >> 2);
         const float d = f16_to_f32(load_u16(block));

@@ -31,10 +31,16 @@ fi
 # The browser tests (make test-web): Debian's Chromium (WebGPU through
 # SwiftShader), Node with the npm packages of tests/web (playwright-core),
 # the wasm-bindgen CLI of Cargo.lock's version and wasm-pack, from crates.io.
-if ! command -v chromium >/dev/null || ! command -v npm >/dev/null; then
+# Only what is missing: a machine whose Node.js comes from NodeSource has npm
+# inside its nodejs package, and Debian's npm conflicts with it.
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq chromium nodejs npm >/dev/null
+    apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 root="$here/.."
 if [ ! -d "$root/tests/web/node_modules/playwright-core" ]; then

@@ -1,5 +1,8 @@
 //! Matmul throughput of `CpuBackend` on 2 threads at SmolLM2-135M's shapes
-//! (dim 576, ffn 1536, vocab 49152), against the reference.
+//! (dim 576, ffn 1536, vocab 49152), against the reference; and GGML's
+//! other formats at the shapes of Qwen2.5-0.5B (dim 896, k/v 128, ffn 4864,
+//! vocab 151936) and Gemma 3 270M (dim 640, q 1024, k/v 256, ffn 2048,
+//! vocab 262144), the `ggml_gemv` and `ggml_gemm512` groups.
 //!
 //! Shapes are written `input × output` (`cols × n`). GEMV (one token, the
 //! decode case) reports weight bytes per second; GEMM (512 tokens, prefill)
@@ -30,9 +33,24 @@ fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Rows quantized from random values; taller matrices repeat them, so
+/// vocabulary-sized ones cost no more memory than their bytes.
+const DISTINCT_ROWS: usize = 4096;
+
 /// A `cols × n` matrix (`n` rows of `cols`) in `format`, as bytes.
 fn weight_bytes(format: WeightFormat, cols: usize, n: usize, seed: u64) -> Vec<u8> {
-    quantize_matrix(format, cols, &values(cols * n, seed, 0.05))
+    let distinct = quantize_matrix(
+        format,
+        cols,
+        &values(cols * n.min(DISTINCT_ROWS), seed, 0.05),
+    );
+    let row_bytes = distinct.len() / n.min(DISTINCT_ROWS).max(1);
+    distinct
+        .iter()
+        .copied()
+        .cycle()
+        .take(row_bytes * n)
+        .collect()
 }
 
 fn view(format: WeightFormat, cols: usize, n: usize, bytes: &[u8]) -> WeightView<'_> {
@@ -132,6 +150,87 @@ fn gemm(c: &mut Criterion) {
     group.finish();
 }
 
+/// The shapes (`cols × n`) of Qwen2.5-0.5B and Gemma 3 270M at which each
+/// GGML format runs: the formats their Q4_K_M files use at every linear
+/// shape, the other formats at the FFN's two.
+const QWEN_SHAPES: [(usize, usize); 5] = [
+    (896, 896),
+    (896, 128),
+    (896, 4864),
+    (4864, 896),
+    (896, 151936),
+];
+const GEMMA_SHAPES: [(usize, usize); 5] = [
+    (640, 1024),
+    (640, 256),
+    (640, 2048),
+    (2048, 640),
+    (640, 262144),
+];
+
+fn ggml_shapes(format: WeightFormat) -> Vec<(usize, usize)> {
+    let all = QWEN_SHAPES.into_iter().chain(GEMMA_SHAPES);
+    match format {
+        // The output matrices (tied embeddings) are Q8_0 or Q6_K.
+        WeightFormat::Q8_0 | WeightFormat::Q6_K => all.collect(),
+        WeightFormat::Q4_K | WeightFormat::Q5_0 => all.filter(|&(_, n)| n < 100_000).collect(),
+        _ => vec![(896, 4864), (4864, 896)],
+    }
+}
+
+const GGML_FORMATS: [WeightFormat; 9] = [
+    WeightFormat::Q4_K,
+    WeightFormat::Q6_K,
+    WeightFormat::Q5_0,
+    WeightFormat::Q8_0,
+    WeightFormat::Q5_K,
+    WeightFormat::Q3_K,
+    WeightFormat::Q2_K,
+    WeightFormat::Q5_1,
+    WeightFormat::IQ4_NL,
+];
+
+fn ggml_gemv(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("ggml_gemv");
+    for format in GGML_FORMATS {
+        for (cols, n) in ggml_shapes(format) {
+            if !cols.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            let bytes = weight_bytes(format, cols, n, 1);
+            let mut ops = operands(&backend, &bytes, format, cols, n, 1);
+            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            group.bench_function(
+                BenchmarkId::new(format.name(), format!("{cols}x{n}")),
+                |b| b.iter(|| run(&backend, &mut ops, 1)),
+            );
+        }
+    }
+    group.finish();
+}
+
+fn ggml_gemm(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("ggml_gemm512");
+    group.sample_size(10);
+    for format in GGML_FORMATS {
+        for (cols, n) in [(896usize, 896), (896, 4864), (4864, 896)] {
+            if !cols.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            let bytes = weight_bytes(format, cols, n, 2);
+            let mut ops = operands(&backend, &bytes, format, cols, n, PREFILL_TOKENS);
+            group.throughput(Throughput::Elements((2 * PREFILL_TOKENS * cols * n) as u64));
+            group.bench_function(
+                BenchmarkId::new(format.name(), format!("{cols}x{n}")),
+                |b| b.iter(|| run(&backend, &mut ops, PREFILL_TOKENS)),
+            );
+        }
+    }
+    group.finish();
+}
+
 /// The reference at two shapes, for the fast/reference ratio.
 fn reference_matmul(c: &mut Criterion) {
     let mut group = c.benchmark_group("reference");
@@ -207,5 +306,13 @@ fn decode_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemv, gemm, reference_matmul, decode_step);
+criterion_group!(
+    benches,
+    gemv,
+    gemm,
+    reference_matmul,
+    decode_step,
+    ggml_gemv,
+    ggml_gemm
+);
 criterion_main!(benches);

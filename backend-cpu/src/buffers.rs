@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use tandem_core::quant::{dequantize_row, Int4Group, WeightFormat, WeightView};
+use tandem_core::quant::{dequantize_row, WeightFormat, WeightView};
 use tandem_core::Result;
 
 use crate::check;
@@ -91,15 +91,9 @@ pub(crate) enum WeightData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
-    /// Rows of GGML blocks.
-    Q8_0(Vec<u8>),
-    Q4_0(Vec<u8>),
-    Q4_1(Vec<u8>),
-    /// Rows of `[scale: f32, cols × i8]`, as documented in `tandem_core::quant`.
-    Int8PerChannel(Vec<u8>),
-    W8A8(Vec<u8>),
-    /// Rows of INT4 groups.
-    Int4(Int4Group, Vec<u8>),
+    /// Rows of any quantized format (GGML's blocks, Tandem's INT8 and INT4
+    /// rows), its bytes as documented in `tandem_core::quant`.
+    Blocks(WeightFormat, Vec<u8>),
 }
 
 impl Weight {
@@ -144,12 +138,7 @@ impl Weight {
             ),
             WeightFormat::F16 => WeightData::F16(pairs().map(f16::from_le_bytes).collect()),
             WeightFormat::BF16 => WeightData::BF16(pairs().map(bf16::from_le_bytes).collect()),
-            WeightFormat::Q8_0 => WeightData::Q8_0(view.data.to_vec()),
-            WeightFormat::Q4_0 => WeightData::Q4_0(view.data.to_vec()),
-            WeightFormat::Q4_1 => WeightData::Q4_1(view.data.to_vec()),
-            WeightFormat::Int8PerChannel => WeightData::Int8PerChannel(view.data.to_vec()),
-            WeightFormat::W8A8 => WeightData::W8A8(view.data.to_vec()),
-            WeightFormat::Int4 { group } => WeightData::Int4(group, view.data.to_vec()),
+            format => WeightData::Blocks(format, view.data.to_vec()),
         };
         Ok(Weight {
             rows: view.rows,
@@ -163,12 +152,7 @@ impl Weight {
             WeightData::F32(_) => WeightFormat::F32,
             WeightData::F16(_) => WeightFormat::F16,
             WeightData::BF16(_) => WeightFormat::BF16,
-            WeightData::Q8_0(_) => WeightFormat::Q8_0,
-            WeightData::Q4_0(_) => WeightFormat::Q4_0,
-            WeightData::Q4_1(_) => WeightFormat::Q4_1,
-            WeightData::Int8PerChannel(_) => WeightFormat::Int8PerChannel,
-            WeightData::W8A8(_) => WeightFormat::W8A8,
-            WeightData::Int4(group, _) => WeightFormat::Int4 { group },
+            WeightData::Blocks(format, _) => format,
         }
     }
 
@@ -199,13 +183,8 @@ impl Weight {
             WeightData::F32(values) => out.copy_from_slice(&values[elems]),
             WeightData::F16(values) => values[elems].convert_to_f32_slice(out),
             WeightData::BF16(values) => values[elems].convert_to_f32_slice(out),
-            WeightData::Q8_0(bytes)
-            | WeightData::Q4_0(bytes)
-            | WeightData::Q4_1(bytes)
-            | WeightData::Int8PerChannel(bytes)
-            | WeightData::W8A8(bytes)
-            | WeightData::Int4(_, bytes) => {
-                let format = self.format();
+            WeightData::Blocks(format, bytes) => {
+                let format = *format;
                 let row_bytes = format.row_bytes(self.cols).unwrap_or(0);
                 for (r, dst) in range.zip(out.chunks_exact_mut(self.cols.max(1))) {
                     dequantize_row(format, &bytes[r * row_bytes..(r + 1) * row_bytes], dst);

@@ -13,7 +13,7 @@
 //! Modules, one per kernel family: `rows` (embedding, gather_rows, argmax),
 //! `norm`, `matmul` (with activation quantization and the micro-kernels per
 //! instruction set), `rope`, `kv` (the KV cache, its writes and block
-//! copies), `attention`, `activation` (SwiGLU). `check` holds the size and
+//! copies), `attention`, `activation` (SwiGLU, GeGLU, scale). `check` holds the size and
 //! index checks every kernel runs first, so bad input is an
 //! `Error::Backend`, never a panic.
 
@@ -263,6 +263,20 @@ impl Backend for CpuBackend {
             len,
             out.as_mut_slice(),
         )
+    }
+
+    fn geglu(&self, gate: &Tensor, up: &Tensor, len: usize, out: &mut Tensor) -> Result<()> {
+        activation::geglu(
+            &self.workers,
+            gate.as_slice(),
+            up.as_slice(),
+            len,
+            out.as_mut_slice(),
+        )
+    }
+
+    fn scale(&self, x: &mut Tensor, len: usize, factor: f32) -> Result<()> {
+        activation::scale(&self.workers, x.as_mut_slice(), len, factor)
     }
 
     fn gather_rows(

@@ -69,6 +69,18 @@ pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + exp(-g))
 }
 
+/// `sqrt(2 / pi)`, the argument scale of GELU's tanh approximation.
+pub(crate) const GELU_TANH_SCALE: f32 = 0.797_884_6;
+
+/// GELU, tanh approximation: `0.5 g (1 + tanh(u))` with
+/// `u = sqrt(2/pi) (g + 0.044715 g^3)`, written as `g / (1 + e^(-2u))`
+/// (the same value), which needs one exponential and never overflows.
+#[inline(always)]
+pub(crate) fn gelu_tanh(g: f32) -> f32 {
+    let u = GELU_TANH_SCALE * (g + 0.044_715 * g * g * g);
+    g / (1.0 + exp(-2.0 * u))
+}
+
 /// `sum_i a[i] * b[i]` in 32 independent lanes (four 8-wide vectors, so
 /// the additions do not wait on each other), then 8, then one by one.
 #[inline(always)]

@@ -250,6 +250,22 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out = gelu(gate) * up` with GELU's tanh approximation,
+/// `gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`.
+pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let scale = (2.0 / std::f32::consts::PI).sqrt();
+    for i in 0..out.len() {
+        let g = gate[i];
+        let u = scale * (g + 0.044715 * g * g * g);
+        out[i] = 0.5 * g * (1.0 + u.tanh()) * up[i];
+    }
+}
+
+/// `x *= factor`, elementwise.
+pub fn scale(x: &mut [f32], factor: f32) {
+    x.iter_mut().for_each(|v| *v *= factor);
+}
+
 /// `out[i] = x[rows[i]]` for rows of `width` elements.
 pub fn gather_rows(x: &[f32], rows: &[u32], width: usize, out: &mut [f32]) {
     for (i, &r) in rows.iter().enumerate() {

@@ -242,30 +242,70 @@ fn w8a8_matches_reference_with_outlier_activations() {
     }
 }
 
+/// GGML's formats beyond Q4_1, at the sizes a model's shapes reduce to:
+/// one, a few and an odd number of super-blocks (k-quants) or blocks.
+#[test]
+fn matmul_matches_reference_for_the_ggml_formats_at_awkward_sizes() {
+    let mut rng = Rng::new(9);
+    for backend in [CpuBackend::new(1), CpuBackend::new(2)] {
+        for format in NEW_GGML_FORMATS {
+            let cols_set: &[usize] = if format.is_k_quant() {
+                &[256, 512, 768, 2304]
+            } else {
+                &[32, 96, 160]
+            };
+            for &cols in cols_set {
+                for rows in [1, 3, 17] {
+                    for n in [1, 7, 33] {
+                        check_matmul(&backend, &mut rng, format, rows, n, cols, n == 7);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The formats GGUF files of real models mix with Q8_0 and Q4_1.
+const NEW_GGML_FORMATS: [WeightFormat; 8] = [
+    WeightFormat::Q5_0,
+    WeightFormat::Q5_1,
+    WeightFormat::IQ4_NL,
+    WeightFormat::Q2_K,
+    WeightFormat::Q3_K,
+    WeightFormat::Q4_K,
+    WeightFormat::Q5_K,
+    WeightFormat::Q6_K,
+];
+
 #[test]
 fn matmul_results_do_not_depend_on_the_thread_count() {
     let mut rng = Rng::new(6);
-    let w = RandomWeight::new(&mut rng, WeightFormat::Q4_1, 131, 256, 0.05);
-    let x = rng.vec(45 * 256, 1.0);
-    let results: Vec<Vec<f32>> = [1, 2, 3]
-        .map(|threads| {
-            let backend = CpuBackend::new(threads);
-            let mut out = backend.alloc(45 * 131).unwrap();
-            let wt = backend.upload_weight(w.view()).unwrap();
-            backend
-                .matmul(
-                    &backend.upload(&x).unwrap(),
-                    &wt,
-                    None,
-                    MatmulParams { rows: 45 },
-                    &mut out,
-                )
-                .unwrap();
-            out.into_vec()
-        })
-        .into();
-    assert_eq!(results[0], results[1]);
-    assert_eq!(results[0], results[2]);
+    for format in [WeightFormat::Q4_1].into_iter().chain(NEW_GGML_FORMATS) {
+        let w = RandomWeight::new(&mut rng, format, 131, 512, 0.05);
+        // One token splits output rows across threads, 45 split tokens.
+        for rows in [1, 45] {
+            let x = rng.vec(rows * 512, 1.0);
+            let results: Vec<Vec<f32>> = [1, 2, 3]
+                .map(|threads| {
+                    let backend = CpuBackend::new(threads);
+                    let mut out = backend.alloc(rows * 131).unwrap();
+                    let wt = backend.upload_weight(w.view()).unwrap();
+                    backend
+                        .matmul(
+                            &backend.upload(&x).unwrap(),
+                            &wt,
+                            None,
+                            MatmulParams { rows },
+                            &mut out,
+                        )
+                        .unwrap();
+                    out.into_vec()
+                })
+                .into();
+            assert_eq!(results[0], results[1], "{format} rows {rows}");
+            assert_eq!(results[0], results[2], "{format} rows {rows}");
+        }
+    }
 }
 
 #[test]
@@ -327,6 +367,24 @@ fn swiglu_gather_and_argmax_match_reference() {
             let mut want = vec![0.0; len];
             reference::swiglu(&gate, &up, &mut want);
             assert_close("swiglu", out.as_slice(), &want);
+
+            let mut out = backend.alloc(len).unwrap();
+            backend
+                .geglu(
+                    &backend.upload(&gate).unwrap(),
+                    &backend.upload(&up).unwrap(),
+                    len,
+                    &mut out,
+                )
+                .unwrap();
+            reference::geglu(&gate, &up, &mut want);
+            assert_close("geglu", out.as_slice(), &want);
+
+            let mut x = backend.upload(&gate).unwrap();
+            backend.scale(&mut x, len - len / 3, 0.3).unwrap();
+            want.copy_from_slice(&gate);
+            reference::scale(&mut want[..len - len / 3], 0.3);
+            assert_close("scale", x.as_slice(), &want);
         }
 
         let (rows, width) = (17, 33);
@@ -817,6 +875,21 @@ fn malformed_weights_and_caches_are_errors() {
         "needs 40 bytes",
     );
     assert_backend_error(view(WeightFormat::Q4_1, 1, 48, &bytes), "whole Q4_1 blocks");
+    // k-quant rows are whole super-blocks of 256.
+    let q6k = vec![0u8; 2 * 210];
+    assert!(view(WeightFormat::Q6_K, 2, 256, &q6k).is_ok());
+    assert_backend_error(
+        view(WeightFormat::Q6_K, 2, 256, &q6k[..419]),
+        "Q6_K weight of 2×256 needs 420 bytes, got 419",
+    );
+    assert_backend_error(
+        view(WeightFormat::Q4_K, 3, 320, &q6k),
+        "3 rows of 320 columns are not whole Q4_K blocks of 256 elements",
+    );
+    assert_backend_error(
+        view(WeightFormat::Q5_0, 1, 48, &q6k),
+        "not whole Q5_0 blocks of 32",
+    );
     let layout = KvCacheLayout {
         num_blocks: usize::MAX / 2,
         block_size: 4,

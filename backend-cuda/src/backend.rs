@@ -118,6 +118,14 @@ fn format_code(format: WeightFormat) -> i32 {
         WeightFormat::Int4 {
             group: Int4Group::G128,
         } => 9,
+        WeightFormat::Q5_0 => 10,
+        WeightFormat::Q5_1 => 11,
+        WeightFormat::IQ4_NL => 12,
+        WeightFormat::Q2_K => 13,
+        WeightFormat::Q3_K => 14,
+        WeightFormat::Q4_K => 15,
+        WeightFormat::Q5_K => 16,
+        WeightFormat::Q6_K => 17,
     }
 }
 
@@ -541,8 +549,16 @@ impl Backend for CudaBackend {
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
         self.refuse_while_capturing("upload_weight")?;
+        if !w.cols.is_multiple_of(w.format.block_elems()) {
+            return Err(backend_error(format!(
+                "a {} weight needs columns in multiples of {}, got {}",
+                w.format,
+                w.format.block_elems(),
+                w.cols
+            )));
+        }
         let expected = w.format.bytes_for(w.rows as u64, w.cols as u64);
-        if expected != Some(w.data.len() as u64) || !w.cols.is_multiple_of(w.format.block_elems()) {
+        if expected != Some(w.data.len() as u64) {
             return Err(backend_error(format!(
                 "weight of {}x{} {} needs whole blocks per row and {:?} bytes, got {}",
                 w.rows,
@@ -613,8 +629,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn supports_format(&self, format: WeightFormat) -> bool {
-        format_code(format) >= 0
+    fn supports_format(&self, _format: WeightFormat) -> bool {
+        true
     }
 
     fn can_record(&self) -> bool {
@@ -993,6 +1009,43 @@ impl Backend for CudaBackend {
         // A grid-stride loop: enough blocks to fill the GPU, not one per element.
         let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
         self.launch("swiglu", &mut args, config(grid, 256, 0))
+    }
+
+    fn geglu(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        len: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len("geglu: gate", gate.len(), len)?;
+        check_len("geglu: up", up.len(), len)?;
+        check_len("geglu: out", out.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let f = self.function("geglu", "geglu")?;
+        let len64 = len as u64;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&gate.buf)
+            .arg(&up.buf)
+            .arg(&len64)
+            .arg(&mut out.buf);
+        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
+        self.launch("geglu", &mut args, config(grid, 256, 0))
+    }
+
+    fn scale(&self, x: &mut CudaTensor, len: usize, factor: f32) -> Result<()> {
+        check_len("scale: x", x.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let f = self.function("scale", "scale")?;
+        let len64 = len as u64;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&mut x.buf).arg(&len64).arg(&factor);
+        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
+        self.launch("scale", &mut args, config(grid, 256, 0))
     }
 
     fn gather_rows(

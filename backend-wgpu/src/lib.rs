@@ -784,6 +784,38 @@ impl Backend for WgpuBackend {
         )
     }
 
+    fn geglu(
+        &self,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        len: usize,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("geglu gate", gate.len, len)?;
+        check_len("geglu up", up.len, len)?;
+        check_len("geglu out", out.len, len)?;
+        self.dispatch(
+            simple("geglu"),
+            "main",
+            &[READ, READ, WRITE],
+            &[&gate.buf, &up.buf, &out.buf],
+            &[u32_of(len, "len")?],
+            len.div_ceil(256),
+        )
+    }
+
+    fn scale(&self, x: &mut WgpuTensor, len: usize, factor: f32) -> Result<()> {
+        check_len("scale x", x.len, len)?;
+        self.dispatch(
+            simple("scale"),
+            "main",
+            &[WRITE],
+            &[&x.buf],
+            &[u32_of(len, "len")?, factor.to_bits()],
+            len.div_ceil(256),
+        )
+    }
+
     fn gather_rows(
         &self,
         x: &WgpuTensor,

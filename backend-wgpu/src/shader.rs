@@ -78,6 +78,38 @@ const SOURCES: &[(&str, &str)] = &[
         "matmul_int4",
         include_str!("../../shaders/matmul_int4.wgsl"),
     ),
+    (
+        "matmul_q5_0",
+        include_str!("../../shaders/matmul_q5_0.wgsl"),
+    ),
+    (
+        "matmul_q5_1",
+        include_str!("../../shaders/matmul_q5_1.wgsl"),
+    ),
+    (
+        "matmul_iq4_nl",
+        include_str!("../../shaders/matmul_iq4_nl.wgsl"),
+    ),
+    (
+        "matmul_q2_k",
+        include_str!("../../shaders/matmul_q2_k.wgsl"),
+    ),
+    (
+        "matmul_q3_k",
+        include_str!("../../shaders/matmul_q3_k.wgsl"),
+    ),
+    (
+        "matmul_q4_k",
+        include_str!("../../shaders/matmul_q4_k.wgsl"),
+    ),
+    (
+        "matmul_q5_k",
+        include_str!("../../shaders/matmul_q5_k.wgsl"),
+    ),
+    (
+        "matmul_q6_k",
+        include_str!("../../shaders/matmul_q6_k.wgsl"),
+    ),
     ("rope", include_str!("../../shaders/rope.wgsl")),
     (
         "paged_kv_write",
@@ -100,6 +132,8 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("../../shaders/paged_kv_write_int4_keys.wgsl"),
     ),
     ("swiglu", include_str!("../../shaders/swiglu.wgsl")),
+    ("geglu", include_str!("../../shaders/geglu.wgsl")),
+    ("scale", include_str!("../../shaders/scale.wgsl")),
     (
         "gather_rows",
         include_str!("../../shaders/gather_rows.wgsl"),

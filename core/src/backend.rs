@@ -370,6 +370,20 @@ pub trait Backend: 'static {
         out: &mut Self::Tensor,
     ) -> Result<()>;
 
+    /// `out = gelu(gate) * up` with GELU's tanh approximation, elementwise
+    /// over `len` elements (GeGLU: Gemma's feed-forward gate).
+    fn geglu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        len: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// `x *= factor` over the first `len` elements, in place (Gemma's
+    /// embedding scale; models without one never call it).
+    fn scale(&self, x: &mut Self::Tensor, len: usize, factor: f32) -> Result<()>;
+
     /// `out[i] = x[rows[i]]` for rows of width `width`.
     fn gather_rows(
         &self,

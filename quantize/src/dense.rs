@@ -197,10 +197,10 @@ impl DenseModel {
         Ok(out)
     }
 
-    fn rope(&self, x: &mut [f32], n: usize, heads: usize) {
+    fn rope(&self, x: &mut [f32], n: usize, heads: usize, layer: usize) {
         let c = &self.config;
         let (hd, half) = (c.head_dim, c.rotary_dim / 2);
-        let inv_freq = c.inv_freq();
+        let inv_freq = c.inv_freq(layer);
         let width = heads * hd;
         for pos in 0..n {
             let row = &mut x[pos * width..(pos + 1) * width];
@@ -279,8 +279,8 @@ impl DenseModel {
         let mut q = self.linear(layer, "attn_q", &x, n)?;
         let mut k = self.linear(layer, "attn_k", &x, n)?;
         let v = self.linear(layer, "attn_v", &x, n)?;
-        self.rope(&mut q, n, c.num_heads);
-        self.rope(&mut k, n, c.num_kv_heads);
+        self.rope(&mut q, n, c.num_heads, layer);
+        self.rope(&mut k, n, c.num_kv_heads, layer);
         let a = self.attention(&q, &k, &v, n);
         observe(Site::AttnOut, &a);
         let o = self.linear(layer, "attn_output", &a, n)?;

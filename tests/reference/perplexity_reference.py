@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""Reference perplexity of SmolLM2-135M-Instruct (GGUF) with llama.cpp's method.
+"""Reference perplexity of a GGUF checkpoint with llama.cpp's method.
 
 Mirrors `llama-perplexity -c 512` (tools/perplexity/perplexity.cpp, `perplexity()`):
-  * tokenize the whole text (BOS only if the model asks for it; SmolLM2's GGUF
-    has tokenizer.ggml.add_bos_token = false, so none);
+  * tokenize the whole text once as common_tokenize(ctx, text, add_special=true)
+    does: BOS first only if tokenizer.ggml.add_bos_token is true (Gemma 3: yes;
+    SmolLM2, Qwen2: no), special-token strings NOT parsed (parse_special=false);
   * n_chunk = n_tokens // n_ctx non-overlapping windows (incomplete tail dropped);
     llama.cpp refuses to run with fewer than 2*n_ctx tokens;
   * each window is evaluated from scratch (empty KV cache, positions 0..n_ctx-1);
+    with add_bos, the window's first token is replaced by BOS for the evaluation
+    ("add BOS token for the first batch of each chunk") and restored for scoring;
   * first = n_ctx/2; the logits at positions first..n_ctx-2 are scored against
     tokens first+1..n_ctx-1 (n_ctx - first - 1 = 255 tokens per window);
   * nll_i = max + log(sum(exp(logits - max))) - logits[tok]; sums nll and nll^2;
   * PPL = exp(mean nll); error = PPL * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1)).
 
-The forward pass is the independent NumPy one in smollm2_reference.py.
+The forward pass is the independent NumPy one in gguf_reference.py.
 
 Usage:
-    python3 tests/reference/perplexity_reference.py [--model PATH] [--text PATH] [--out PATH]
+    python3 tests/reference/perplexity_reference.py --model PATH [--text PATH] [--out PATH]
+        [--max-chunks N]
+
+Without --out the fixture goes to tests/fixtures/<name>_perplexity_reference.json.
 """
 import os
 
@@ -33,10 +39,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import smollm2_reference as ref  # noqa: E402
+import gguf_reference as ref  # noqa: E402
+import gguf_tokenizers  # noqa: E402
 
 DEFAULT_TEXT = "/work/shared/eval/opticks-part1.txt"
-DEFAULT_OUT = os.path.join(ref.REPO_ROOT, "tests", "fixtures", "smollm2_perplexity_reference.json")
 
 
 def window_nlls(logits, tokens, first):
@@ -52,39 +58,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=ref.DEFAULT_MODEL)
     ap.add_argument("--text", default=DEFAULT_TEXT)
-    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--out", help="default: tests/fixtures/<name>_perplexity_reference.json")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--max-chunks", type=int, default=-1, help="like llama.cpp --chunks (-1 = all)")
     ap.add_argument("--skip-tokenizer-check", action="store_true",
-                    help="skip the pure-Python BPE cross-check of the tokenization")
+                    help="skip the second tokenizer's cross-check of the tokenization")
     args = ap.parse_args()
+    out = args.out or os.path.join(ref.FIXTURES, f"{ref.fixture_name(args.model)}_perplexity_reference.json")
 
     t0 = time.time()
     model = ref.Model(args.model, dtype=np.float64 if args.dtype == "float64" else np.float32)
-    tk = ref.build_tokenizer(model.reader)
-    add_bos = bool(ref._field(model.reader, "tokenizer.ggml.add_bos_token"))
-    assert not add_bos, "SmolLM2 GGUF does not request BOS; BOS handling not implemented"
+    tk = gguf_tokenizers.for_gguf(model.reader)
+    add_bos = tk.add_bos
 
     with open(args.text, "rb") as fh:
         raw = fh.read()
     text = raw.decode("utf-8")
-    tokens = ref.encode(tk, text)
+    tokens = tk.encode(text, add_special=True, parse_special=False)
     if not args.skip_tokenizer_check:
-        assert tokens == ref.PurePythonBPE(model.reader).encode(text), \
-            "tokenizers and pure-Python BPE disagree on the evaluation text"
-    # llama.cpp tokenizes the evaluation text with parse_special=false; our tokenizer
-    # would match special-token strings, so make sure there are none.
-    n_special = sum(1 for t in tokens if t <= 16)
-    assert n_special == 0, "text contains special-token strings; tokenization would diverge"
+        assert tokens == tk.encode_cross(text, add_special=True, parse_special=False), \
+            "the two tokenizers disagree on the evaluation text"
 
     n_ctx = args.ctx
     first = n_ctx // 2
     if len(tokens) < 2 * n_ctx:
         sys.exit(f"need at least {2 * n_ctx} tokens, have {len(tokens)}")
-    n_chunk = len(tokens) // n_ctx
-    if args.max_chunks >= 0:
-        n_chunk = min(n_chunk, args.max_chunks)
+    n_chunk_all = len(tokens) // n_ctx
+    n_chunk = n_chunk_all if args.max_chunks < 0 else min(n_chunk_all, args.max_chunks)
     print(f"{len(tokens)} tokens, {n_chunk} windows of {n_ctx}", file=sys.stderr)
 
     nll_sum = 0.0
@@ -95,7 +96,8 @@ def main():
     for i in range(n_chunk):
         t1 = time.time()
         win = tokens[i * n_ctx:(i + 1) * n_ctx]
-        logits = model.forward(win, cache=None, start_pos=0)
+        evaluated = [tk.bos] + win[1:] if add_bos else win
+        logits = model.forward(evaluated, cache=None, start_pos=0)
         v = window_nlls(logits, win, first)
         nll_sum += float(v.sum())
         nll2_sum += float((v * v).sum())
@@ -112,7 +114,8 @@ def main():
 
     fixture = {
         "description": "llama.cpp-style perplexity (llama-perplexity -c 512 method) of "
-                       "SmolLM2-135M-Instruct Q4_1 computed by tests/reference/perplexity_reference.py",
+                       f"{os.path.basename(args.model)} computed by tests/reference/perplexity_reference.py"
+                       + (f"; only the first {n_chunk} windows (--max-chunks)" if n_chunk < n_chunk_all else ""),
         "model_file": os.path.basename(args.model),
         "model_sha256": ref.sha256_file(args.model),
         "text_file": os.path.basename(args.text),
@@ -125,6 +128,7 @@ def main():
         "ctx": n_ctx,
         "first": first,
         "n_windows": n_chunk,
+        "n_windows_in_text": n_chunk_all,
         "n_scored_tokens": count,
         "scored_per_window": n_ctx - first - 1,
         "mean_nll": round(mean, 8),
@@ -136,10 +140,10 @@ def main():
         "compute_dtype": args.dtype,
         "versions": ref.versions(),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
         fh.write(ref.dumps_compact(fixture) + "\n")
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes) in {time.time() - t0:.1f}s",
+    print(f"wrote {out} ({os.path.getsize(out)} bytes) in {time.time() - t0:.1f}s",
           file=sys.stderr)
 
 

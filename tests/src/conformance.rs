@@ -127,6 +127,8 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.paged_attention();
     suite.int4_key_blocks();
     suite.swiglu();
+    suite.geglu();
+    suite.scale();
     suite.gather_rows();
     suite.argmax();
     // Manifest order, so reports read like the manifest.
@@ -259,6 +261,17 @@ struct Suite<'a, B: Backend, R: Backend> {
 }
 
 impl<B: Backend, R: Backend> Suite<'_, B, R> {
+    fn report(&mut self, kernel: &'static str) -> &mut KernelReport {
+        let tolerance = spec(kernel).map_or(0.0, |s| s.tolerance);
+        self.reports.entry(kernel).or_insert_with(|| KernelReport {
+            kernel,
+            cases: 0,
+            max_error: 0.0,
+            tolerance,
+            failures: Vec::new(),
+        })
+    }
+
     /// Records one case of `kernel`: the backend's result against the reference's.
     fn check(
         &mut self,
@@ -267,14 +280,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         got: tandem_core::Result<Vec<f32>>,
         want: tandem_core::Result<Vec<f32>>,
     ) {
-        let tolerance = spec(kernel).map_or(0.0, |s| s.tolerance);
-        let report = self.reports.entry(kernel).or_insert_with(|| KernelReport {
-            kernel,
-            cases: 0,
-            max_error: 0.0,
-            tolerance,
-            failures: Vec::new(),
-        });
+        let report = self.report(kernel);
         report.cases += 1;
         let (got, want) = match (got, want) {
             (Ok(g), Ok(w)) => (g, w),
@@ -309,7 +315,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         }
         if let Some((i, err)) = worst {
             report.max_error = report.max_error.max(err);
-            if err > tolerance {
+            if err > report.tolerance {
+                let tolerance = report.tolerance;
                 report.failures.push(format!(
                     "{case}: element {i} is {}, the reference {} (error {err:.3e} > {tolerance:.1e})",
                     got[i], want[i]
@@ -326,7 +333,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
                 (37, 13)
             };
             let table = HostWeight::new(format, vocab, dim, &self.rng.values(vocab * dim, 1.0));
-            for rows in [1, 3, 17] {
+            for rows in [1, 3, 17, 33] {
                 let tokens: Vec<u32> = (0..rows).map(|_| self.rng.below(vocab) as u32).collect();
                 let got = embedding(self.backend, &table, &tokens);
                 let want = embedding(self.reference, &table, &tokens);
@@ -375,18 +382,31 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         for format in WeightFormat::ALL {
             let kernel = matmul_kernel_name(format);
             let block = format.block_elems();
-            let widths: &[usize] = if format.is_quantized() {
+            // K-quant widths: one, two and nine super-blocks (2304: not a
+            // multiple of a GEMV workgroup's stride), each on every path.
+            let widths: &[usize] = if format.is_k_quant() {
+                &[256, 512, 2304]
+            } else if format.is_quantized() {
                 &[3 * block, 5 * block]
             } else {
                 &[45, 161]
             };
-            // Rows 1 and 3 take GEMV paths, 17 and 40 tiled ones (40: two row tiles);
-            // 67 outputs: one full 64-row tile and a ragged one.
-            for (i, (rows, n)) in [(1, 67), (3, 5), (17, 67), (40, 67)]
-                .into_iter()
-                .enumerate()
-            {
-                let cols = widths[i % widths.len()];
+            let shapes = [(1, 67), (3, 5), (17, 67), (33, 67), (40, 67)];
+            let cases: Vec<((usize, usize), usize)> = if format.is_k_quant() {
+                shapes
+                    .iter()
+                    .flat_map(|&shape| widths.iter().map(move |&cols| (shape, cols)))
+                    .collect()
+            } else {
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &shape)| (shape, widths[i % widths.len()]))
+                    .collect()
+            };
+            // Rows 1 and 3 take GEMV paths, 17, 33 and 40 tiled ones (33 and 40
+            // cross a 32-row tile); 67 outputs: one full 64-row tile and a ragged one.
+            for (i, ((rows, n), cols)) in cases.into_iter().enumerate() {
                 let w = HostWeight::new(format, n, cols, &self.rng.values(n * cols, 1.0));
                 let x = if format.is_quantized() {
                     self.q8_exact_activations(rows * cols)
@@ -403,6 +423,35 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
                     got,
                     want,
                 );
+            }
+        }
+        // A k-quant row must be whole super-blocks: 320 columns is an error
+        // that says so, on the backend as on the reference.
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_k_quant()) {
+            let (n, cols) = (3, 320);
+            let data = vec![0u8; n * 2 * format.block_bytes()];
+            let view = WeightView {
+                format,
+                rows: n,
+                cols,
+                data: &data,
+            };
+            let kernel = matmul_kernel_name(format);
+            let case = format!("{n}x{cols} {format} weight refused");
+            let outcomes = [
+                ("", self.backend.upload_weight(view).map(drop)),
+                ("reference: ", self.reference.upload_weight(view).map(drop)),
+            ];
+            let report = self.report(kernel);
+            report.cases += 1;
+            for (who, outcome) in outcomes {
+                match outcome {
+                    Ok(()) => report.failures.push(format!("{case}: {who}accepted")),
+                    Err(e) if !e.to_string().contains("256") => report
+                        .failures
+                        .push(format!("{case}: {who}the error does not name 256: {e}")),
+                    Err(_) => {}
+                }
             }
         }
         // Matrices with a single row or column (a backend may store them as vectors).
@@ -757,6 +806,27 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         }
     }
 
+    fn geglu(&mut self) {
+        // Gates far out on both sides too, where tanh saturates.
+        for (len, range) in [(1, 3.0), (17, 10.0), (1000, 10.0), (70_001, 60.0)] {
+            let gate = self.rng.values(len, range);
+            let up = self.rng.values(len, 2.0);
+            let got = geglu(self.backend, &gate, &up);
+            let want = geglu(self.reference, &gate, &up);
+            self.check("geglu", format!("{len} values in ±{range}"), got, want);
+        }
+    }
+
+    fn scale(&mut self) {
+        // The buffer is longer than `len`: the tail must stay as it was.
+        for (len, tail, factor) in [(1, 0, -3.5), (33, 7, 25.298), (5_000, 300, 0.125)] {
+            let x = self.rng.values(len + tail, 4.0);
+            let got = scale(self.backend, &x, len, factor);
+            let want = scale(self.reference, &x, len, factor);
+            self.check("scale", format!("{len} of {} values by {factor}", len + tail), got, want);
+        }
+    }
+
     fn gather_rows(&mut self) {
         for (src_rows, width, picks) in [
             (1, 1, vec![0]),
@@ -909,6 +979,19 @@ fn swiglu<X: Backend>(be: &X, gate: &[f32], up: &[f32]) -> Out {
     let mut out = be.alloc(gate.len())?;
     be.swiglu(&g, &u, gate.len(), &mut out)?;
     be.download(&out, gate.len())
+}
+
+fn geglu<X: Backend>(be: &X, gate: &[f32], up: &[f32]) -> Out {
+    let (g, u) = (be.upload(gate)?, be.upload(up)?);
+    let mut out = be.alloc(gate.len())?;
+    be.geglu(&g, &u, gate.len(), &mut out)?;
+    be.download(&out, gate.len())
+}
+
+fn scale<X: Backend>(be: &X, x: &[f32], len: usize, factor: f32) -> Out {
+    let mut xs = be.upload(x)?;
+    be.scale(&mut xs, len, factor)?;
+    be.download(&xs, x.len())
 }
 
 fn gather_rows<X: Backend>(be: &X, x: &[f32], picks: &[u32], width: usize) -> Out {

@@ -19,15 +19,29 @@ use tandem_cpu::CpuBackend;
 
 /// The default model, fetched by `make model` (which `make test` runs first).
 pub fn smollm2_path() -> PathBuf {
+    model_path("smollm2-135m")
+}
+
+/// The file of a named real checkpoint (`scripts/models.tsv`) in the model cache,
+/// `$TANDEM_CACHE` or `~/.cache/tandem`, where `scripts/fetch-model.sh NAME` puts it.
+pub fn model_path(name: &str) -> PathBuf {
+    let table = include_str!("../../scripts/models.tsv");
+    let file = table
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| line.split('\t').collect::<Vec<_>>())
+        .find(|fields| fields[0] == name)
+        .and_then(|fields| fields.get(1).copied())
+        .unwrap_or_else(|| panic!("no model named {name:?} in scripts/models.tsv"));
     let cache = std::env::var_os("TANDEM_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/tandem")
         });
-    let path = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = cache.join(file);
     assert!(
         path.exists(),
-        "{} is missing: run `make model` (or `make test`, which fetches it)",
+        "{} is missing: run `scripts/fetch-model.sh {name}` (`make test` fetches it)",
         path.display()
     );
     path

@@ -351,6 +351,29 @@ impl Backend for RecordingCpu {
         })
     }
 
+    fn geglu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        len: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (gate, up, out) = (weak(gate), weak(up), weak(out));
+        self.launch(move |cpu| {
+            cpu.geglu(
+                &live(&gate)?.borrow(),
+                &live(&up)?.borrow(),
+                len,
+                &mut live(&out)?.borrow_mut(),
+            )
+        })
+    }
+
+    fn scale(&self, x: &mut Self::Tensor, len: usize, factor: f32) -> Result<()> {
+        let x = weak(x);
+        self.launch(move |cpu| cpu.scale(&mut live(&x)?.borrow_mut(), len, factor))
+    }
+
     fn gather_rows(
         &self,
         x: &Self::Tensor,

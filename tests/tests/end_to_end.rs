@@ -2,8 +2,10 @@
 //! agreement with an independent dense forward pass, and the paged, chunked,
 //! batched machinery being invisible in the results.
 
+use tandem_core::backend::RopeStyle;
 use tandem_core::engine::FinishReason;
 use tandem_core::model::synthetic::SyntheticModel;
+use tandem_core::model::{ModelConfig, RopeScaling};
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
 use tandem_core::Error;
@@ -16,18 +18,30 @@ const PROMPT: [u32; 37] = [
     48, 1, 2, 19, 18, 17, 16, 15, 14, 13, 260, 259, 258, 257,
 ];
 
+/// A tiny model of every architecture variant (`SyntheticModel::preset`).
+const TINY_PRESETS: [&str; 6] = [
+    "tiny",
+    "tiny-llama3",
+    "tiny-mistral",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-gemma3",
+];
+
 #[test]
-fn f32_model_matches_the_dense_reference_at_every_position() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny(WeightFormat::F32, 1);
-    let files = tiny_gguf(dir.path(), &model);
-    let mut engine = cpu_engine(&files, 64, 512);
-    let got = engine.score(&PROMPT, 0).unwrap();
-    let want = dense_forward(&model.config, &model.f32_tensors(), &PROMPT);
-    let vocab = model.config.vocab_size;
-    for (pos, (g, w)) in got.chunks(vocab).zip(&want).enumerate() {
-        let diff = max_abs_diff(g, w);
-        assert!(diff < 1e-3, "position {pos}: max |diff| {diff}");
+fn f32_models_match_the_dense_reference_at_every_position() {
+    for name in TINY_PRESETS {
+        let dir = tempfile::tempdir().unwrap();
+        let model = SyntheticModel::preset(name, WeightFormat::F32, 1).unwrap();
+        let files = tiny_gguf(dir.path(), &model);
+        let mut engine = cpu_engine(&files, 64, 512);
+        let got = engine.score(&PROMPT, 0).unwrap();
+        let want = dense_forward(&model.config, &model.f32_tensors(), &PROMPT);
+        let vocab = model.config.vocab_size;
+        for (pos, (g, w)) in got.chunks(vocab).zip(&want).enumerate() {
+            let diff = max_abs_diff(g, w);
+            assert!(diff < 1e-3, "{name}, position {pos}: max |diff| {diff}");
+        }
     }
 }
 
@@ -235,11 +249,8 @@ fn gguf_and_hugging_face_files_of_one_model_give_the_same_logits() {
         let hf_dir = dir.path().join("hf");
         model.write_hf_dir(&hf_dir).unwrap();
         let hf = tandem_core::model::load(&hf_dir).unwrap();
-        assert_eq!(hf.config.rope_style, tandem_core::backend::RopeStyle::NeoX);
-        assert_eq!(
-            gguf.config.rope_style,
-            tandem_core::backend::RopeStyle::Interleaved
-        );
+        assert_eq!(hf.config.rope_style, RopeStyle::NeoX);
+        assert_eq!(gguf.config.rope_style, RopeStyle::Interleaved);
         let text = "the inner heat of a tin can";
         let ids = gguf.tokenizer.encode(text, true).unwrap();
         assert_eq!(hf.tokenizer.encode(text, true).unwrap(), ids);
@@ -248,4 +259,60 @@ fn gguf_and_hugging_face_files_of_one_model_give_the_same_logits() {
         let diff = max_abs_diff(&a, &b);
         assert!(diff < 1e-4, "{format}: max |diff| {diff}");
     }
+}
+
+#[test]
+fn every_architecture_loads_alike_from_gguf_and_hugging_face_files() {
+    for name in TINY_PRESETS {
+        for format in [WeightFormat::F32, WeightFormat::BF16] {
+            let dir = tempfile::tempdir().unwrap();
+            let model = SyntheticModel::preset(name, format, 11).unwrap();
+            let gguf = tiny_gguf(dir.path(), &model);
+            let hf_dir = dir.path().join("hf");
+            model.write_hf_dir(&hf_dir).unwrap();
+            let hf = tandem_core::model::load(&hf_dir).unwrap();
+            // The files describe the same model; they differ in RoPE pairing
+            // (llama.cpp permutes Llama's Q/K rows) and in how Llama 3's RoPE
+            // scaling is written (GGUF: per-pair divisors).
+            let comparable = |c: &ModelConfig| ModelConfig {
+                rope_style: RopeStyle::NeoX,
+                layers: Vec::new(),
+                ..c.clone()
+            };
+            assert_eq!(comparable(&gguf.config), comparable(&hf.config), "{name}");
+            assert_eq!(hf.config.layers, model.config.layers, "{name}: HF");
+            match &gguf.config.layers[0].rope.scaling {
+                RopeScaling::FreqFactors(f) => {
+                    assert_eq!((name, f.len()), ("tiny-llama3", 8));
+                }
+                _ => assert_eq!(gguf.config, model.config, "{name}: GGUF"),
+            }
+            let a = cpu_engine(&gguf, 64, 512).score(&PROMPT, 0).unwrap();
+            let b = cpu_engine(&hf, 64, 512).score(&PROMPT, 0).unwrap();
+            let diff = max_abs_diff(&a, &b);
+            assert!(diff < 1e-4, "{name} {format}: max |diff| {diff}");
+        }
+    }
+}
+
+#[test]
+fn sliding_window_layers_forget_what_global_layers_remember() {
+    // The logits at the last position depend on the first token only
+    // through the global layers: with every layer local, changing it
+    // changes nothing once it is out of every window.
+    let mut local = SyntheticModel::preset("tiny-gemma3", WeightFormat::F32, 3).unwrap();
+    let global = local.clone();
+    for layer in &mut local.config.layers {
+        layer.sliding_window = Some(5);
+    }
+    let mut other = PROMPT;
+    other[0] = 42;
+    let last = |model: &SyntheticModel, prompt: &[u32]| {
+        let files = model.files().unwrap();
+        let vocab = files.config.vocab_size;
+        let logits = cpu_engine(&files, 64, 512).score(prompt, 0).unwrap();
+        logits[logits.len() - vocab..].to_vec()
+    };
+    assert_eq!(last(&local, &PROMPT), last(&local, &other));
+    assert!(max_abs_diff(&last(&global, &PROMPT), &last(&global, &other)) > 1e-4);
 }

@@ -154,6 +154,60 @@ fn aligned_float_rows_take_the_vector_gemv_and_match() {
     }
 }
 
+/// The GGUF formats at a real model's width (Qwen2.5-0.5B's FFN, 4864 =
+/// 19 super-blocks) through every GEMV template (1, 2, 4, 8 tokens) and two
+/// token tiles of the tiled kernel, which the generic suite's shapes do not
+/// all reach.
+#[test]
+fn gguf_formats_match_through_every_gemv_width_and_token_tile() {
+    let Some(cuda) = cuda_backend(CudaConfig::default()) else {
+        return;
+    };
+    let cpu = CpuBackend::new(2);
+    let (n, cols) = (19, 4864);
+    for format in [
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::IQ4_NL,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+    ] {
+        let tolerance = spec(matmul_kernel_name(format))
+            .expect("manifest entry")
+            .tolerance;
+        let w: Vec<u8> = values(3, n * cols)
+            .chunks(cols)
+            .flat_map(|row| quantize_row(format, row))
+            .collect();
+        for rows in [1, 2, 4, 7, 8, 65] {
+            // Multiples of 1/128 reaching 127/128 in every block of 32: exact
+            // in the Q8 activations the CPU matmul may use.
+            let x: Vec<f32> = values(rows as u64 + 11, rows * cols)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match i % 32 {
+                    0 => 127.0 / 128.0,
+                    _ => (v * 127.0).round() / 128.0,
+                })
+                .collect();
+            let got = matmul_on(&cuda, format, &w, n, cols, &x, rows);
+            let want = matmul_on(&cpu, format, &w, n, cols, &x, rows);
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, r)| (g - r).abs() / (1.0 + r.abs()))
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= tolerance,
+                "{format} {rows}x{cols} by {n}x{cols}: error {worst} > {tolerance}"
+            );
+        }
+    }
+}
+
 /// `scripts/gpu-check.sh` only runs on a lent GPU machine; its logic is
 /// checked here with stand-in binaries: each step runs, a failing step is
 /// recorded without stopping the others, and the bench JSON becomes decode

@@ -222,3 +222,107 @@ fn bad_input_is_an_error() {
     let err = b.download(&out, 5).unwrap_err();
     assert!(err.to_string().contains("download"), "{err}");
 }
+
+/// An embedding table larger than one storage binding (Qwen2.5-0.5B's Q8_0
+/// token_embd is 145 MB, the browser binds 128 MiB) is split by rows into
+/// chunks: the lookup and the tied output matmul must read across every
+/// chunk. The binding limit is lowered here so a small table takes that
+/// path, with rows whose bytes are not a multiple of 4 (Q5_0, Q6_K) and
+/// tokens on both sides of every chunk boundary.
+#[test]
+fn embedding_and_tied_output_read_a_table_split_across_bindings() {
+    use tandem_core::backend::{Backend, MatmulParams};
+    use tandem_core::kernels::{matmul_kernel_name, spec};
+    use tandem_core::quant::{quantize_matrix, WeightFormat, WeightView};
+
+    fn embed<B: Backend>(be: &B, table: &B::Weight, tokens: &[u32], dim: usize) -> Vec<f32> {
+        let ids = be.upload_indices(tokens).unwrap();
+        let mut out = be.alloc(tokens.len() * dim).unwrap();
+        be.embedding(table, &ids, tokens.len(), &mut out).unwrap();
+        be.download(&out, tokens.len() * dim).unwrap()
+    }
+
+    fn logits<B: Backend>(
+        be: &B,
+        table: &B::Weight,
+        x: &[f32],
+        rows: usize,
+        vocab: usize,
+    ) -> Vec<f32> {
+        let xs = be.upload(x).unwrap();
+        let mut out = be.alloc(rows * vocab).unwrap();
+        be.matmul(&xs, table, None, MatmulParams { rows }, &mut out)
+            .unwrap();
+        be.download(&out, rows * vocab).unwrap()
+    }
+
+    let chunk_bytes = 64 * 1024;
+    let gpu = backend(WgpuOptions {
+        max_weight_chunk_bytes: Some(chunk_bytes),
+        ..WgpuOptions::default()
+    });
+    let cpu = tandem_cpu::CpuBackend::new(1);
+    let vocab = 1000;
+    for (format, dim) in [
+        (WeightFormat::Q8_0, 896),
+        (WeightFormat::Q5_0, 864),
+        (WeightFormat::Q6_K, 768),
+    ] {
+        let values: Vec<f32> = (0..vocab * dim)
+            .map(|i| ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * (1.0 + (i / dim % 5) as f32))
+            .collect();
+        let bytes = quantize_matrix(format, dim, &values);
+        let view = WeightView {
+            format,
+            rows: vocab,
+            cols: dim,
+            data: &bytes,
+        };
+        let rows_per_chunk = chunk_bytes as usize / format.row_bytes(dim).unwrap();
+        assert!(
+            vocab > 3 * rows_per_chunk,
+            "{format}: the table must span chunks"
+        );
+        let mut tokens = vec![0, vocab as u32 - 1];
+        for start in (rows_per_chunk..vocab).step_by(rows_per_chunk) {
+            tokens.extend([start as u32 - 1, start as u32]);
+        }
+        let g_table = gpu.upload_weight(view).unwrap();
+        let c_table = cpu.upload_weight(view).unwrap();
+
+        let got = embed(&gpu, &g_table, &tokens, dim);
+        let want = embed(&cpu, &c_table, &tokens, dim);
+        let tolerance = spec("embedding").unwrap().tolerance;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= tolerance * (1.0 + w.abs()),
+                "{format} embedding of token {} column {}: {g} vs {w}",
+                tokens[i / dim],
+                i % dim
+            );
+        }
+
+        // The tied output: logits over the whole vocabulary, decode and prefill.
+        let tolerance = spec(matmul_kernel_name(format)).unwrap().tolerance;
+        for rows in [1, 17] {
+            // Multiples of 1/128 reaching 127/128 in every block of 32: exact
+            // in the Q8 activations a CPU matmul may use.
+            let x: Vec<f32> = (0..rows * dim)
+                .map(|i| match i % 32 {
+                    0 => 127.0 / 128.0,
+                    _ => ((i * 31 % 255) as f32 - 127.0) / 128.0,
+                })
+                .collect();
+            let got = logits(&gpu, &g_table, &x, rows, vocab);
+            let want = logits(&cpu, &c_table, &x, rows, vocab);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= tolerance * (1.0 + w.abs()),
+                    "{format} {rows}-row logits, row {} token {}: {g} vs {w}",
+                    i / vocab,
+                    i % vocab
+                );
+            }
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //! ever dequantizing the whole matrix.
 //!
 //! One call:
-//! 1. Quantized weights (Q8_0, Q4_0, Q4_1): the activation rows are
+//! 1. Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the
+//!    k-quants Q2_K to Q6_K): the activation rows are
 //!    quantized once to 16-bit blocks ([`quantize`]), so each block product
 //!    is an integer dot product scaled by the two block scales, as in
 //!    llama.cpp (which uses 8-bit activations; [`quantize`] says why 16).
@@ -12,7 +13,10 @@
 //!    and the activation stats `[scale, scale * sum]`. Tandem's INT8 and
 //!    INT4 formats go the same way: every 32-element run of their rows is
 //!    one such block whose `[scale, offset]` head comes from the row's scale
-//!    (INT8) or its group's `[d, m]` (INT4). W8A8 instead quantizes each
+//!    (INT8) or its group's `[d, m]` (INT4), and so are the k-quants' runs,
+//!    with heads from their quantized sub-block scales; sub-blocks of 16
+//!    (Q2_K, Q3_K, Q6_K) split a run's dot product in two halves with their
+//!    own heads ([`formats`] describes every format). W8A8 instead quantizes each
 //!    activation row to INT8 with one scale per token (what SmoothQuant
 //!    prescribes, `tandem_core::quant::quantize_activation_row_i8`) and sums
 //!    whole-row i8 × i8 products in i32, scaled once by the two scales.
@@ -30,6 +34,7 @@
 //!    computed with the same arithmetic in the same order whatever tile it
 //!    falls in, so results do not depend on the thread count.
 
+mod formats;
 mod portable;
 mod quantize;
 #[cfg(target_arch = "x86_64")]
@@ -40,13 +45,14 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 use tandem_core::kernels::matmul_kernel_name;
-use tandem_core::quant::{Int4Group, QK};
+use tandem_core::quant::{WeightFormat, QK};
 use tandem_core::Result;
 
 use crate::buffers::{Weight, WeightData};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
+use formats::{BlockFormat, BlockKind};
 use quantize::{
     quantize_activations, quantize_activations_i8, I8Activations, QuantRow, QuantizedActivations,
 };
@@ -84,23 +90,29 @@ pub(crate) fn matmul(
         return Ok(());
     }
     let quantized = OnceCell::new();
-    let quantize = || quantized.get_or_init(|| quantize_activations(workers, isa, x, rows, cols));
+    let quantize = |half_sums| {
+        quantized.get_or_init(|| quantize_activations(workers, isa, x, rows, cols, half_sums))
+    };
     let quantized_i8;
     let operands = match w.data() {
         WeightData::F32(w) => Operands::F32 { w, x },
         WeightData::F16(w) => Operands::F16 { w, x },
         WeightData::BF16(w) => Operands::BF16 { w, x },
-        WeightData::Q8_0(w) => Operands::Q8_0 { w, x: quantize() },
-        WeightData::Q4_0(w) => Operands::Q4_0 { w, x: quantize() },
-        WeightData::Q4_1(w) => Operands::Q4_1 { w, x: quantize() },
-        WeightData::Int8PerChannel(w) => Operands::Int8PerChannel { w, x: quantize() },
-        WeightData::Int4(Int4Group::G64, w) => Operands::Int4G64 { w, x: quantize() },
-        WeightData::Int4(Int4Group::G128, w) => Operands::Int4G128 { w, x: quantize() },
-        WeightData::W8A8(w) => {
+        WeightData::Blocks(WeightFormat::W8A8, w) => {
             quantized_i8 = quantize_activations_i8(workers, isa, x, rows, cols);
             Operands::W8A8 {
                 w,
                 x: &quantized_i8,
+            }
+        }
+        WeightData::Blocks(format, w) => {
+            let kind = BlockKind::of(*format).ok_or_else(|| {
+                check::error(kernel, format!("{format} weights have no matmul kernels"))
+            })?;
+            Operands::Blocks {
+                kind,
+                w,
+                x: quantize(kind.needs_half_sums()),
             }
         }
     };
@@ -129,27 +141,9 @@ enum Operands<'a> {
         w: &'a [bf16],
         x: &'a [f32],
     },
-    Q8_0 {
-        w: &'a [u8],
-        x: &'a QuantizedActivations,
-    },
-    Q4_0 {
-        w: &'a [u8],
-        x: &'a QuantizedActivations,
-    },
-    Q4_1 {
-        w: &'a [u8],
-        x: &'a QuantizedActivations,
-    },
-    Int8PerChannel {
-        w: &'a [u8],
-        x: &'a QuantizedActivations,
-    },
-    Int4G64 {
-        w: &'a [u8],
-        x: &'a QuantizedActivations,
-    },
-    Int4G128 {
+    /// Every integer block format ([`formats`]).
+    Blocks {
+        kind: BlockKind,
         w: &'a [u8],
         x: &'a QuantizedActivations,
     },
@@ -237,120 +231,6 @@ impl Job<'_> {
     }
 }
 
-/// Where a block's offset comes from: element `i` of a block is
-/// `scale * quant_i + offset`, with the 4-bit quants taken unsigned.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Offset {
-    /// Q8_0: signed quants, no offset.
-    None,
-    /// Q4_0: `d * (nib - 8)`, so the offset is `-8 * d`.
-    MinusEightScales,
-    /// Q4_1: the f16 `m` stored after the f16 scale.
-    Stored,
-}
-
-/// A quantized row format, as the micro-kernels see it: after `ROW_HEAD`
-/// bytes, a row is blocks of `BLOCK_BYTES`, each holding `RUNS` runs of 32
-/// quants (16 bytes of nibbles or 32 signed bytes) from `QUANTS_AT` on. The
-/// kernels work run by run: run `b` of a row is one 32-element dot product
-/// with activation block `b`, scaled by the run's `[scale, offset]` head.
-trait BlockFormat {
-    const ROW_HEAD: usize = 0;
-    const BLOCK_BYTES: usize;
-    /// Byte offset of the quants in a block.
-    const QUANTS_AT: usize;
-    /// 32-element runs per block.
-    const RUNS: usize = 1;
-    const OFFSET: Offset;
-
-    /// Bytes of one run's quants: signed bytes when there is no offset, nibbles otherwise.
-    const RUN_BYTES: usize = if matches!(Self::OFFSET, Offset::None) {
-        QK
-    } else {
-        QK / 2
-    };
-
-    /// Bytes of a row of `runs` runs.
-    #[inline(always)]
-    fn row_bytes(runs: usize) -> usize {
-        Self::ROW_HEAD + runs / Self::RUNS * Self::BLOCK_BYTES
-    }
-
-    /// Byte offset of run `b`'s quants in its row.
-    #[inline(always)]
-    fn run_quants_at(b: usize) -> usize {
-        Self::ROW_HEAD
-            + b / Self::RUNS * Self::BLOCK_BYTES
-            + Self::QUANTS_AT
-            + b % Self::RUNS * Self::RUN_BYTES
-    }
-
-    /// The scale and offset of run `b` of `row`.
-    ///
-    /// # Safety
-    /// The CPU supports `K`'s instruction set.
-    #[inline(always)]
-    unsafe fn scale_and_offset<K: MicroKernels>(row: &[u8], b: usize) -> (f32, f32) {
-        let block = &row[Self::ROW_HEAD + b / Self::RUNS * Self::BLOCK_BYTES..];
-        let d = K::f16_to_f32(f16_bits(block, 0));
-        let offset = match Self::OFFSET {
-            Offset::None => 0.0,
-            Offset::MinusEightScales => -8.0 * d,
-            Offset::Stored => K::f16_to_f32(f16_bits(block, 2)),
-        };
-        (d, offset)
-    }
-}
-
-struct Q8_0;
-struct Q4_0;
-struct Q4_1;
-/// INT8 weight-only rows: the row's f32 scale heads every run.
-struct Int8Rows;
-/// INT4 with groups of `GROUP` elements: Q4_1 blocks sharing one `[d, m]`.
-struct Int4<const GROUP: usize>;
-
-fn f16_bits(block: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([block[at], block[at + 1]])
-}
-
-impl BlockFormat for Q8_0 {
-    const BLOCK_BYTES: usize = 34;
-    const QUANTS_AT: usize = 2;
-    const OFFSET: Offset = Offset::None;
-}
-
-impl BlockFormat for Q4_0 {
-    const BLOCK_BYTES: usize = 18;
-    const QUANTS_AT: usize = 2;
-    const OFFSET: Offset = Offset::MinusEightScales;
-}
-
-impl BlockFormat for Q4_1 {
-    const BLOCK_BYTES: usize = 20;
-    const QUANTS_AT: usize = 4;
-    const OFFSET: Offset = Offset::Stored;
-}
-
-impl BlockFormat for Int8Rows {
-    const ROW_HEAD: usize = 4;
-    const BLOCK_BYTES: usize = QK;
-    const QUANTS_AT: usize = 0;
-    const OFFSET: Offset = Offset::None;
-
-    #[inline(always)]
-    unsafe fn scale_and_offset<K: MicroKernels>(row: &[u8], _b: usize) -> (f32, f32) {
-        (f32::from_le_bytes([row[0], row[1], row[2], row[3]]), 0.0)
-    }
-}
-
-impl<const GROUP: usize> BlockFormat for Int4<GROUP> {
-    const BLOCK_BYTES: usize = 4 + GROUP / 2;
-    const QUANTS_AT: usize = 4;
-    const RUNS: usize = GROUP / QK;
-    const OFFSET: Offset = Offset::Stored;
-}
-
 /// Element type of a float weight matrix.
 trait FloatElem: Copy + Sync {
     /// Which one, for kernels that load eight at a time with intrinsics.
@@ -403,15 +283,16 @@ impl FloatElem for bf16 {
 trait MicroKernels {
     unsafe fn f16_to_f32(bits: u16) -> f32;
 
-    /// `[scale, offset]` of every run of a weight row, into `heads`
-    /// (two values per run; the offset is unspecified for Q8_0).
+    /// The heads of every run of a weight row, into `heads`
+    /// (`F::HEAD_FLOATS` values per run).
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
 
-    /// Weight blocks of format `F` times quantized activations:
-    /// `sum_b w_scale[b] * x_scale[b] * (w_quants_b · x_quants_b) +
+    /// Weight runs of format `F` times quantized activations:
+    /// `sum_b w_scale[b] * x_scale[b] * (w_codes_b · x_quants_b) +
     /// w_offset[b] * x_sum[b]`, with the scales and offsets read from
-    /// `w_heads` and `x` (no offset term for Q8_0). 4-bit quants are taken
-    /// unsigned, their `-8` being part of Q4_0's offset.
+    /// `w_heads` and `x` (no offset term without `F::OFFSET`); with
+    /// `F::HALVES`, the same per 16-element half of every run, the offsets
+    /// taking the activations' sums per half.
     unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         w: [&[u8]; R],
         w_heads: [&[f32]; R],
@@ -442,15 +323,16 @@ unsafe fn decode_block_heads_scalar<K: MicroKernels, F: BlockFormat>(
     row: &[u8],
     heads: &mut [f32],
 ) {
-    let runs = row.len().saturating_sub(F::ROW_HEAD) / F::BLOCK_BYTES * F::RUNS;
-    for (b, head) in heads.chunks_exact_mut(2).take(runs).enumerate() {
-        (head[0], head[1]) = F::scale_and_offset::<K>(row, b);
+    let blocks = row.len().saturating_sub(F::ROW_HEAD) / F::BLOCK_BYTES;
+    let per_block = F::RUNS * F::HEAD_FLOATS;
+    for (k, heads) in heads.chunks_exact_mut(per_block).take(blocks).enumerate() {
+        F::block_heads::<K>(row, k, heads);
     }
 }
 
 /// A task over a quantized weight matrix: tiles of `R` rows × `T` tokens,
-/// with single-row and single-token tiles for the edges. The block heads
-/// (scale and offset) of a row tile are decoded once into scratch and
+/// with single-row and single-token tiles for the edges. The run heads
+/// (scales and offsets) of a row tile are decoded once into scratch and
 /// reused by every token tile.
 ///
 /// # Safety
@@ -464,12 +346,13 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
 ) {
     let blocks = cols / QK;
     let row_bytes = F::row_bytes(blocks);
-    let mut heads = vec![0f32; R * 2 * blocks];
+    let row_heads = F::HEAD_FLOATS * blocks;
+    let mut heads = vec![0f32; R * row_heads];
     let mut r = task.rows.start;
     while r < task.rows.end {
         let height = if task.rows.end - r >= R { R } else { 1 };
         for (i, heads) in heads
-            .chunks_exact_mut(2 * blocks.max(1))
+            .chunks_exact_mut(row_heads.max(1))
             .take(height)
             .enumerate()
         {
@@ -497,7 +380,7 @@ struct QuantRowTile<'a> {
     row_bytes: usize,
     blocks: usize,
     first: usize,
-    /// Per row, `[scale, offset]` per block.
+    /// Per row, `F::HEAD_FLOATS` per run.
     heads: &'a [f32],
 }
 
@@ -509,10 +392,10 @@ unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const 
     x: &QuantizedActivations,
     task: &mut Task<'_>,
 ) {
-    let nb = rows.blocks;
+    let row_heads = F::HEAD_FLOATS * rows.blocks;
     let w: [&[u8]; R] =
         std::array::from_fn(|i| &rows.w[(rows.first + i) * rows.row_bytes..][..rows.row_bytes]);
-    let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * 2 * nb..][..2 * nb]);
+    let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * row_heads..][..row_heads]);
     let mut t = task.tokens.start;
     while t < task.tokens.end {
         let width = if task.tokens.end - t >= T { T } else { 1 };
@@ -588,7 +471,7 @@ unsafe fn w8a8_task<K: MicroKernels, const R: usize, const T: usize>(
     cols: usize,
     mut task: Task<'_>,
 ) {
-    let row_bytes = Int8Rows::row_bytes(cols / QK);
+    let row_bytes = formats::Int8Rows::row_bytes(cols / QK);
     let mut r = task.rows.start;
     while r < task.rows.end {
         if task.rows.end - r >= R {
@@ -613,12 +496,12 @@ unsafe fn w8a8_row_tile<K: MicroKernels, const R: usize, const T: usize>(
 ) {
     let rows: [&[u8]; R] = std::array::from_fn(|i| &w[(first + i) * row_bytes..][..row_bytes]);
     let scales: [f32; R] = std::array::from_fn(|i| {
-        let head = &rows[i][..Int8Rows::ROW_HEAD];
+        let head = &rows[i][..formats::Int8Rows::ROW_HEAD];
         f32::from_le_bytes([head[0], head[1], head[2], head[3]])
     });
     // SAFETY: `i8` and `u8` have the same size and alignment.
     let quants: [&[i8]; R] = std::array::from_fn(|i| {
-        let q = &rows[i][Int8Rows::ROW_HEAD..];
+        let q = &rows[i][formats::Int8Rows::ROW_HEAD..];
         std::slice::from_raw_parts(q.as_ptr().cast::<i8>(), q.len())
     });
     let scaled = |sums: [[i32; T]; R], t: usize| -> [[f32; T]; R] {

@@ -5,10 +5,11 @@
 use half::f16;
 use tandem_core::quant::QK;
 
+use super::formats::{run_codes, with_block_format, BlockFormat};
 use super::quantize::QuantRow;
 use super::{
-    decode_block_heads_scalar, float_task, quant_task, w8a8_task, BlockFormat, FloatElem, Int4,
-    Int8Rows, MicroKernels, Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
+    decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, MicroKernels,
+    Operands, Task,
 };
 
 /// Tile shape: rows × tokens.
@@ -17,19 +18,6 @@ const T: usize = 4;
 
 pub(super) struct Portable;
 
-/// The 32 quants of a run as integers: the 8-bit formats' signed bytes, or
-/// the 4-bit formats' unsigned nibbles (low nibbles first).
-#[inline(always)]
-fn run_quants<F: BlockFormat>(quants: &[u8]) -> [i8; QK] {
-    match F::OFFSET {
-        Offset::None => std::array::from_fn(|i| quants[i] as i8),
-        _ => std::array::from_fn(|i| {
-            let byte = quants[i % (QK / 2)];
-            (if i < QK / 2 { byte & 0x0f } else { byte >> 4 }) as i8
-        }),
-    }
-}
-
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the portable kernels use no instruction beyond the build target's.
     unsafe {
@@ -37,16 +25,9 @@ pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
             Operands::F32 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
             Operands::F16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
             Operands::BF16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
-            Operands::Q8_0 { w, x } => quant_task::<Portable, Q8_0, R, T>(w, x, cols, task),
-            Operands::Q4_0 { w, x } => quant_task::<Portable, Q4_0, R, T>(w, x, cols, task),
-            Operands::Q4_1 { w, x } => quant_task::<Portable, Q4_1, R, T>(w, x, cols, task),
-            Operands::Int8PerChannel { w, x } => {
-                quant_task::<Portable, Int8Rows, R, T>(w, x, cols, task)
-            }
-            Operands::Int4G64 { w, x } => quant_task::<Portable, Int4<64>, R, T>(w, x, cols, task),
-            Operands::Int4G128 { w, x } => {
-                quant_task::<Portable, Int4<128>, R, T>(w, x, cols, task)
-            }
+            Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
+                quant_task::<Portable, F, R, T>(w, x, cols, task)
+            }),
             Operands::W8A8 { w, x } => w8a8_task::<Portable, R, T>(w, x, cols, task),
         }
     }
@@ -72,18 +53,28 @@ impl MicroKernels for Portable {
         let mut acc = [[0f32; T]; R];
         for b in 0..x[0].blocks() {
             for r in 0..R {
-                let weights = run_quants::<F>(&w[r][F::run_quants_at(b)..][..F::RUN_BYTES]);
-                let [w_scale, w_offset] = [w_heads[r][2 * b], w_heads[r][2 * b + 1]];
+                let codes = run_codes::<F>(&w[r][F::block_at(b)..], b % F::RUNS);
+                let heads = &w_heads[r][F::HEAD_FLOATS * b..][..F::HEAD_FLOATS];
                 for t in 0..T {
                     let xq = &x[t].quants[b].0;
-                    let mut sum = 0i32;
-                    for i in 0..QK {
-                        sum += weights[i] as i32 * xq[i] as i32;
-                    }
-                    let [x_scale, x_sum] = [x[t].stats[2 * b], x[t].stats[2 * b + 1]];
-                    acc[r][t] += sum as f32 * (w_scale * x_scale);
-                    if F::OFFSET != Offset::None {
-                        acc[r][t] += w_offset * x_sum;
+                    let x_scale = x[t].stats[2 * b];
+                    // One sum per half with `HALVES`, one for the whole run otherwise.
+                    let parts = F::HEAD_FLOATS / 2;
+                    let len = QK / parts;
+                    for (p, head) in heads.chunks_exact(2).enumerate() {
+                        let mut sum = 0i32;
+                        for i in p * len..(p + 1) * len {
+                            sum += codes[i] as i32 * xq[i] as i32;
+                        }
+                        acc[r][t] += sum as f32 * (head[0] * x_scale);
+                        if F::OFFSET {
+                            let x_sum = if F::HALVES {
+                                x[t].half_stats[4 * b + 2 * p + 1]
+                            } else {
+                                x[t].stats[2 * b + 1]
+                            };
+                            acc[r][t] += head[1] * x_sum;
+                        }
                     }
                 }
             }

@@ -11,7 +11,8 @@
 //! straddle two. The statistics interleave `[scale,
 //! sum]` per block, the same shape as the `[scale, offset]` block heads the
 //! kernels decode from weight rows, so the offset term of the 4-bit formats
-//! is one elementwise product of two arrays.
+//! is one elementwise product of two arrays. Formats with an offset per
+//! 16-element half of a run (Q2_K) also take `[scale, sum]` per half.
 
 use tandem_core::quant::{quantize_activation_row_i8, QK};
 
@@ -33,6 +34,9 @@ pub(super) struct QuantizedActivations {
     quants: Vec<BlockQuants>,
     /// `[rows, blocks_per_row, 2]`: `[scale, sum]` per block.
     stats: Vec<f32>,
+    /// `[rows, blocks_per_row, 4]`: `[scale, sum]` per 16-element half of
+    /// a block, when asked for (empty otherwise).
+    half_stats: Vec<f32>,
 }
 
 /// One quantized activation row.
@@ -44,6 +48,8 @@ pub(super) struct QuantRow<'a> {
     /// multiplied by a 4-bit weight block's offset (`m`, or `-8 * d` for
     /// Q4_0) it gives the offset's share of the block's dot product.
     pub(super) stats: &'a [f32],
+    /// The same per 16-element half (empty unless asked for).
+    pub(super) half_stats: &'a [f32],
 }
 
 impl QuantRow<'_> {
@@ -58,6 +64,10 @@ impl QuantizedActivations {
         QuantRow {
             quants: &self.quants[t * nb..(t + 1) * nb],
             stats: &self.stats[2 * t * nb..2 * (t + 1) * nb],
+            half_stats: self
+                .half_stats
+                .get(4 * t * nb..4 * (t + 1) * nb)
+                .unwrap_or(&[]),
         }
     }
 }
@@ -65,13 +75,15 @@ impl QuantizedActivations {
 /// Fewest values worth a task of their own.
 const MIN_CHUNK_VALUES: usize = 32 * 1024;
 
-/// Quantizes `rows` rows of `cols` values (`cols` a multiple of 32).
+/// Quantizes `rows` rows of `cols` values (`cols` a multiple of 32), with
+/// the statistics per half block when `half_sums`.
 pub(super) fn quantize_activations(
     workers: &Workers,
     isa: Isa,
     x: &[f32],
     rows: usize,
     cols: usize,
+    half_sums: bool,
 ) -> QuantizedActivations {
     let nb = cols / QK;
     let mut quants = vec![BlockQuants([0; QK]); rows * nb];
@@ -92,10 +104,25 @@ pub(super) fn quantize_activations(
             }
         },
     );
+    let mut half_stats = Vec::new();
+    if half_sums {
+        half_stats = vec![0f32; 4 * rows * nb];
+        let blocks_per_chunk = rows_per_chunk * nb;
+        workers.for_each_chunk(&mut half_stats, 4 * blocks_per_chunk, |i, half_stats| {
+            let first = i * blocks_per_chunk;
+            for (k, half) in half_stats.chunks_exact_mut(4).enumerate() {
+                let (q, scale) = (&quants[first + k].0, stats[2 * (first + k)]);
+                let low: i32 = q[..QK / 2].iter().map(|&v| v as i32).sum();
+                let high: i32 = q[QK / 2..].iter().map(|&v| v as i32).sum();
+                half.copy_from_slice(&[scale, scale * low as f32, scale, scale * high as f32]);
+            }
+        });
+    }
     QuantizedActivations {
         blocks_per_row: nb,
         quants,
         stats,
+        half_stats,
     }
 }
 

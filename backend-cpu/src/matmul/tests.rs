@@ -92,7 +92,7 @@ fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);
     let x = Values(7).take(3 * 64, 4.0);
     for isa in Isa::available() {
-        let q = quantize_activations(&workers, isa, &x, 3, 64);
+        let q = quantize_activations(&workers, isa, &x, 3, 64, true);
         for t in 0..3 {
             let row = q.row(t);
             for b in 0..2 {
@@ -113,7 +113,35 @@ fn quantized_activations_round_to_the_nearest_step() {
 
 #[test]
 fn an_all_zero_block_quantizes_to_zeros() {
-    let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32);
+    let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32, true);
     assert_eq!(q.row(0).stats, &[0.0, 0.0]);
     assert_eq!(q.row(0).quants[0].0, [0; 32]);
+}
+
+/// The word-wise unpacking of Q4_K's heads against GGML's byte-wise
+/// `scale_min_k4`, over scale bytes with every bit pattern in play.
+#[test]
+fn q4_k_heads_unpack_like_scale_min_k4() {
+    use tandem_core::quant::kquant::scale_min_k4;
+    let mut values = Values(11);
+    for _ in 0..64 {
+        let mut block = vec![0u8; formats::Q4K::BLOCK_BYTES];
+        block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        block[2..4].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        for (b, v) in block[4..16].iter_mut().zip(values.take(12, 1.0)) {
+            *b = ((v + 1.0) * 127.9) as u8;
+        }
+        let mut heads = [0f32; 16];
+        // SAFETY: the portable kernels run on every CPU.
+        unsafe {
+            <formats::Q4K as BlockFormat>::block_heads::<portable::Portable>(&block, 0, &mut heads)
+        };
+        for j in 0..8 {
+            let (sc, mn) = scale_min_k4(j, &block[4..16]);
+            assert_eq!(
+                [heads[2 * j], heads[2 * j + 1]],
+                [0.5 * sc as f32, -0.25 * mn as f32]
+            );
+        }
+    }
 }

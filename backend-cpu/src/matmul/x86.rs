@@ -15,12 +15,13 @@
 
 use std::arch::x86_64::*;
 
-use tandem_core::quant::QK;
+use tandem_core::quant::{IQ4NL_VALUES, QK};
 
+use super::formats::{with_block_format, BlockFormat, Codes, Head};
 use super::quantize::QuantRow;
 use super::{
-    decode_block_heads_scalar, float_task, quant_task, w8a8_task, BlockFormat, FloatElem,
-    FloatKind, Int4, Int8Rows, MicroKernels, Offset, Operands, Task, Q4_0, Q4_1, Q8_0,
+    decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, FloatKind,
+    MicroKernels, Operands, Task,
 };
 
 pub(super) struct Avx2;
@@ -35,12 +36,9 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
         Operands::F32 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
         Operands::F16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
         Operands::BF16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
-        Operands::Q8_0 { w, x } => quant_task::<Avx2, Q8_0, 4, 2>(w, x, cols, task),
-        Operands::Q4_0 { w, x } => quant_task::<Avx2, Q4_0, 4, 2>(w, x, cols, task),
-        Operands::Q4_1 { w, x } => quant_task::<Avx2, Q4_1, 4, 2>(w, x, cols, task),
-        Operands::Int8PerChannel { w, x } => quant_task::<Avx2, Int8Rows, 4, 2>(w, x, cols, task),
-        Operands::Int4G64 { w, x } => quant_task::<Avx2, Int4<64>, 4, 2>(w, x, cols, task),
-        Operands::Int4G128 { w, x } => quant_task::<Avx2, Int4<128>, 4, 2>(w, x, cols, task),
+        Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
+            quant_task::<Avx2, F, 4, 2>(w, x, cols, task)
+        }),
         Operands::W8A8 { w, x } => w8a8_task::<Avx2, 4, 2>(w, x, cols, task),
     }
 }
@@ -54,12 +52,9 @@ pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_
         Operands::F32 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
         Operands::F16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
         Operands::BF16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
-        Operands::Q8_0 { w, x } => quant_task::<Vnni, Q8_0, 4, 4>(w, x, cols, task),
-        Operands::Q4_0 { w, x } => quant_task::<Vnni, Q4_0, 4, 4>(w, x, cols, task),
-        Operands::Q4_1 { w, x } => quant_task::<Vnni, Q4_1, 4, 4>(w, x, cols, task),
-        Operands::Int8PerChannel { w, x } => quant_task::<Vnni, Int8Rows, 4, 4>(w, x, cols, task),
-        Operands::Int4G64 { w, x } => quant_task::<Vnni, Int4<64>, 4, 4>(w, x, cols, task),
-        Operands::Int4G128 { w, x } => quant_task::<Vnni, Int4<128>, 4, 4>(w, x, cols, task),
+        Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
+            quant_task::<Vnni, F, 4, 4>(w, x, cols, task)
+        }),
         Operands::W8A8 { w, x } => w8a8_task::<Vnni, 4, 4>(w, x, cols, task),
     }
 }
@@ -73,6 +68,13 @@ trait WordDot {
     /// # Safety
     /// The CPU supports the implementor's instruction set.
     unsafe fn dot(low: [__m256i; 2], high: [__m256i; 2]) -> __m256i;
+
+    /// The two halves' products kept apart, each pair summed into one of
+    /// eight i32 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports the implementor's instruction set.
+    unsafe fn dot_halves(low: [__m256i; 2], high: [__m256i; 2]) -> [__m256i; 2];
 }
 
 impl WordDot for Avx2 {
@@ -83,6 +85,17 @@ impl WordDot for Avx2 {
             _mm256_madd_epi16(w_high, x_high),
         )
     }
+
+    #[inline(always)]
+    unsafe fn dot_halves(
+        [w_low, x_low]: [__m256i; 2],
+        [w_high, x_high]: [__m256i; 2],
+    ) -> [__m256i; 2] {
+        [
+            _mm256_madd_epi16(w_low, x_low),
+            _mm256_madd_epi16(w_high, x_high),
+        ]
+    }
 }
 
 impl WordDot for Vnni {
@@ -90,6 +103,18 @@ impl WordDot for Vnni {
     unsafe fn dot([w_low, x_low]: [__m256i; 2], [w_high, x_high]: [__m256i; 2]) -> __m256i {
         let low = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w_low, x_low);
         _mm256_dpwssd_epi32(low, w_high, x_high)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_halves(
+        [w_low, x_low]: [__m256i; 2],
+        [w_high, x_high]: [__m256i; 2],
+    ) -> [__m256i; 2] {
+        let zero = _mm256_setzero_si256();
+        [
+            _mm256_dpwssd_epi32(zero, w_low, x_low),
+            _mm256_dpwssd_epi32(zero, w_high, x_high),
+        ]
     }
 }
 
@@ -164,52 +189,54 @@ macro_rules! delegate_micro_kernels {
 delegate_micro_kernels!(Avx2);
 delegate_micro_kernels!(Vnni);
 
-/// Decodes the block heads of a row: one 8-byte load and one F16C
+/// Decodes the run heads of a row. Formats with one f16 `d` (and `m`) at
+/// the start of each block of one run go fast: one 8-byte load and one F16C
 /// conversion per block widen its first four halves, of which the first two
-/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two.
+/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two. The others
+/// decode per block in scalar code.
 ///
 /// # Safety
 /// The CPU supports AVX2 and F16C.
 #[inline(always)]
 unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
-    // Tandem's formats share one head among several runs: decoded per run.
-    if F::ROW_HEAD != 0 || F::RUNS != 1 {
+    if F::ROW_HEAD != 0 || F::RUNS != 1 || F::HALVES || F::HEAD == Head::Custom {
         return decode_block_heads_scalar::<Avx2, F>(row, heads);
     }
-    // The 8-byte load must stay inside the block: every format's block is
-    // longer than 8 bytes.
-    const { assert!(Q4_0::BLOCK_BYTES >= 8 && Q4_1::BLOCK_BYTES >= 8 && Q8_0::BLOCK_BYTES >= 8) };
+    // The 8-byte load must stay inside the block.
+    const { assert!(F::BLOCK_BYTES >= 8) };
     let blocks = (heads.len() / 2).min(row.len() / F::BLOCK_BYTES);
     for b in 0..blocks {
         // SAFETY: bytes `b * BLOCK_BYTES..+8` and floats `2b..2b + 2` are in
         // bounds by the choice of `blocks`.
         let halves = _mm_cvtph_ps(_mm_loadl_epi64(row.as_ptr().add(b * F::BLOCK_BYTES).cast()));
-        let head = match F::OFFSET {
-            Offset::None | Offset::Stored => halves,
-            // [d, -8d]
-            Offset::MinusEightScales => _mm_mul_ps(
+        let head = match F::HEAD {
+            // [d, factor * d]
+            Head::Scaled(factor) => _mm_mul_ps(
                 _mm_shuffle_ps::<0b00_00_00_00>(halves, halves),
-                _mm_setr_ps(1.0, -8.0, 0.0, 0.0),
+                _mm_setr_ps(1.0, factor, 0.0, 0.0),
             ),
+            Head::Stored | Head::Custom => halves,
         };
         _mm_storel_epi64(heads.as_mut_ptr().add(2 * b).cast(), _mm_castps_si128(head));
     }
 }
 
 /// Checks the lengths the unchecked loads of a block tile rely on, and
-/// returns the number of blocks.
-fn check_block_tile<const R: usize, const T: usize>(
+/// returns the number of runs.
+fn check_block_tile<F: BlockFormat, const R: usize, const T: usize>(
     w: &[&[u8]; R],
     w_heads: &[&[f32]; R],
     x: &[QuantRow<'_>; T],
-    row_bytes: fn(usize) -> usize,
 ) -> usize {
     let blocks = x[0].blocks();
-    assert!(w.iter().all(|w| w.len() >= row_bytes(blocks)));
-    assert!(w_heads.iter().all(|h| h.len() >= 2 * blocks));
+    assert!(w.iter().all(|w| w.len() >= F::row_bytes(blocks)));
+    assert!(w_heads.iter().all(|h| h.len() >= F::HEAD_FLOATS * blocks));
     assert!(x
         .iter()
         .all(|x| x.quants.len() >= blocks && x.stats.len() >= 2 * blocks));
+    if F::HALVES && F::OFFSET {
+        assert!(x.iter().all(|x| x.half_stats.len() >= 4 * blocks));
+    }
     blocks
 }
 
@@ -221,32 +248,45 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
-    let blocks = check_block_tile(&w, &w_heads, &x, F::row_bytes);
+    let blocks = check_block_tile::<F, R, T>(&w, &w_heads, &x);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
         // SAFETY (all loads below): `check_block_tile` checked that every
-        // row and activation holds `blocks` blocks; activation blocks are
+        // row and activation holds `blocks` runs; activation blocks are
         // 64-byte aligned.
         let x_scales: [__m256; T] =
             std::array::from_fn(|t| _mm256_broadcast_ss(x[t].stats.get_unchecked(2 * b)));
         for r in 0..R {
-            let [w_low, w_high] = widen_run::<F>(w[r].as_ptr().add(F::run_quants_at(b)));
-            let w_scale = _mm256_broadcast_ss(w_heads[r].get_unchecked(2 * b));
+            let block = w[r].as_ptr().add(F::block_at(b));
+            let [w_low, w_high] = widen_run::<F>(block, b % F::RUNS);
+            let heads = w_heads[r].as_ptr().add(F::HEAD_FLOATS * b);
             for t in 0..T {
                 let quants: *const __m256i = x[t].quants.as_ptr().add(b).cast();
-                let products = D::dot(
-                    [w_low, _mm256_load_si256(quants)],
-                    [w_high, _mm256_load_si256(quants.add(1))],
-                );
-                let scale = _mm256_mul_ps(w_scale, x_scales[t]);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
+                let low = [w_low, _mm256_load_si256(quants)];
+                let high = [w_high, _mm256_load_si256(quants.add(1))];
+                if F::HALVES {
+                    let [p_low, p_high] = D::dot_halves(low, high);
+                    let s_low = _mm256_mul_ps(_mm256_broadcast_ss(&*heads), x_scales[t]);
+                    let s_high = _mm256_mul_ps(_mm256_broadcast_ss(&*heads.add(2)), x_scales[t]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p_low), s_low, acc[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p_high), s_high, acc[r][t]);
+                } else {
+                    let products = D::dot(low, high);
+                    let scale = _mm256_mul_ps(_mm256_broadcast_ss(&*heads), x_scales[t]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
+                }
             }
         }
     }
-    if F::OFFSET != Offset::None {
+    if F::OFFSET {
         for r in 0..R {
             for t in 0..T {
-                let offsets = offset_terms(w_heads[r], x[t].stats, blocks);
+                let x_stats = if F::HALVES {
+                    x[t].half_stats
+                } else {
+                    x[t].stats
+                };
+                let offsets = offset_terms(w_heads[r], x_stats, F::HEAD_FLOATS * blocks);
                 acc[r][t] = _mm256_add_ps(acc[r][t], offsets);
             }
         }
@@ -254,40 +294,140 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
     horizontal_sums(acc)
 }
 
-/// The 32 quants of the run at `quants` widened to i16, as elements
-/// `0..16` and `16..32`: the 8-bit formats' signed bytes sign-extended, the
-/// 4-bit formats' nibbles (low nibbles are elements `0..16`) zero-extended.
+/// The 32 codes of run `j` of the block at `block` widened to i16, as
+/// elements `0..16` and `16..32` ([`Codes`] says which are signed).
 ///
 /// # Safety
-/// A whole run of format `F` is readable at `quants`; the CPU supports AVX2.
+/// A whole block of format `F` is readable at `block`; the CPU supports AVX2.
 #[inline(always)]
-unsafe fn widen_run<F: BlockFormat>(quants: *const u8) -> [__m256i; 2] {
-    match F::OFFSET {
-        Offset::None => [
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(quants.cast())),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(quants.add(16).cast())),
-        ],
-        Offset::MinusEightScales | Offset::Stored => {
-            let packed = _mm_loadu_si128(quants.cast());
-            let low_nibbles = _mm_set1_epi8(0x0f);
+unsafe fn widen_run<F: BlockFormat>(block: *const u8, j: usize) -> [__m256i; 2] {
+    let (h, s) = (j / 4, j % 4);
+    let bytes = |at: usize| _mm256_loadu_si256(block.add(at).cast());
+    // Bytes shifted right by `n` bits (the bits moving in from the next byte
+    // are masked off by every caller).
+    let shift = |v: __m256i, n: usize| _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
+    let mask = |v: __m256i, m: i8| _mm256_and_si256(v, _mm256_set1_epi8(m));
+    // `value` in the bytes whose bit `bit` is set, 0 elsewhere.
+    let bit_as = |v: __m256i, bit: usize, value: i8| {
+        let b = _mm256_set1_epi8((1u8 << bit) as i8);
+        mask(_mm256_cmpeq_epi8(_mm256_and_si256(v, b), b), value)
+    };
+    match F::CODES {
+        Codes::Bytes => {
+            let q = block.add(F::QUANTS_AT + QK * j);
             [
-                _mm256_cvtepu8_epi16(_mm_and_si128(packed, low_nibbles)),
-                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles)),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(q.cast())),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(16).cast())),
             ]
         }
+        Codes::Nibbles => nibbles(block.add(F::QUANTS_AT + QK / 2 * j)),
+        Codes::Nibbles5 => {
+            let [low, high] = nibbles(block.add(F::QUANTS_AT));
+            let qh = block.add(F::QUANTS_AT - 4).cast::<u32>().read_unaligned();
+            let lane_bits = _mm256_setr_epi16(
+                1,
+                2,
+                4,
+                8,
+                16,
+                32,
+                64,
+                128,
+                256,
+                512,
+                1024,
+                2048,
+                4096,
+                8192,
+                16384,
+                i16::MIN,
+            );
+            let fifth = |word: u32| {
+                let bits = _mm256_and_si256(_mm256_set1_epi16(word as u16 as i16), lane_bits);
+                _mm256_and_si256(_mm256_cmpeq_epi16(bits, lane_bits), _mm256_set1_epi16(16))
+            };
+            [
+                _mm256_or_si256(low, fifth(qh)),
+                _mm256_or_si256(high, fifth(qh >> 16)),
+            ]
+        }
+        Codes::NonLinear => {
+            let packed = _mm_loadu_si128(block.add(F::QUANTS_AT).cast());
+            let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+            let low_nibbles = _mm_set1_epi8(0x0f);
+            let low = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibbles));
+            let high =
+                _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles));
+            [_mm256_cvtepi8_epi16(low), _mm256_cvtepi8_epi16(high)]
+        }
+        Codes::Q4K => widen_u8(mask(shift(bytes(16 + QK * (j / 2)), 4 * (j % 2)), 0x0f)),
+        Codes::Q5K => {
+            let low = mask(shift(bytes(48 + QK * (j / 2)), 4 * (j % 2)), 0x0f);
+            widen_u8(_mm256_or_si256(low, bit_as(bytes(16), j, 16)))
+        }
+        Codes::Q6K => {
+            let low = mask(shift(bytes(64 * h + QK * (s & 1)), 4 * (s / 2)), 0x0f);
+            let high = mask(shift(bytes(128 + QK * h), 2 * s), 3);
+            let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(32)))
+        }
+        Codes::Q3K => {
+            let low = mask(shift(bytes(32 + QK * h), 2 * s), 3);
+            let q = _mm256_or_si256(low, bit_as(bytes(0), 4 * h + s, 4));
+            widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(4)))
+        }
+        Codes::Q2K => widen_u8(mask(shift(bytes(16 + QK * h), 2 * s), 3)),
     }
 }
 
-/// The offsets' share of a 4-bit dot product, `sum_b offset[b] * x_sum[b]`,
-/// spread over the lanes of a vector. Weight heads `[scale, offset]` and
-/// activation stats `[scale, sum]` interleave alike, so it is their
-/// elementwise product with the even (scale) lanes dropped.
+/// 16 bytes of nibbles at `packed` as unsigned i16: low nibbles, then high.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; both slices hold `2 * blocks` values.
+/// 16 bytes are readable at `packed`; the CPU supports AVX2.
 #[inline(always)]
-unsafe fn offset_terms(w_heads: &[f32], x_stats: &[f32], blocks: usize) -> __m256 {
-    let len = 2 * blocks;
+unsafe fn nibbles(packed: *const u8) -> [__m256i; 2] {
+    let packed = _mm_loadu_si128(packed.cast());
+    let low_nibbles = _mm_set1_epi8(0x0f);
+    [
+        _mm256_cvtepu8_epi16(_mm_and_si128(packed, low_nibbles)),
+        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles)),
+    ]
+}
+
+/// 32 unsigned bytes widened to i16, bytes `0..16` and `16..32`.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline(always)]
+unsafe fn widen_u8(v: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
+    ]
+}
+
+/// 32 signed bytes widened to i16, bytes `0..16` and `16..32`.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline(always)]
+unsafe fn widen_i8(v: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
+    ]
+}
+
+/// The offsets' share of a dot product, `sum_b offset[b] * x_sum[b]`,
+/// spread over the lanes of a vector. Weight heads `[scale, offset]` and
+/// activation stats `[scale, sum]` interleave alike (per run, or per half
+/// with both halved), so it is their elementwise product with the even
+/// (scale) lanes dropped.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; both slices hold `len` values.
+#[inline(always)]
+unsafe fn offset_terms(w_heads: &[f32], x_stats: &[f32], len: usize) -> __m256 {
     let mut acc = _mm256_setzero_ps();
     let mut c = 0;
     while c + 8 <= len {

@@ -1,6 +1,7 @@
-//! `ModelConfig`: the dimensions and options of a Llama-family model
-//! (SmolLM, Llama 2/3, Mistral, Qwen2), whichever file format it came from.
+//! `ModelConfig`: the dimensions of a model and its architecture as data
+//! (`super::arch`), whichever file format it came from.
 
+use super::arch::{BlockSpec, LayerSpec, Rope};
 use crate::backend::RopeStyle;
 use crate::{Error, Result};
 
@@ -26,7 +27,8 @@ pub enum RopeScaling {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// `llama`, `mistral`, `qwen2`, ...
+    /// The family's GGUF name: `llama`, `mistral`, `qwen2`, `qwen3`, `gemma3`
+    /// (see [`arch::FAMILIES`](super::arch::FAMILIES)).
     pub arch: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -37,8 +39,6 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rotary_dim: usize,
     pub rms_eps: f32,
-    pub rope_theta: f32,
-    pub rope_scaling: RopeScaling,
     pub rope_style: RopeStyle,
     /// Longest context the model was trained for.
     pub max_context: usize,
@@ -46,7 +46,13 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Q, K and V projections have biases (Qwen2).
     pub qkv_bias: bool,
-    pub sliding_window: Option<usize>,
+    /// How every layer is wired beyond Llama's (norms, activation, embedding scale).
+    pub block: BlockSpec,
+    /// Factor on attention scores before the softmax (`1/sqrt(head_dim)`
+    /// for most models).
+    pub attention_scale: f32,
+    /// One entry per layer: its attention window and RoPE frequencies.
+    pub layers: Vec<LayerSpec>,
 }
 
 /// Upper bounds that no real model exceeds; a file claiming more is corrupt,
@@ -97,28 +103,80 @@ impl ModelConfig {
                 self.rotary_dim, self.head_dim
             ));
         }
-        let eps_ok = self.rms_eps > 0.0 && self.rms_eps < 1.0;
-        let theta_ok = self.rope_theta > 0.0 && self.rope_theta.is_finite();
-        if !eps_ok || !theta_ok {
+        if self.layers.len() != self.num_layers {
             return bad(format!(
-                "rms_eps {} or rope_theta {} out of range",
-                self.rms_eps, self.rope_theta
+                "{} layer descriptions for {} layers",
+                self.layers.len(),
+                self.num_layers
             ));
+        }
+        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) {
+            return bad(format!("rms_eps {} out of range", self.rms_eps));
+        }
+        if !(self.attention_scale > 0.0 && self.attention_scale.is_finite()) {
+            return bad(format!(
+                "attention scale {} must be positive",
+                self.attention_scale
+            ));
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            let theta = layer.rope.theta;
+            if !(theta > 0.0 && theta.is_finite()) {
+                return bad(format!("layer {i}: rope_theta {theta} out of range"));
+            }
+            if layer.sliding_window == Some(0) {
+                return bad(format!("layer {i}: sliding window 0"));
+            }
         }
         Ok(())
     }
 
-    /// RoPE inverse frequencies, `rotary_dim / 2` of them, with scaling applied.
-    pub fn inv_freq(&self) -> Vec<f32> {
-        let half = self.rotary_dim / 2;
-        (0..half)
-            .map(|i| {
-                let base =
-                    1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / self.rotary_dim as f64);
-                scale_frequency(base, i, &self.rope_scaling) as f32
-            })
-            .collect()
+    /// RoPE inverse frequencies of layer `layer`, `rotary_dim / 2` of them, scaling applied.
+    pub fn inv_freq(&self, layer: usize) -> Vec<f32> {
+        self.layers[layer].rope.inv_freq(self.rotary_dim)
     }
+
+    /// The factor on embedding rows, if the architecture has one.
+    pub fn embedding_scale(&self) -> Option<f32> {
+        self.block
+            .scaled_embedding
+            .then(|| (self.hidden_size as f32).sqrt())
+    }
+
+    /// The sliding window of the model's local layers, if it has any.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.layers.iter().find_map(|l| l.sliding_window)
+    }
+
+    /// The RoPE of the global (full-attention) layers, or of the first layer
+    /// when every layer is local.
+    pub fn global_rope(&self) -> Option<&Rope> {
+        let global = self.layers.iter().find(|l| l.sliding_window.is_none());
+        global.or(self.layers.first()).map(|l| &l.rope)
+    }
+
+    /// Runs of consecutive layers with the same attention and RoPE, as
+    /// `(first, last, spec)`: how `inspect` shows the layers.
+    pub fn layer_runs(&self) -> Vec<(usize, usize, &LayerSpec)> {
+        let mut runs: Vec<(usize, usize, &LayerSpec)> = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            match runs.last_mut() {
+                Some((_, last, spec)) if *spec == layer => *last = i,
+                _ => runs.push((i, i, layer)),
+            }
+        }
+        runs
+    }
+}
+
+/// `rotary_dim / 2` RoPE inverse frequencies of base `theta`, with `scaling` applied.
+pub(super) fn inv_freq(theta: f32, scaling: &RopeScaling, rotary_dim: usize) -> Vec<f32> {
+    (0..rotary_dim / 2)
+        .map(|i| {
+            let base = 1.0 / (theta as f64).powf(2.0 * i as f64 / rotary_dim as f64);
+            scale_frequency(base, i, scaling) as f32
+        })
+        .collect()
 }
 
 fn scale_frequency(freq: f64, pair: usize, scaling: &RopeScaling) -> f64 {
@@ -181,18 +239,18 @@ mod tests {
 
     #[test]
     fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
-        let mut c = smol();
-        c.rope_theta = 500000.0;
-        c.rotary_dim = 128;
-        c.head_dim = 128;
-        let plain = c.inv_freq();
-        c.rope_scaling = RopeScaling::Llama3 {
+        let mut rope = Rope {
+            theta: 500000.0,
+            scaling: RopeScaling::None,
+        };
+        let plain = rope.inv_freq(128);
+        rope.scaling = RopeScaling::Llama3 {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position: 8192,
         };
-        let scaled = c.inv_freq();
+        let scaled = rope.inv_freq(128);
         assert_eq!(plain[0], scaled[0]);
         assert!((plain[63] / 8.0 - scaled[63]).abs() < 1e-12);
     }

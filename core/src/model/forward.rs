@@ -5,13 +5,19 @@
 //! writes. The same call serves a prompt chunk, a single decode token, or the
 //! k+1 rows of a speculative verification, for any mix of sequences.
 //!
-//! Per layer: RMSNorm fused with the residual add → Q/K/V matmuls → RoPE →
-//! paged KV write → paged attention → O matmul → RMSNorm + residual → gate/up
-//! matmuls → SwiGLU → down matmul. Logits are computed only for the rows the
+//! Per layer: RMSNorm fused with the residual add → Q/K/V matmuls →
+//! [per-head Q/K RMSNorm] → RoPE → paged KV write → paged attention → O
+//! matmul → [post-attention RMSNorm] → RMSNorm + residual → gate/up matmuls →
+//! SwiGLU or GeGLU → down matmul → [post-FFN RMSNorm]. The bracketed steps,
+//! the embedding scale, each layer's attention window and RoPE frequencies
+//! come from the architecture as data (`super::arch`), so Llama runs exactly
+//! the kernels it always did. Logits are computed only for the rows the
 //! caller asks for.
 
 use std::borrow::Cow;
 
+use super::arch::Activation;
+use super::step_buffers::{StepBuffers, StepShape};
 use super::{ModelConfig, ModelFiles};
 use crate::backend::{
     AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
@@ -82,11 +88,20 @@ struct LayerWeights<B: Backend> {
     bq: Option<B::Weight>,
     bk: Option<B::Weight>,
     bv: Option<B::Weight>,
+    /// Per-head norms of Q and K (`BlockSpec::qk_norm`).
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
     wo: B::Weight,
+    /// Norms of the attention and FFN outputs (`BlockSpec::post_norms`).
+    post_attn_norm: Option<B::Weight>,
     ffn_norm: B::Weight,
     w_gate: B::Weight,
     w_up: B::Weight,
     w_down: B::Weight,
+    post_ffn_norm: Option<B::Weight>,
+    /// Index of this layer's RoPE table in `Model::inv_freqs`.
+    rope: usize,
+    sliding_window: Option<usize>,
 }
 
 /// A model's weights on a backend.
@@ -97,7 +112,8 @@ pub struct Model<B: Backend> {
     output: Option<B::Weight>,
     output_norm: B::Weight,
     layers: Vec<LayerWeights<B>>,
-    inv_freq: B::Tensor,
+    /// One RoPE table per distinct [`Rope`](super::Rope) of the layers.
+    inv_freqs: Vec<B::Tensor>,
     /// Bytes of weights read per decoded token (for bandwidth figures).
     pub weight_bytes: usize,
 }
@@ -132,6 +148,7 @@ impl<B: Backend> Model<B> {
             )));
         }
         cfg.num_layers = layers.len();
+        cfg.layers = layers.iter().map(|&l| cfg.layers[l].clone()).collect();
         let total = files.tensors.total_bytes();
         let mut done = 0usize;
         let mut weight_bytes = 0usize;
@@ -152,30 +169,43 @@ impl<B: Backend> Model<B> {
         } else {
             Some(get("output.weight", false)?)
         };
-        let source_layers = layers;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for &i in source_layers {
+        let (bias, qk_norm, post_norms) = (cfg.qkv_bias, cfg.block.qk_norm, cfg.block.post_norms);
+        let mut ropes = Vec::new();
+        let mut inv_freqs = Vec::new();
+        let mut layer_weights = Vec::with_capacity(cfg.num_layers);
+        for (&i, spec) in layers.iter().zip(&cfg.layers) {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |get: &mut dyn FnMut(&str, bool) -> Result<B::Weight>, s: &str| {
-                if cfg.qkv_bias {
-                    get(&n(s), true).map(Some)
-                } else {
-                    Ok(None)
+            let vector_if =
+                |get: &mut dyn FnMut(&str, bool) -> Result<B::Weight>, present: bool, s: &str| {
+                    present.then(|| get(&n(s), true)).transpose()
+                };
+            let rope = match ropes.iter().position(|r| r == &spec.rope) {
+                Some(index) => index,
+                None => {
+                    inv_freqs.push(backend.upload(&spec.rope.inv_freq(cfg.rotary_dim))?);
+                    ropes.push(spec.rope.clone());
+                    ropes.len() - 1
                 }
             };
-            layers.push(LayerWeights {
+            layer_weights.push(LayerWeights {
                 attn_norm: get(&n("attn_norm.weight"), true)?,
                 wq: get(&n("attn_q.weight"), false)?,
                 wk: get(&n("attn_k.weight"), false)?,
                 wv: get(&n("attn_v.weight"), false)?,
-                bq: bias(&mut get, "attn_q.bias")?,
-                bk: bias(&mut get, "attn_k.bias")?,
-                bv: bias(&mut get, "attn_v.bias")?,
+                bq: vector_if(&mut get, bias, "attn_q.bias")?,
+                bk: vector_if(&mut get, bias, "attn_k.bias")?,
+                bv: vector_if(&mut get, bias, "attn_v.bias")?,
+                q_norm: vector_if(&mut get, qk_norm, "attn_q_norm.weight")?,
+                k_norm: vector_if(&mut get, qk_norm, "attn_k_norm.weight")?,
                 wo: get(&n("attn_output.weight"), false)?,
+                post_attn_norm: vector_if(&mut get, post_norms, "post_attention_norm.weight")?,
                 ffn_norm: get(&n("ffn_norm.weight"), true)?,
                 w_gate: get(&n("ffn_gate.weight"), false)?,
                 w_up: get(&n("ffn_up.weight"), false)?,
                 w_down: get(&n("ffn_down.weight"), false)?,
+                post_ffn_norm: vector_if(&mut get, post_norms, "post_ffw_norm.weight")?,
+                rope,
+                sliding_window: spec.sliding_window,
             });
         }
         // The embedding table is read one row per token; only as the tied output matrix does all of it count.
@@ -183,14 +213,13 @@ impl<B: Backend> Model<B> {
         if !cfg.tied_embeddings {
             weight_bytes -= embed_bytes;
         }
-        let inv_freq = backend.upload(&cfg.inv_freq())?;
         Ok(Self {
             config: cfg,
             embed,
             output,
             output_norm,
-            layers,
-            inv_freq,
+            layers: layer_weights,
+            inv_freqs,
             weight_bytes,
         })
     }
@@ -283,11 +312,19 @@ impl<B: Backend> Model<B> {
             up,
             act,
             final_normed,
+            qk_raw,
+            out_raw,
         } = buffers;
 
         let norm = RmsNormParams {
             rows,
             dim,
+            eps: cfg.rms_eps,
+        };
+        // Q/K norms are the same RMSNorm over each head's row of `head_dim`.
+        let head_norm = |heads: usize| RmsNormParams {
+            rows: rows * heads,
+            dim: cfg.head_dim,
             eps: cfg.rms_eps,
         };
         let mm = MatmulParams { rows };
@@ -298,42 +335,89 @@ impl<B: Backend> Model<B> {
             rotary_dim: cfg.rotary_dim,
             style: cfg.rope_style,
         };
-        let attn_params = AttentionParams {
+        let attn_params = |sliding_window| AttentionParams {
             rows,
             heads: cfg.num_heads,
             kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
             block_size: shape.block_size,
             max_blocks_per_seq: shape.max_blocks_per_seq,
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-            sliding_window: cfg.sliding_window,
+            scale: cfg.attention_scale,
+            sliding_window,
+        };
+        let missing = |what: &str| {
+            Error::backend(
+                backend.info().name,
+                format!("forward pass: no {what} buffer for this architecture"),
+            )
         };
 
         backend.embedding(&self.embed, tokens, rows, residual)?;
+        if let Some(factor) = cfg.embedding_scale() {
+            backend.scale(residual, rows * dim, factor)?;
+        }
         for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             if i == 0 {
                 backend.rms_norm(residual, &layer.attn_norm, norm, normed)?;
             } else {
                 backend.rms_norm_residual(residual, delta, &layer.attn_norm, norm, normed)?;
             }
-            backend.matmul(normed, &layer.wq, layer.bq.as_ref(), mm, q)?;
-            backend.matmul(normed, &layer.wk, layer.bk.as_ref(), mm, k)?;
+            let projections = [
+                (&layer.wq, &layer.bq, &layer.q_norm, &mut *q, cfg.num_heads),
+                (
+                    &layer.wk,
+                    &layer.bk,
+                    &layer.k_norm,
+                    &mut *k,
+                    cfg.num_kv_heads,
+                ),
+            ];
+            for (w, bias, head_norm_weight, out, heads) in projections {
+                match head_norm_weight {
+                    Some(weight) => {
+                        let raw = qk_raw.as_mut().ok_or_else(|| missing("Q/K norm"))?;
+                        backend.matmul(normed, w, bias.as_ref(), mm, raw)?;
+                        backend.rms_norm(raw, weight, head_norm(heads), out)?;
+                    }
+                    None => backend.matmul(normed, w, bias.as_ref(), mm, out)?,
+                }
+            }
             backend.matmul(normed, &layer.wv, layer.bv.as_ref(), mm, v)?;
-            backend.rope(q, positions, &self.inv_freq, rope(cfg.num_heads))?;
-            backend.rope(k, positions, &self.inv_freq, rope(cfg.num_kv_heads))?;
+            let inv_freq = &self.inv_freqs[layer.rope];
+            backend.rope(q, positions, inv_freq, rope(cfg.num_heads))?;
+            backend.rope(k, positions, inv_freq, rope(cfg.num_kv_heads))?;
             backend.paged_kv_write(k, v, slots, rows, cache)?;
             let idx = AttentionIndices::<B> {
                 row_seq,
                 positions,
                 block_tables,
             };
-            backend.paged_attention(q, cache, idx, attn_params, attn)?;
-            backend.matmul(attn, &layer.wo, None, mm, delta)?;
+            backend.paged_attention(q, cache, idx, attn_params(layer.sliding_window), attn)?;
+            post_normed(
+                backend,
+                attn,
+                &layer.wo,
+                &layer.post_attn_norm,
+                norm,
+                out_raw,
+                delta,
+            )?;
             backend.rms_norm_residual(residual, delta, &layer.ffn_norm, norm, normed)?;
             backend.matmul(normed, &layer.w_gate, None, mm, gate)?;
             backend.matmul(normed, &layer.w_up, None, mm, up)?;
-            backend.swiglu(gate, up, rows * ffn, act)?;
-            backend.matmul(act, &layer.w_down, None, mm, delta)?;
+            match cfg.block.activation {
+                Activation::Silu => backend.swiglu(gate, up, rows * ffn, act)?,
+                Activation::GeluTanh => backend.geglu(gate, up, rows * ffn, act)?,
+            }
+            post_normed(
+                backend,
+                act,
+                &layer.w_down,
+                &layer.post_ffn_norm,
+                norm,
+                out_raw,
+                delta,
+            )?;
         }
         let n_logits = shape.logit_rows;
         backend.rms_norm_residual(residual, delta, &self.output_norm, norm, normed)?;
@@ -349,128 +433,28 @@ impl<B: Backend> Model<B> {
     }
 }
 
-/// The sizes of one forward pass: what its kernels' launch parameters hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct StepShape {
-    pub rows: usize,
-    pub logit_rows: usize,
-    pub block_size: usize,
-    pub max_blocks_per_seq: usize,
-}
-
-/// The device buffers of one forward pass: the batch's indices and every
-/// intermediate activation. A plain pass allocates them for its batch; a
-/// recorded decode step keeps one set for its largest batch and rewrites
-/// the indices in place (`super::recorded`).
-pub(crate) struct StepBuffers<B: Backend> {
-    tokens: B::Indices,
-    positions: B::Indices,
-    row_seq: B::Indices,
-    slots: B::Indices,
-    block_tables: B::Indices,
-    logit_rows: B::Indices,
-    residual: B::Tensor,
-    normed: B::Tensor,
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
-    attn: B::Tensor,
-    delta: B::Tensor,
-    gate: B::Tensor,
-    up: B::Tensor,
-    act: B::Tensor,
-    final_normed: B::Tensor,
-}
-
-impl<B: Backend> StepBuffers<B> {
-    /// Buffers holding `batch`.
-    fn upload(backend: &B, cfg: &ModelConfig, batch: &ForwardBatch) -> Result<Self> {
-        let up = |data: &[u32]| backend.upload_indices(data);
-        Self::with_indices(
-            backend,
-            cfg,
-            batch.rows(),
-            batch.logit_rows.len(),
-            [
-                up(&batch.tokens)?,
-                up(&batch.positions)?,
-                up(&batch.row_seq)?,
-                up(&batch.slots)?,
-                up(&batch.block_tables)?,
-                up(&batch.logit_rows)?,
-            ],
-        )
-    }
-
-    /// Buffers for decode batches of up to `rows` rows, row `i` the only
-    /// row of sequence `i` and logit row `i` (those indices are written
-    /// here, once), with block tables of up to `max_blocks_per_seq` entries.
-    pub(crate) fn for_decode(
-        backend: &B,
-        cfg: &ModelConfig,
-        rows: usize,
-        max_blocks_per_seq: usize,
-    ) -> Result<Self> {
-        let zeros = |len: usize| backend.upload_indices(&vec![0; len.max(1)]);
-        let in_order: Vec<u32> = (0..rows as u32).collect();
-        Self::with_indices(
-            backend,
-            cfg,
-            rows,
-            rows,
-            [
-                zeros(rows)?,
-                zeros(rows)?,
-                backend.upload_indices(&in_order)?,
-                zeros(rows)?,
-                zeros(rows * max_blocks_per_seq)?,
-                backend.upload_indices(&in_order)?,
-            ],
-        )
-    }
-
-    fn with_indices(
-        backend: &B,
-        cfg: &ModelConfig,
-        rows: usize,
-        logit_rows: usize,
-        [tokens, positions, row_seq, slots, block_tables, logit_rows_ids]: [B::Indices; 6],
-    ) -> Result<Self> {
-        let (dim, q_dim, kv_dim, ffn) = (
-            cfg.hidden_size,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.intermediate_size,
-        );
-        let alloc = |width: usize| backend.alloc(rows * width);
-        Ok(Self {
-            tokens,
-            positions,
-            row_seq,
-            slots,
-            block_tables,
-            logit_rows: logit_rows_ids,
-            residual: alloc(dim)?,
-            normed: alloc(dim)?,
-            q: alloc(q_dim)?,
-            k: alloc(kv_dim)?,
-            v: alloc(kv_dim)?,
-            attn: alloc(q_dim)?,
-            delta: alloc(dim)?,
-            gate: alloc(ffn)?,
-            up: alloc(ffn)?,
-            act: alloc(ffn)?,
-            final_normed: backend.alloc(logit_rows.max(1) * dim)?,
-        })
-    }
-
-    /// Overwrites the indices that change from one decode step to the next
-    /// with `batch`'s, in place (see [`for_decode`](Self::for_decode)).
-    pub(crate) fn write_decode(&mut self, backend: &B, batch: &ForwardBatch) -> Result<()> {
-        backend.write_indices(&mut self.tokens, &batch.tokens)?;
-        backend.write_indices(&mut self.positions, &batch.positions)?;
-        backend.write_indices(&mut self.slots, &batch.slots)?;
-        backend.write_indices(&mut self.block_tables, &batch.block_tables)
+/// `out = x·w`, then RMSNorm by `post_norm` when the architecture has one
+/// (through `scratch`, which such architectures allocate).
+fn post_normed<B: Backend>(
+    backend: &B,
+    x: &B::Tensor,
+    w: &B::Weight,
+    post_norm: &Option<B::Weight>,
+    norm: RmsNormParams,
+    scratch: &mut Option<B::Tensor>,
+    out: &mut B::Tensor,
+) -> Result<()> {
+    let mm = MatmulParams { rows: norm.rows };
+    match (post_norm, scratch) {
+        (None, _) => backend.matmul(x, w, None, mm, out),
+        (Some(weight), Some(raw)) => {
+            backend.matmul(x, w, None, mm, raw)?;
+            backend.rms_norm(raw, weight, norm, out)
+        }
+        (Some(_), None) => Err(Error::backend(
+            backend.info().name,
+            "forward pass: no post-norm buffer for this architecture",
+        )),
     }
 }
 

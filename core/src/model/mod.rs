@@ -9,19 +9,25 @@
 //! Canonical tensor names (GGUF's): `token_embd.weight`, `output_norm.weight`,
 //! `output.weight` (absent with tied embeddings), and per layer `blk.N.` +
 //! `attn_norm`, `attn_q`, `attn_k`, `attn_v` (each `.weight`, and `.bias` for
-//! Qwen2), `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down`.
+//! Qwen2), `attn_q_norm`, `attn_k_norm` (Qwen3, Gemma 3), `attn_output`,
+//! `post_attention_norm` (Gemma 3), `ffn_norm`, `ffn_gate`, `ffn_up`,
+//! `ffn_down`, `post_ffw_norm` (Gemma 3). Which of them a model has follows
+//! from its architecture (`arch`): [`expected_tensors`].
 
+pub mod arch;
 pub mod config;
 pub mod forward;
 pub mod gguf;
 pub mod recorded;
 pub mod safetensors;
+mod step_buffers;
 pub mod synthetic;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use arch::{Activation, BlockSpec, Family, LayerSpec, Rope};
 pub use config::{ModelConfig, RopeScaling};
 
 use crate::quant::{WeightFormat, WeightView};
@@ -109,6 +115,15 @@ impl TensorStore {
         self.tensors.push(info);
     }
 
+    /// Puts `info` in place of the tensor of the same name (a loader's
+    /// converted copy); the caller has checked its range.
+    pub fn replace(&mut self, info: TensorInfo) {
+        match self.index.get(&info.name) {
+            Some(&i) => self.tensors[i] = info,
+            None => self.insert(info),
+        }
+    }
+
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
@@ -137,19 +152,13 @@ impl TensorStore {
     }
 }
 
-/// Checks that every tensor `config` needs is in `tensors`, with the expected
-/// shape (innermost first) and a format the forward pass reads; the error
-/// names the tensor. Both file formats share it.
-pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -> Result<()> {
+/// Every tensor `config` needs, in file order: canonical name and shape
+/// (innermost first).
+pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (hidden, q_dim, kv_dim) = (config.hidden_size, config.q_dim(), config.kv_dim());
-    let (ffn, vocab) = (config.intermediate_size, config.vocab_size);
-    let mut expected = vec![
-        ("token_embd.weight".to_string(), vec![hidden, vocab]),
-        ("output_norm.weight".to_string(), vec![hidden]),
-    ];
-    if !config.tied_embeddings {
-        expected.push(("output.weight".to_string(), vec![hidden, vocab]));
-    }
+    let (ffn, vocab, head_dim) = (config.intermediate_size, config.vocab_size, config.head_dim);
+    let block = config.block;
+    let mut expected = vec![("token_embd.weight".to_string(), vec![hidden, vocab])];
     for layer in 0..config.num_layers {
         let name = |tensor: &str| format!("blk.{layer}.{tensor}");
         expected.extend([
@@ -157,11 +166,6 @@ pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -
             (name("attn_q.weight"), vec![hidden, q_dim]),
             (name("attn_k.weight"), vec![hidden, kv_dim]),
             (name("attn_v.weight"), vec![hidden, kv_dim]),
-            (name("attn_output.weight"), vec![q_dim, hidden]),
-            (name("ffn_norm.weight"), vec![hidden]),
-            (name("ffn_gate.weight"), vec![hidden, ffn]),
-            (name("ffn_up.weight"), vec![hidden, ffn]),
-            (name("ffn_down.weight"), vec![ffn, hidden]),
         ]);
         if config.qkv_bias {
             expected.extend([
@@ -170,13 +174,43 @@ pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -
                 (name("attn_v.bias"), vec![kv_dim]),
             ]);
         }
+        if block.qk_norm {
+            expected.extend([
+                (name("attn_q_norm.weight"), vec![head_dim]),
+                (name("attn_k_norm.weight"), vec![head_dim]),
+            ]);
+        }
+        expected.push((name("attn_output.weight"), vec![q_dim, hidden]));
+        if block.post_norms {
+            expected.push((name("post_attention_norm.weight"), vec![hidden]));
+        }
+        expected.extend([
+            (name("ffn_norm.weight"), vec![hidden]),
+            (name("ffn_gate.weight"), vec![hidden, ffn]),
+            (name("ffn_up.weight"), vec![hidden, ffn]),
+            (name("ffn_down.weight"), vec![ffn, hidden]),
+        ]);
+        if block.post_norms {
+            expected.push((name("post_ffw_norm.weight"), vec![hidden]));
+        }
     }
+    expected.push(("output_norm.weight".to_string(), vec![hidden]));
+    if !config.tied_embeddings {
+        expected.push(("output.weight".to_string(), vec![hidden, vocab]));
+    }
+    expected
+}
+
+/// Checks that every tensor `config` needs is in `tensors`, with the expected
+/// shape (innermost first) and a format the forward pass reads; the error
+/// names the tensor. Both file formats share it.
+pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -> Result<()> {
     // A vector stored as `[n, 1]` is the same tensor as `[n]`.
     let significant = |shape: &[usize]| -> Vec<usize> {
         let keep = shape.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
         shape[..keep].to_vec()
     };
-    for (name, shape) in expected {
+    for (name, shape) in expected_tensors(config) {
         let info = tensors.info(&name).ok_or_else(|| {
             Error::bad_file(
                 path,

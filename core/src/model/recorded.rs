@@ -26,7 +26,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::forward::{ForwardBatch, Model, StepBuffers, StepShape};
+use super::forward::{ForwardBatch, Model};
+use super::step_buffers::{StepBuffers, StepShape};
 use crate::backend::{Backend, RecordedStep};
 use crate::{Error, Result};
 

@@ -11,10 +11,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::arch::{self, BlockSpec, LayerSpec, Rope};
 use super::gguf::{GgufFile, GgufValue, GgufWriter};
 #[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::{hf_name, SafetensorsWriter};
-use super::{Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore};
+use super::{
+    expected_tensors, Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore,
+};
 use crate::backend::RopeStyle;
 use crate::quant::{quantize_row, WeightFormat, QK};
 use crate::sched::Rng;
@@ -41,62 +44,16 @@ pub struct NamedTensor {
 }
 
 impl SyntheticModel {
-    /// A named shape: `tiny` (tests), `smollm2-135m`, `llama3-8b`.
+    /// A named shape: `tiny` (tests) and one tiny model of every other
+    /// architecture variant (`tiny-llama3`, `tiny-mistral`, `tiny-qwen2`,
+    /// `tiny-qwen3`, `tiny-gemma3`), and full-size `smollm2-135m`, `llama3-8b`.
     pub fn preset(name: &str, format: WeightFormat, seed: u64) -> Result<Self> {
-        let base = ModelConfig {
-            arch: "llama".into(),
-            vocab_size: 320,
-            hidden_size: 64,
-            intermediate_size: 160,
-            num_layers: 2,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 16,
-            rotary_dim: 16,
-            rms_eps: 1e-5,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            rope_style: RopeStyle::Interleaved,
-            max_context: 512,
-            tied_embeddings: false,
-            qkv_bias: false,
-            sliding_window: None,
-        };
-        let config = match name {
-            "tiny" => base,
-            "smollm2-135m" => ModelConfig {
-                vocab_size: 49152,
-                hidden_size: 576,
-                intermediate_size: 1536,
-                num_layers: 30,
-                num_heads: 9,
-                num_kv_heads: 3,
-                head_dim: 64,
-                rotary_dim: 64,
-                rope_theta: 100000.0,
-                max_context: 8192,
-                tied_embeddings: true,
-                ..base
-            },
-            "llama3-8b" => ModelConfig {
-                vocab_size: 128256,
-                hidden_size: 4096,
-                intermediate_size: 14336,
-                num_layers: 32,
-                num_heads: 32,
-                num_kv_heads: 8,
-                head_dim: 128,
-                rotary_dim: 128,
-                rope_theta: 500000.0,
-                max_context: 8192,
-                ..base
-            },
-            other => {
-                return Err(Error::InvalidRequest(format!(
-                    "unknown model shape '{other}' (known: tiny, smollm2-135m, llama3-8b)"
-                )))
-            }
-        };
+        let config = preset_config(name).ok_or_else(|| {
+            Error::InvalidRequest(format!(
+                "unknown model shape '{name}' (known: {})",
+                PRESETS.join(", ")
+            ))
+        })?;
         Ok(Self {
             config,
             format,
@@ -106,31 +63,7 @@ impl SyntheticModel {
 
     /// Every tensor's canonical name and shape (innermost first), in file order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let c = &self.config;
-        let (d, f) = (c.hidden_size, c.intermediate_size);
-        let mut out = vec![("token_embd.weight".to_string(), vec![d, c.vocab_size])];
-        for i in 0..c.num_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            out.push((n("attn_norm.weight"), vec![d]));
-            out.push((n("attn_q.weight"), vec![d, c.q_dim()]));
-            out.push((n("attn_k.weight"), vec![d, c.kv_dim()]));
-            out.push((n("attn_v.weight"), vec![d, c.kv_dim()]));
-            if c.qkv_bias {
-                out.push((n("attn_q.bias"), vec![c.q_dim()]));
-                out.push((n("attn_k.bias"), vec![c.kv_dim()]));
-                out.push((n("attn_v.bias"), vec![c.kv_dim()]));
-            }
-            out.push((n("attn_output.weight"), vec![c.q_dim(), d]));
-            out.push((n("ffn_norm.weight"), vec![d]));
-            out.push((n("ffn_gate.weight"), vec![d, f]));
-            out.push((n("ffn_up.weight"), vec![d, f]));
-            out.push((n("ffn_down.weight"), vec![f, d]));
-        }
-        out.push(("output_norm.weight".to_string(), vec![d]));
-        if !c.tied_embeddings {
-            out.push(("output.weight".to_string(), vec![d, c.vocab_size]));
-        }
-        out
+        expected_tensors(&self.config)
     }
 
     /// All weights as f32 in Hugging Face layout (only sensible for small shapes).
@@ -154,14 +87,17 @@ impl SyntheticModel {
             w.add_metadata(&k, v)?;
         }
         for t in self.f32_tensors() {
-            let data = match t.name.rsplit_once('.').map(|(stem, _)| stem) {
-                Some(s) if s.ends_with("attn_q") => {
-                    permute_for_interleaved_rope(&t.data, c.num_heads, t.shape[0])
-                }
-                Some(s) if s.ends_with("attn_k") => {
-                    permute_for_interleaved_rope(&t.data, c.num_kv_heads, t.shape[0])
-                }
-                _ => t.data,
+            // A vector's elements move like a matrix's rows.
+            let cols = if t.shape.len() == 1 { 1 } else { t.shape[0] };
+            let heads = match t.name.rsplit_once('.').map(|(stem, _)| stem) {
+                Some(s) if s.ends_with("attn_q") => c.num_heads,
+                Some(s) if s.ends_with("attn_k") => c.num_kv_heads,
+                _ => 0,
+            };
+            let data = if c.rope_style == RopeStyle::Interleaved && heads > 0 {
+                permute_for_interleaved_rope(&t.data, heads, cols)
+            } else {
+                t.data
             };
             let format = if t.shape.len() == 1 {
                 WeightFormat::F32
@@ -170,6 +106,16 @@ impl SyntheticModel {
             };
             let bytes = quantize_row(format, &data);
             w.add_tensor(&t.name, format, &t.shape, bytes)?;
+        }
+        if let Some(factors) = rope_freq_factors(c) {
+            // llama.cpp's converter writes Llama 3 scaling as per-pair divisors.
+            let bytes = quantize_row(WeightFormat::F32, &factors);
+            w.add_tensor(
+                "rope_freqs.weight",
+                WeightFormat::F32,
+                &[factors.len()],
+                bytes,
+            )?;
         }
         Ok(w.to_bytes())
     }
@@ -237,19 +183,26 @@ impl SyntheticModel {
         };
         let mut st = SafetensorsWriter::new();
         st.add_metadata("format", "pt");
+        let family = arch::by_gguf_name(&c.arch).expect("presets are of known families");
         for t in self.f32_tensors() {
-            let name = hf_name(&t.name).expect("synthetic tensors have Hugging Face names");
+            let name = hf_name(&t.name, c.block.post_norms)
+                .expect("synthetic tensors have Hugging Face names");
             let tensor_format = if t.shape.len() == 1 {
                 WeightFormat::F32
             } else {
                 format
+            };
+            let data = if family.hf_norm_offset && t.name.ends_with("norm.weight") {
+                t.data.iter().map(|w| w - 1.0).collect()
+            } else {
+                t.data
             };
             let shape: Vec<usize> = t.shape.iter().rev().copied().collect();
             st.add_tensor(
                 &name,
                 tensor_format,
                 &shape,
-                quantize_row(tensor_format, &t.data),
+                quantize_row(tensor_format, &data),
             )?;
         }
         let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
@@ -279,6 +232,156 @@ impl SyntheticModel {
     }
 }
 
+/// The names [`SyntheticModel::preset`] knows.
+pub const PRESETS: [&str; 8] = [
+    "tiny",
+    "tiny-llama3",
+    "tiny-mistral",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "smollm2-135m",
+    "llama3-8b",
+];
+
+fn preset_config(name: &str) -> Option<ModelConfig> {
+    let rope = |theta: f32| Rope {
+        theta,
+        scaling: RopeScaling::None,
+    };
+    let tiny = ModelConfig {
+        arch: "llama".into(),
+        vocab_size: 320,
+        hidden_size: 64,
+        intermediate_size: 160,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        rotary_dim: 16,
+        rms_eps: 1e-5,
+        rope_style: RopeStyle::Interleaved,
+        max_context: 512,
+        tied_embeddings: false,
+        qkv_bias: false,
+        block: BlockSpec::LLAMA,
+        attention_scale: 0.25,
+        layers: LayerSpec::uniform(2, None, rope(10000.0)),
+    };
+    // The tiny models of the other families: awkward head sizes (Q wider
+    // than the hidden size), windows shorter than the test prompts.
+    let family = |name: &str, layers: usize, head_dim: usize| {
+        let family = arch::by_gguf_name(name).expect("a known family");
+        ModelConfig {
+            arch: name.into(),
+            num_layers: layers,
+            head_dim,
+            rotary_dim: head_dim,
+            rope_style: family.gguf_rope_style,
+            qkv_bias: family.qkv_bias,
+            block: family.block,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            layers: LayerSpec::uniform(layers, None, rope(10000.0)),
+            ..tiny.clone()
+        }
+    };
+    let config = match name {
+        "tiny" => tiny,
+        "tiny-llama3" => ModelConfig {
+            layers: LayerSpec::uniform(
+                3,
+                None,
+                Rope {
+                    theta: 500000.0,
+                    scaling: RopeScaling::Llama3 {
+                        factor: 8.0,
+                        low_freq_factor: 1.0,
+                        high_freq_factor: 4.0,
+                        original_max_position: 64,
+                    },
+                },
+            ),
+            ..family("llama", 3, 16)
+        },
+        "tiny-mistral" => ModelConfig {
+            layers: LayerSpec::uniform(2, Some(5), rope(10000.0)),
+            ..family("mistral", 2, 16)
+        },
+        "tiny-qwen2" => family("qwen2", 2, 16),
+        "tiny-qwen3" => ModelConfig {
+            tied_embeddings: true,
+            ..family("qwen3", 3, 24)
+        },
+        "tiny-gemma3" => {
+            let global = Rope {
+                theta: 1_000_000.0,
+                scaling: RopeScaling::Linear { factor: 2.0 },
+            };
+            ModelConfig {
+                num_heads: 2,
+                num_kv_heads: 1,
+                rms_eps: 1e-6,
+                tied_embeddings: true,
+                layers: arch::gemma3_layers(
+                    7,
+                    5,
+                    &global,
+                    arch::GEMMA3_LOCAL_ROPE_THETA,
+                    arch::gemma3_is_local,
+                ),
+                ..family("gemma3", 7, 48)
+            }
+        }
+        "smollm2-135m" => ModelConfig {
+            vocab_size: 49152,
+            hidden_size: 576,
+            intermediate_size: 1536,
+            num_layers: 30,
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            rotary_dim: 64,
+            max_context: 8192,
+            tied_embeddings: true,
+            attention_scale: 0.125,
+            layers: LayerSpec::uniform(30, None, rope(100000.0)),
+            ..tiny
+        },
+        "llama3-8b" => ModelConfig {
+            vocab_size: 128256,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rotary_dim: 128,
+            max_context: 8192,
+            attention_scale: 1.0 / 128f32.sqrt(),
+            layers: LayerSpec::uniform(32, None, rope(500000.0)),
+            ..tiny
+        },
+        _ => return None,
+    };
+    Some(config)
+}
+
+/// The per-pair divisors GGUF stores for RoPE scaling other than linear
+/// (`rope_freqs.weight`, as llama.cpp's converter writes Llama 3's), or
+/// `None` when the model has none.
+fn rope_freq_factors(c: &ModelConfig) -> Option<Vec<f32>> {
+    let rope = c.global_rope()?;
+    if !matches!(rope.scaling, RopeScaling::Llama3 { .. }) {
+        return None;
+    }
+    let plain = Rope {
+        theta: rope.theta,
+        scaling: RopeScaling::None,
+    };
+    let (base, scaled) = (plain.inv_freq(c.rotary_dim), rope.inv_freq(c.rotary_dim));
+    Some(base.iter().zip(&scaled).map(|(b, s)| b / s).collect())
+}
+
 /// Canonical names and shapes (innermost first) of a tied-embedding Llama of
 /// these sizes, for loader tests that write their own files.
 #[cfg(test)]
@@ -300,6 +403,7 @@ pub(crate) fn llama_tensor_shapes(
     ) = (hidden, ffn, heads, kv_heads);
     (c.num_layers, c.vocab_size, c.head_dim, c.tied_embeddings) =
         (layers, vocab, hidden / heads, true);
+    c.layers = LayerSpec::uniform(layers, None, c.layers[0].rope.clone());
     model.tensor_shapes()
 }
 
@@ -307,9 +411,13 @@ fn describe(c: &ModelConfig) -> String {
     format!("{}x{}x{}", c.num_layers, c.hidden_size, c.vocab_size)
 }
 
-/// The `llama.*` and `tokenizer.ggml.*` keys of a synthetic model.
+/// The `{arch}.*` and `tokenizer.ggml.*` keys of a synthetic model.
 pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
     let u = |v: usize| GgufValue::U32(v as u32);
+    let global = c.global_rope().cloned().unwrap_or(Rope {
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+    });
     let mut m = vec![
         (
             "general.architecture".to_string(),
@@ -338,11 +446,26 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
         ),
         (
             format!("{}.rope.freq_base", c.arch),
-            GgufValue::F32(c.rope_theta),
+            GgufValue::F32(global.theta),
         ),
         (format!("{}.rope.dimension_count", c.arch), u(c.rotary_dim)),
         (format!("{}.vocab_size", c.arch), u(c.vocab_size)),
     ];
+    if let RopeScaling::Linear { factor } = global.scaling {
+        m.extend([
+            (
+                format!("{}.rope.scaling.type", c.arch),
+                GgufValue::String("linear".into()),
+            ),
+            (
+                format!("{}.rope.scaling.factor", c.arch),
+                GgufValue::F32(factor),
+            ),
+        ]);
+    }
+    if let Some(window) = c.sliding_window() {
+        m.push((format!("{}.attention.sliding_window", c.arch), u(window)));
+    }
     m.extend(tokenizer_metadata(c.vocab_size));
     m
 }
@@ -460,10 +583,20 @@ fn random_values(rng: &mut Rng, name: &str, shape: &[usize]) -> Vec<f32> {
     }
 }
 
-/// Random data directly in `format`: quantized blocks get a plausible scale
-/// and random codes, so no f32 copy of a large model is ever made.
+/// Random data directly in `format`: blocks of Q8_0, Q4_0, Q4_1 and
+/// Tandem's formats get a plausible scale and random codes, so no f32 copy
+/// of a large model is ever made; other formats quantize random values.
 fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]) -> Vec<u8> {
-    if !format.is_quantized() {
+    let drawn_directly = matches!(
+        format,
+        WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Int8PerChannel
+            | WeightFormat::W8A8
+            | WeightFormat::Int4 { .. }
+    );
+    if !drawn_directly {
         return quantize_row(format, &random_values(rng, name, shape));
     }
     let elems: usize = shape.iter().product();
@@ -516,12 +649,7 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
                 out.extend(bits);
                 out.extend(more);
             }
-            WeightFormat::F32
-            | WeightFormat::F16
-            | WeightFormat::BF16
-            | WeightFormat::Int8PerChannel
-            | WeightFormat::W8A8
-            | WeightFormat::Int4 { .. } => unreachable!("handled above"),
+            _ => unreachable!("handled above"),
         }
     }
     out
@@ -530,6 +658,7 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::QK_K;
 
     #[test]
     fn permutation_moves_halves_to_pairs() {
@@ -545,10 +674,10 @@ mod tests {
         let m = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 1).unwrap();
         for format in WeightFormat::ALL {
             let mut rng = Rng::new(0);
-            let b = random_bytes(&mut rng, format, "x.weight", &[128, 3]);
+            let b = random_bytes(&mut rng, format, "x.weight", &[QK_K, 3]);
             assert_eq!(
                 b.len() as u64,
-                format.bytes_for(3, 128).unwrap(),
+                format.bytes_for(3, QK_K as u64).unwrap(),
                 "{format}"
             );
         }

@@ -17,6 +17,14 @@
 //! | Q8_0       | —           | 32          | 34          | `d: f16`, `qs: [i8; 32]`                         | `d * qs[i]`                     |
 //! | Q4_0       | —           | 32          | 18          | `d: f16`, `qs: [u8; 16]`                         | `d * (nib(i) - 8)`              |
 //! | Q4_1       | —           | 32          | 20          | `d: f16`, `m: f16`, `qs: [u8; 16]`               | `d * nib(i) + m`                |
+//! | Q5_0       | —           | 32          | 22          | `d: f16`, `qh: u32`, `qs: [u8; 16]`              | `d * (q5(i) - 16)`              |
+//! | Q5_1       | —           | 32          | 24          | `d: f16`, `m: f16`, `qh: u32`, `qs: [u8; 16]`    | `d * q5(i) + m`                 |
+//! | IQ4_NL     | —           | 32          | 18          | `d: f16`, `qs: [u8; 16]`                         | `d * IQ4NL_VALUES[nib(i)]`      |
+//! | Q2_K       | —           | 256         | 84          | see [`kquant`]                                   | `d*sc(j)*q2 - dmin*mn(j)`, j = i/16 |
+//! | Q3_K       | —           | 256         | 110         | see [`kquant`]                                   | `d*(sc(j)-32)*(q3 - 4)`, j = i/16 |
+//! | Q4_K       | —           | 256         | 144         | see [`kquant`]                                   | `d*sc(j)*q4 - dmin*mn(j)`, j = i/32 |
+//! | Q5_K       | —           | 256         | 176         | see [`kquant`]                                   | `d*sc(j)*q5 - dmin*mn(j)`, j = i/32 |
+//! | Q6_K       | —           | 256         | 210         | see [`kquant`]                                   | `d*sc(j)*(q6 - 32)`, j = i/16   |
 //! | INT8       | `s: f32`    | 32          | 32          | `qs: [i8; 32]`                                   | `s * qs[i]`                     |
 //! | W8A8       | `s: f32`    | 32          | 32          | `qs: [i8; 32]`                                   | `s * qs[i]`                     |
 //! | INT4_G64   | —           | 64          | 36          | `d: f16`, `m: f16`, `qs: [u8; 32]`               | `d * nib(i) + m`                |
@@ -30,6 +38,13 @@
 //! one `[d, m]` pair cover 64 or 128 elements, and every kernel reads a
 //! group as whole Q4_1-ordered runs of 32.
 //!
+//! Q5_0 and Q5_1 (GGML) are Q4_0 and Q4_1 with a fifth bit per element:
+//! `q5(i) = nib(i) | (bit i of qh) << 4`. IQ4_NL (GGML) is Q4_0's layout with
+//! the nibble indexing a fixed non-uniform table instead of `nib - 8`. The
+//! k-quants (Q2_K to Q6_K, GGML) are super-blocks of 256 elements split into
+//! sub-blocks of 16 or 32 with quantized per-sub-block scales; their byte
+//! layouts are documented in [`kquant`], next to their decoders.
+//!
 //! INT8 (weight-only, W8A16) and W8A8 share their bytes: each row starts with
 //! its own f32 scale `s` (the per-output-channel scale), then `cols` signed
 //! bytes. They differ in what the matmul does with the activations: INT8
@@ -42,6 +57,7 @@
 //! Blocks of Q8_0 (34 bytes) and Q4_0 (18 bytes) are not 4-byte aligned; GPU
 //! kernels read them from a flat `u32` array with byte-offset arithmetic.
 
+pub mod kquant;
 mod pack;
 
 use half::{bf16, f16};
@@ -50,7 +66,8 @@ pub use pack::{pack_int4_groups, pack_int8_per_channel, quantize_activation_row_
 
 use crate::{Error, Result};
 
-/// How a weight tensor is stored.
+/// How a weight tensor is stored. The GGML formats keep GGML's names.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     F32,
@@ -68,6 +85,14 @@ pub enum WeightFormat {
     Int4 {
         group: Int4Group,
     },
+    Q5_0,
+    Q5_1,
+    IQ4_NL,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 /// The group sizes of [`WeightFormat::Int4`].
@@ -94,8 +119,17 @@ pub const QK: usize = 32;
 /// Group sizes [`WeightFormat::int4`] and [`pack_int4_groups`] accept.
 pub const INT4_GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
+/// Elements per k-quant super-block (GGML's `QK_K`): a k-quant row's
+/// `cols` is a multiple of it.
+pub const QK_K: usize = 256;
+
+/// IQ4_NL's 16 levels (GGML's `kvalues_iq4nl`), indexed by the nibble.
+pub const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 10] = [
+    pub const ALL: [WeightFormat; 18] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
@@ -110,17 +144,38 @@ impl WeightFormat {
         WeightFormat::Int4 {
             group: Int4Group::G128,
         },
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::IQ4_NL,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
     ];
 
     /// The formats a GGUF file can hold.
-    pub const GGML: [WeightFormat; 6] = [
+    pub const GGML: [WeightFormat; 14] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::BF16,
         WeightFormat::Q8_0,
         WeightFormat::Q4_0,
         WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::IQ4_NL,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
     ];
+
+    /// GGML's k-quants: super-blocks of [`QK_K`] elements.
+    pub fn is_k_quant(self) -> bool {
+        self.block_elems() == QK_K
+    }
 
     /// The INT4 format with groups of `group` elements (32 is Q4_1, whose
     /// layout is the same), or an error naming the sizes there are.
@@ -148,6 +203,14 @@ impl WeightFormat {
             WeightFormat::Q4_1 => Some(3),
             WeightFormat::Q8_0 => Some(8),
             WeightFormat::BF16 => Some(30),
+            WeightFormat::Q5_0 => Some(6),
+            WeightFormat::Q5_1 => Some(7),
+            WeightFormat::Q2_K => Some(10),
+            WeightFormat::Q3_K => Some(11),
+            WeightFormat::Q4_K => Some(12),
+            WeightFormat::Q5_K => Some(13),
+            WeightFormat::Q6_K => Some(14),
+            WeightFormat::IQ4_NL => Some(20),
             WeightFormat::Int8PerChannel | WeightFormat::W8A8 | WeightFormat::Int4 { .. } => None,
         }
     }
@@ -172,6 +235,14 @@ impl WeightFormat {
             WeightFormat::Int4 {
                 group: Int4Group::G128,
             } => "INT4_G128",
+            WeightFormat::Q5_0 => "Q5_0",
+            WeightFormat::Q5_1 => "Q5_1",
+            WeightFormat::IQ4_NL => "IQ4_NL",
+            WeightFormat::Q2_K => "Q2_K",
+            WeightFormat::Q3_K => "Q3_K",
+            WeightFormat::Q4_K => "Q4_K",
+            WeightFormat::Q5_K => "Q5_K",
+            WeightFormat::Q6_K => "Q6_K",
         }
     }
 
@@ -188,8 +259,16 @@ impl WeightFormat {
             | WeightFormat::Q4_0
             | WeightFormat::Q4_1
             | WeightFormat::Int8PerChannel
-            | WeightFormat::W8A8 => QK,
+            | WeightFormat::W8A8
+            | WeightFormat::Q5_0
+            | WeightFormat::Q5_1
+            | WeightFormat::IQ4_NL => QK,
             WeightFormat::Int4 { group } => group.elems(),
+            WeightFormat::Q2_K
+            | WeightFormat::Q3_K
+            | WeightFormat::Q4_K
+            | WeightFormat::Q5_K
+            | WeightFormat::Q6_K => QK_K,
         }
     }
 
@@ -203,6 +282,14 @@ impl WeightFormat {
             WeightFormat::Q4_1 => 20,
             WeightFormat::Int8PerChannel | WeightFormat::W8A8 => QK,
             WeightFormat::Int4 { group } => 4 + group.elems() / 2,
+            WeightFormat::Q5_0 => 22,
+            WeightFormat::Q5_1 => 24,
+            WeightFormat::IQ4_NL => 18,
+            WeightFormat::Q2_K => kquant::Q2_K_BYTES,
+            WeightFormat::Q3_K => kquant::Q3_K_BYTES,
+            WeightFormat::Q4_K => kquant::Q4_K_BYTES,
+            WeightFormat::Q5_K => kquant::Q5_K_BYTES,
+            WeightFormat::Q6_K => kquant::Q6_K_BYTES,
         }
     }
 
@@ -295,6 +382,21 @@ fn dequantize_nibbles(qs: &[u8], d: f32, m: f32, out: &mut [f32]) {
     }
 }
 
+/// Decodes 5-bit quants: `qs` as Q4_1's nibbles, bit `i` of `qh` the fifth
+/// bit of element `i`; element `i` is `d * q5 + m`.
+fn dequantize_q5(qs: &[u8], qh: u32, d: f32, m: f32, out: &mut [f32]) {
+    for i in 0..QK / 2 {
+        let low = (qs[i] & 0x0f) as u32 | ((qh >> i) & 1) << 4;
+        let high = (qs[i] >> 4) as u32 | ((qh >> (i + QK / 2)) & 1) << 4;
+        out[i] = d * low as f32 + m;
+        out[i + QK / 2] = d * high as f32 + m;
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
 /// Decodes the first `out.len()` elements of the row in `src` (for the
 /// per-row formats `src` starts with the row head).
 pub fn dequantize_row(format: WeightFormat, src: &[u8], out: &mut [f32]) {
@@ -338,6 +440,43 @@ pub fn dequantize_row(format: WeightFormat, src: &[u8], out: &mut [f32]) {
             let s = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
             for (o, &q) in out.iter_mut().zip(&src[4..]) {
                 *o = s * (q as i8) as f32;
+            }
+        }
+        WeightFormat::Q5_0 => {
+            for (o, b) in out.chunks_mut(QK).zip(src.chunks_exact(22)) {
+                let d = f16_at(b, 0);
+                let mut full = [0f32; QK];
+                dequantize_q5(&b[6..], u32_at(b, 2), d, -16.0 * d, &mut full);
+                o.copy_from_slice(&full[..o.len()]);
+            }
+        }
+        WeightFormat::Q5_1 => {
+            for (o, b) in out.chunks_mut(QK).zip(src.chunks_exact(24)) {
+                let mut full = [0f32; QK];
+                dequantize_q5(&b[8..], u32_at(b, 4), f16_at(b, 0), f16_at(b, 2), &mut full);
+                o.copy_from_slice(&full[..o.len()]);
+            }
+        }
+        WeightFormat::IQ4_NL => {
+            for (o, b) in out.chunks_mut(QK).zip(src.chunks_exact(18)) {
+                let d = f16_at(b, 0);
+                for (i, v) in o.iter_mut().enumerate() {
+                    let byte = b[2 + i % (QK / 2)];
+                    let nib = if i < QK / 2 { byte & 0x0f } else { byte >> 4 };
+                    *v = d * IQ4NL_VALUES[nib as usize] as f32;
+                }
+            }
+        }
+        WeightFormat::Q2_K
+        | WeightFormat::Q3_K
+        | WeightFormat::Q4_K
+        | WeightFormat::Q5_K
+        | WeightFormat::Q6_K => {
+            for (o, b) in out
+                .chunks_mut(QK_K)
+                .zip(src.chunks_exact(format.block_bytes()))
+            {
+                kquant::dequantize_block(format, b, o);
             }
         }
     }
@@ -421,8 +560,89 @@ pub fn quantize_row(format: WeightFormat, src: &[f32]) -> Vec<u8> {
             out.extend(s.to_le_bytes());
             out.extend(src.iter().map(|v| (v * id).round() as i8 as u8));
         }
+        WeightFormat::Q5_0 => {
+            for blk in src.chunks(QK) {
+                // As Q4_0: the largest magnitude maps to -16 exactly.
+                let max = blk
+                    .iter()
+                    .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = max / -16.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u8> = blk
+                    .iter()
+                    .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u8)
+                    .collect();
+                out.extend(f16::from_f32(d).to_le_bytes());
+                pack_q5(&q, &mut out);
+            }
+        }
+        WeightFormat::Q5_1 => {
+            for blk in src.chunks(QK) {
+                let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 31.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u8> = blk
+                    .iter()
+                    .map(|&v| (((v - min) * id + 0.5) as i32).clamp(0, 31) as u8)
+                    .collect();
+                out.extend(f16::from_f32(d).to_le_bytes());
+                out.extend(f16::from_f32(min).to_le_bytes());
+                pack_q5(&q, &mut out);
+            }
+        }
+        WeightFormat::IQ4_NL => {
+            for blk in src.chunks(QK) {
+                // The largest magnitude maps to the table's end on its side.
+                let max = blk
+                    .iter()
+                    .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = f16::from_f32(max / IQ4NL_VALUES[0] as f32);
+                let id = if d.to_f32() != 0.0 {
+                    1.0 / d.to_f32()
+                } else {
+                    0.0
+                };
+                let q: Vec<u8> = blk
+                    .iter()
+                    .map(|&v| {
+                        let target = v * id;
+                        (0..16u8)
+                            .min_by(|&a, &b| {
+                                let da = (IQ4NL_VALUES[a as usize] as f32 - target).abs();
+                                let db = (IQ4NL_VALUES[b as usize] as f32 - target).abs();
+                                da.total_cmp(&db)
+                            })
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                out.extend(d.to_le_bytes());
+                pack_nibbles(&q, &mut out);
+            }
+        }
+        WeightFormat::Q2_K
+        | WeightFormat::Q3_K
+        | WeightFormat::Q4_K
+        | WeightFormat::Q5_K
+        | WeightFormat::Q6_K => {
+            for blk in src.chunks(QK_K) {
+                kquant::quantize_block(format, blk, &mut out);
+            }
+        }
     }
     out
+}
+
+/// Encodes 5-bit quants `q` (32 of them, each `0..=31`): the fifth bits as
+/// the `qh` word, then the low four bits in Q4_1's order.
+fn pack_q5(q: &[u8], out: &mut Vec<u8>) {
+    let qh = q
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &v)| acc | (((v >> 4) & 1) as u32) << i);
+    out.extend(qh.to_le_bytes());
+    let low: Vec<u8> = q.iter().map(|v| v & 0x0f).collect();
+    pack_nibbles(&low, out);
 }
 
 /// Encodes a row-major matrix of rows of `cols` values, row by row.
@@ -458,6 +678,19 @@ mod tests {
                 }
                 WeightFormat::F16 | WeightFormat::BF16 => range / 256.0 * 0.51,
                 WeightFormat::F32 => 0.0,
+                // As Q4_0 with 32 levels: a whole step at the clamped end.
+                WeightFormat::Q5_0 => range / 32.0,
+                WeightFormat::Q5_1 => range / 31.0 * 0.51,
+                // The largest magnitude maps to -127 exactly; the table ends
+                // at 113 on the other side, 14 of its units short.
+                WeightFormat::IQ4_NL => range / 2.0 * 14.0 / 127.0,
+                // Per sub-block bounds are checked in `kquant`; over a row,
+                // a coarse bound: the largest step of each format.
+                WeightFormat::Q2_K => range / 3.0 * 1.6,
+                WeightFormat::Q3_K => range / 7.0 * 1.6,
+                WeightFormat::Q4_K => range / 15.0 * 1.6,
+                WeightFormat::Q5_K => range / 31.0 * 1.6,
+                WeightFormat::Q6_K => range / 63.0 * 1.6,
             };
             for (a, b) in src.iter().zip(&back) {
                 assert!((a - b).abs() <= max_err + 1e-3, "{format}: {a} vs {b}");
@@ -505,8 +738,16 @@ mod tests {
         }
         assert_eq!(
             WeightFormat::GGML.map(|f| f.ggml_type().is_some()),
-            [true; 6]
+            [true; 14]
         );
+        for format in WeightFormat::GGML {
+            assert_eq!(
+                WeightFormat::from_ggml_type(format.ggml_type().unwrap()),
+                Some(format)
+            );
+        }
+        assert_eq!(WeightFormat::Q4_K.row_bytes(512), Some(288));
+        assert_eq!(WeightFormat::Q6_K.row_bytes(320), None);
     }
 
     #[test]

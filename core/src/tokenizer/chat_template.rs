@@ -25,13 +25,57 @@ impl ChatMessage {
     }
 }
 
-/// The template used when a model brings none: ChatML, which most small chat models speak.
-pub(super) const CHATML: &str = concat!(
-    r"{% for message in messages %}",
-    r"{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}",
-    r"{% endfor %}",
-    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
-);
+/// A template for models whose file brings none, chosen by the turn markers
+/// their vocabulary has (a base model's file often has no template).
+pub(super) struct FallbackTemplate {
+    pub name: &'static str,
+    pub text: &'static str,
+    /// Control tokens the vocabulary must have for this template to apply.
+    markers: &'static [&'static str],
+}
+
+/// ChatML, which most small chat models speak; the fallback when no other fits.
+const CHATML: FallbackTemplate = FallbackTemplate {
+    name: "ChatML",
+    text: concat!(
+        r"{% for message in messages %}",
+        r"{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}",
+        r"{% endfor %}",
+        r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    ),
+    markers: &[],
+};
+
+/// Gemma's turns: the system message opens the first user turn, the assistant is
+/// "model", and user and assistant alternate, as Gemma's instruction-tuned
+/// models were trained.
+const GEMMA: FallbackTemplate = FallbackTemplate {
+    name: "Gemma turns",
+    text: concat!(
+        "{{ bos_token }}",
+        "{% if messages and messages[0]['role'] == 'system' %}",
+        "{% set prefix = messages[0]['content'] ~ '\n\n' %}{% set turns = messages[1:] %}",
+        "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}",
+        "{% for message in turns %}",
+        "{% if message['role'] != ['user', 'assistant'][loop.index0 % 2] %}",
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}",
+        "{% endif %}",
+        "{{ '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else 'user') ~ '\n' }}",
+        "{% if loop.first %}{{ prefix }}{% endif %}",
+        "{{ message['content'] | trim }}<end_of_turn>\n",
+        "{% endfor %}",
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
+    ),
+    markers: &["<start_of_turn>", "<end_of_turn>"],
+};
+
+/// The first fallback whose markers the vocabulary has (`has_token`), else ChatML.
+pub(super) fn fallback(has_token: impl Fn(&str) -> bool) -> &'static FallbackTemplate {
+    [&GEMMA]
+        .into_iter()
+        .find(|template| template.markers.iter().all(|marker| has_token(marker)))
+        .unwrap_or(&CHATML)
+}
 
 /// The variables a template sees.
 #[derive(Serialize)]

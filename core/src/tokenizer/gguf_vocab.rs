@@ -19,7 +19,7 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Merges, Vocab as BpeVocab, BPE};
-use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, NFC};
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
@@ -115,12 +115,17 @@ struct WordSplit {
     regexes: &'static [&'static str],
     /// A word that is itself in the vocabulary is one token, merges or not (Llama 3).
     ignore_merges: bool,
+    /// The text is put in Unicode NFC first, as the family's own tokenizer.json
+    /// does (Qwen2). llama.cpp skips this, so it differs from the model's
+    /// tokenizer on decomposed text ("e" + U+0301); Tandem follows the model.
+    nfc: bool,
     add_bos: bool,
 }
 
 const GPT2_SPLIT: WordSplit = WordSplit {
     regexes: &[GPT2_WORDS],
     ignore_merges: false,
+    nfc: false,
     add_bos: false,
 };
 
@@ -252,6 +257,9 @@ fn byte_level_bpe(file: &GgufFile, vocab: &GgufVocab) -> Result<ModelTokenizer> 
         .build()
         .map_err(|e| Error::Tokenizer(format!("byte-level BPE vocabulary: {e}")))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
+    if split.nfc {
+        inner.with_normalizer(Some(NFC));
+    }
     inner.with_pre_tokenizer(Some(byte_level_pre_tokenizer(&split)?));
     inner.with_decoder(Some(ByteLevel::default()));
     Ok(ModelTokenizer {
@@ -271,13 +279,18 @@ fn word_split(pre: &str) -> Option<WordSplit> {
             regexes: &[LLAMA3_WORDS],
             ignore_merges: true,
             add_bos: true,
+            ..GPT2_SPLIT
         },
         "dbrx" | "smaug-bpe" => WordSplit {
             regexes: &[LLAMA3_WORDS],
-            ignore_merges: false,
-            add_bos: false,
+            ..GPT2_SPLIT
         },
-        "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => WordSplit {
+        "qwen2" => WordSplit {
+            regexes: &[QWEN2_WORDS],
+            nfc: true,
+            ..GPT2_SPLIT
+        },
+        "deepseek-r1-qwen" | "stablelm2" | "megrez" => WordSplit {
             regexes: &[QWEN2_WORDS],
             ..GPT2_SPLIT
         },

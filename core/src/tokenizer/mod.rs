@@ -41,6 +41,8 @@ pub struct Tokenizer {
     /// Whether `encode(text, true)` prepends BOS. Only true when `bos` is set.
     add_bos: bool,
     chat_template: Option<String>,
+    /// The template used when `chat_template` is `None`.
+    fallback_template: &'static chat_template::FallbackTemplate,
 }
 
 /// What a loader found besides the `tokenizers` tokenizer itself.
@@ -92,6 +94,8 @@ impl Tokenizer {
                 eos.push(id);
             }
         }
+        let fallback_template =
+            chat_template::fallback(|text| inner.get_added_vocabulary().is_special_token(text));
         Ok(Tokenizer {
             inner,
             kind,
@@ -99,6 +103,7 @@ impl Tokenizer {
             eos,
             add_bos: specials.add_bos,
             chat_template,
+            fallback_template,
         })
     }
 
@@ -176,7 +181,8 @@ impl Tokenizer {
     }
 
     /// Renders a conversation into the prompt text the model was trained on, with the
-    /// model's chat template, or ChatML when the model has none.
+    /// model's chat template, or when it has none the fallback its turn markers
+    /// pick (Gemma's turns, else ChatML).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
@@ -185,7 +191,7 @@ impl Tokenizer {
         let special_text =
             |id: Option<u32>| id.and_then(|id| self.token_text(id)).unwrap_or_default();
         chat_template::render(
-            self.chat_template().unwrap_or(chat_template::CHATML),
+            self.chat_template().unwrap_or(self.fallback_template.text),
             &chat_template::TemplateInputs {
                 messages,
                 add_generation_prompt,
@@ -211,10 +217,9 @@ impl Tokenizer {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let template = if self.chat_template.is_some() {
-            "the model's"
-        } else {
-            "none (ChatML fallback)"
+        let template = match self.chat_template {
+            Some(_) => "the model's".to_string(),
+            None => format!("none ({} fallback)", self.fallback_template.name),
         };
         format!(
             "{}, vocab {}, bos {bos}, eos {eos}, add_bos {}, chat template {template}",

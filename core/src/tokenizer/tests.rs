@@ -160,6 +160,29 @@ fn sentencepiece_gguf() -> GgufFile {
     ])
 }
 
+/// `file` with `extra` tokens (text, llama.cpp token type, score 0) appended to its vocabulary.
+fn append_tokens(file: GgufFile, extra: &[(&str, i32)]) -> GgufFile {
+    let extended = |key: &str, value: &dyn Fn(&str, i32) -> GgufValue| {
+        let items = file.get(key)?.as_array()?.iter().cloned();
+        let added = extra.iter().map(|&(text, kind)| value(text, kind));
+        Some((
+            key.to_string(),
+            GgufValue::Array(items.chain(added).collect()),
+        ))
+    };
+    let arrays = [
+        extended("tokenizer.ggml.tokens", &|text, _| {
+            GgufValue::String(text.into())
+        }),
+        extended("tokenizer.ggml.token_type", &|_, kind| GgufValue::I32(kind)),
+        extended("tokenizer.ggml.scores", &|_, _| GgufValue::F32(0.0)),
+    ];
+    arrays
+        .into_iter()
+        .flatten()
+        .fold(file, |file, (key, value)| set(file, &key, value))
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tandem-tokenizer-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -228,6 +251,19 @@ fn smollm_splits_digits_one_by_one() {
             id(&gpt2, "5")
         ]
     );
+}
+
+#[test]
+fn qwen2_puts_text_in_nfc_first() {
+    let qwen2 = Tokenizer::from_gguf(&byte_level_gguf("qwen2")).unwrap();
+    let composed = qwen2.encode("café", false).unwrap();
+    assert_eq!(qwen2.encode("cafe\u{301}", false).unwrap(), composed);
+    assert_eq!(qwen2.decode(&composed).unwrap(), "café");
+
+    // Other families see the bytes as written.
+    let smollm = smollm();
+    assert_ne!(smollm.encode("cafe\u{301}", false).unwrap(), composed);
+    assert_eq!(smollm.encode("café", false).unwrap(), composed);
 }
 
 #[test]
@@ -551,6 +587,67 @@ fn renders_python_string_methods_and_raises() {
         matches!(&err, Error::ChatTemplate(m) if m.contains("Only user and assistant roles are supported!")),
         "{err}"
     );
+}
+
+/// The SentencePiece fixture with Gemma's turn markers and no chat template.
+fn gemma_like() -> Tokenizer {
+    let file = append_tokens(
+        sentencepiece_gguf(),
+        &[("<start_of_turn>", 3), ("<end_of_turn>", 3), ("\n", 4)],
+    );
+    Tokenizer::from_gguf(&file).unwrap()
+}
+
+#[test]
+fn gemma_turns_when_the_file_has_no_template() {
+    let tok = gemma_like();
+    assert_eq!(tok.chat_template(), None);
+    assert!(
+        tok.describe()
+            .contains("chat template none (Gemma turns fallback)"),
+        "{}",
+        tok.describe()
+    );
+    let conversation = messages(&[
+        ("system", "Be brief."),
+        ("user", " Hello world "),
+        ("assistant", "Hello\n"),
+        ("user", "world"),
+    ]);
+    let prompt = tok.apply_chat_template(&conversation, true).unwrap();
+    assert_eq!(
+        prompt,
+        "<s><start_of_turn>user\nBe brief.\n\nHello world<end_of_turn>\n\
+         <start_of_turn>model\nHello<end_of_turn>\n\
+         <start_of_turn>user\nworld<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let ids = tok.encode(&prompt, true).unwrap();
+    assert_eq!(ids.iter().filter(|&&id| id == BOS).count(), 1, "{ids:?}");
+    assert_eq!(
+        tok.apply_chat_template(&messages(&[("user", "Hi")]), false)
+            .unwrap(),
+        "<s><start_of_turn>user\nHi<end_of_turn>\n"
+    );
+}
+
+#[test]
+fn gemma_turns_refuse_roles_out_of_order() {
+    let tok = gemma_like();
+    for turns in [
+        &[("assistant", "Hi"), ("user", "Hi")][..],
+        &[("user", "Hi"), ("user", "again")],
+        &[("system", "a"), ("system", "b"), ("user", "Hi")],
+        &[("user", "Hi"), ("tool", "{}")],
+    ] {
+        let err = tok
+            .apply_chat_template(&messages(turns), true)
+            .err()
+            .unwrap_or_else(|| panic!("{turns:?} rendered"));
+        assert!(
+            matches!(&err, Error::ChatTemplate(m) if m.contains("roles must alternate user/assistant")),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -10,10 +10,11 @@ use tandem_quantize::dense::{linear_name, LINEARS};
 
 use super::ModelArgs;
 use crate::backend_select::BackendChoice;
+use crate::model_path::{self, named};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// GGUF file, Hugging Face directory, or `default`.
+    /// GGUF file, Hugging Face directory, named model, hf:ORG/REPO[:QUANT], or `default`.
     pub model: Option<String>,
     /// List every tensor, not just a summary per format.
     #[arg(long)]
@@ -21,6 +22,9 @@ pub struct InspectArgs {
     /// List the compute devices each backend finds, instead of a model.
     #[arg(long)]
     pub devices: bool,
+    /// List the named models (`--model NAME`): size, cached or not, licence.
+    #[arg(long)]
+    pub models: bool,
     /// KV cache element type whose size per token to report.
     #[arg(long, default_value = "f32", value_parser = super::parse_kv_dtype)]
     pub kv_dtype: KvDtype,
@@ -30,6 +34,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
     if args.devices {
         print_devices();
         return Ok(());
+    }
+    if args.models {
+        return print_named_models();
     }
     let model_args = ModelArgs {
         model: args.model.clone(),
@@ -55,17 +62,25 @@ pub fn run(args: InspectArgs) -> Result<()> {
     println!("vocabulary:     {}", c.vocab_size);
     println!("context:        {}", c.max_context);
     println!(
-        "rope:           theta {}, {} of {} dims, {:?}, scaling {:?}",
-        c.rope_theta, c.rotary_dim, c.head_dim, c.rope_style, c.rope_scaling
+        "rope:           {} of {} dims, {:?}",
+        c.rotary_dim, c.head_dim, c.rope_style
     );
+    for (first, last, layer) in c.layer_runs() {
+        let attention = match layer.sliding_window {
+            Some(w) => format!("sliding window {w}"),
+            None => "global".to_string(),
+        };
+        println!(
+            "layers {first:>3}-{last:<3}:  {attention} attention, rope theta {}, scaling {:?}",
+            layer.rope.theta, layer.rope.scaling
+        );
+    }
     println!("rms eps:        {}", c.rms_eps);
     println!("tied embedding: {}", c.tied_embeddings);
     if c.qkv_bias {
         println!("qkv bias:       yes");
     }
-    if let Some(w) = c.sliding_window {
-        println!("sliding window: {w}");
-    }
+    println!("block:          {:?}", c.block);
     let kv_bytes = |dtype: KvDtype| {
         c.num_layers * dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE)
     };
@@ -165,6 +180,39 @@ fn print_layer_formats(files: &tandem_core::model::ModelFiles) {
         println!("  {range:>7}  {d}");
         start = end + 1;
     }
+}
+
+fn print_named_models() -> Result<()> {
+    let cache = model_path::cache_dir();
+    println!(
+        "named models (--model NAME), cached in {}:",
+        cache.display()
+    );
+    println!(
+        "  {:14} {:>10}  {:10}  {:40}  LICENCE",
+        "NAME", "SIZE", "STATUS", "FILE"
+    );
+    for m in named::table()? {
+        let status = if cache.join(&m.file).is_file() {
+            "cached"
+        } else {
+            "not cached"
+        };
+        let name = if m.name == named::DEFAULT_MODEL {
+            format!("{} *", m.name)
+        } else {
+            m.name.clone()
+        };
+        println!(
+            "  {name:14} {:>7.1} MB  {status:10}  {:40}  {}",
+            m.bytes as f64 / 1e6,
+            m.file,
+            m.licence
+        );
+    }
+    println!("  (* the default)");
+    println!("from the Hugging Face hub: --model hf:ORG/REPO[:QUANT_OR_FILE]");
+    Ok(())
 }
 
 fn print_devices() {

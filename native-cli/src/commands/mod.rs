@@ -29,7 +29,8 @@ use crate::progress::LoadProgress;
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF file, Hugging Face directory, or `default` (SmolLM2-135M-Instruct Q4_1).
+    /// GGUF file, Hugging Face directory, a named model (`tandem inspect
+    /// --models`; `default` is smollm2-135m), or hf:ORG/REPO[:QUANT_OR_FILE].
     #[arg(long, short = 'm')]
     pub model: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]

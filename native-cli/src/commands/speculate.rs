@@ -25,8 +25,9 @@ const MAX_ADAPTIVE_K: usize = 8;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SpeculationArgs {
-    /// Speculative decoding: `ngram` (prompt lookup), `draft:PATH` (a
-    /// smaller model with the same tokenizer), `self:auto` or `self:LAYERS`
+    /// Speculative decoding: `ngram` (prompt lookup), `draft:MODEL` (a
+    /// smaller model with the same tokenizer: a path, a named model such as
+    /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]), `self:auto` or `self:LAYERS`
     /// (this model with only some layers, e.g. `self:0-9,29`).
     #[arg(long, value_name = "METHOD")]
     pub speculate: Option<String>,

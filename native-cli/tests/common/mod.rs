@@ -3,11 +3,12 @@
 
 use std::process::{Command, Output};
 
-/// Runs the `tandem` binary with `args` and no model cache.
+/// Runs the `tandem` binary with `args`, no model cache and no downloads.
 pub fn tandem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(args)
         .env("TANDEM_CACHE", "/nonexistent-tandem-cache")
+        .env("TANDEM_OFFLINE", "1")
         .output()
         .expect("run tandem")
 }

@@ -291,6 +291,20 @@ impl Backend for Replay {
         self.gpu.swiglu(gate, up, len, exclusive(out)?)
     }
 
+    fn geglu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        len: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        self.gpu.geglu(gate, up, len, exclusive(out)?)
+    }
+
+    fn scale(&self, x: &mut Self::Tensor, len: usize, factor: f32) -> Result<()> {
+        self.gpu.scale(exclusive(x)?, len, factor)
+    }
+
     fn gather_rows(
         &self,
         x: &Self::Tensor,

@@ -1,0 +1,136 @@
+//! The engine's vocabulary: its configuration, the requests it takes, the
+//! tokens it produces and the statistics it reports.
+
+use crate::backend::KvDtype;
+use crate::kv::{SeqId, DEFAULT_BLOCK_SIZE};
+use crate::model::recorded::RecordingStats;
+use crate::sched::{Priority, SamplingParams};
+use crate::spec::SpeculationStats;
+
+/// Up to 8 rows every CUDA matmul is a GEMV kernel: the launch-bound regime
+/// recording is for (larger batches would also record cuBLAS calls).
+pub const DEFAULT_MAX_RECORDED_BATCH: usize = 8;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool (each holds `block_size` tokens of every layer).
+    pub num_blocks: usize,
+    /// Most tokens one step feeds through the model (long prompts are chunked).
+    pub max_batch_tokens: usize,
+    pub kv_dtype: KvDtype,
+    /// Longest sequence accepted; defaults to the model's trained context.
+    pub max_context: Option<usize>,
+    /// Most sequences running at once.
+    pub max_running: usize,
+    /// Most requests waiting for admission; more are refused.
+    pub max_waiting: usize,
+    /// Decode batches of at most this many sequences are recorded once per
+    /// shape and replayed (CUDA graphs) on backends that record; 0 turns
+    /// recording off.
+    pub max_recorded_batch: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: DEFAULT_BLOCK_SIZE,
+            num_blocks: 256,
+            max_batch_tokens: 512,
+            kv_dtype: KvDtype::F32,
+            max_context: None,
+            max_running: 256,
+            max_waiting: 1024,
+            max_recorded_batch: DEFAULT_MAX_RECORDED_BATCH,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// A pool that holds `tokens` tokens for one sequence.
+    pub fn with_capacity_tokens(mut self, tokens: usize) -> Self {
+        self.num_blocks = tokens.div_ceil(self.block_size).max(1);
+        self
+    }
+}
+
+/// Why a sequence stopped generating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+}
+
+/// The log-probability of a sampled token under the model (before
+/// temperature and truncation), and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One token produced by a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub seq: SeqId,
+    pub token: u32,
+    pub finished: Option<FinishReason>,
+    /// Present when the request asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A generation request: one prompt, `samples` independent continuations.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Sample `i` draws from seed `params.seed + i`.
+    pub params: SamplingParams,
+    pub max_new_tokens: usize,
+    /// Tokens that end generation (included in the output, like EOS).
+    pub stop_tokens: Vec<u32>,
+    pub priority: Priority,
+    /// How many continuations (OpenAI's `n`); they share the prompt's KV blocks.
+    pub samples: usize,
+    /// Report each token's logprob and this many top alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Request {
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_new_tokens: usize) -> Self {
+        Self {
+            prompt,
+            params,
+            max_new_tokens,
+            stop_tokens: Vec::new(),
+            priority: 0,
+            samples: 1,
+            logprobs: None,
+        }
+    }
+}
+
+/// Counters and gauges for monitoring.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_free: usize,
+    /// Free blocks that still hold reusable prefix content.
+    pub kv_blocks_cached: usize,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Tokens fed through the model (prompt chunks, recomputes and decodes).
+    pub computed_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+    /// Zero when speculation is off.
+    pub speculation: SpeculationStats,
+    /// Zero where the backend does not record or recording is off.
+    pub recorded_steps: RecordingStats,
+}

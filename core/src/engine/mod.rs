@@ -1,0 +1,536 @@
+//! `Engine<B>`: a model on a backend, its paged KV cache, and the sequences
+//! being generated. `step()` runs one iteration of continuous batching: the
+//! scheduler (`sched::scheduler`) picks prompt chunks and decode tokens of
+//! many sequences within a token budget, they share one forward pass, and
+//! every sequence whose tokens are all computed samples its next one.
+//!
+//! Requests with several samples (`n > 1`) compute their prompt once: the
+//! extra samples are forked from the first (sharing its KV blocks, copied on
+//! write) when its prompt is done, and draw their first token from the same
+//! logits.
+//!
+//! With speculation on ([`Engine::set_speculation`]), decoding sequences
+//! get draft tokens before the step is scheduled; they ride in the same
+//! forward pass as provisional tokens, every drafted position returns
+//! logits, and `finish_step` keeps what the exact acceptance rule accepts
+//! (`crate::spec`), rolling the rest back from the block tables.
+//!
+//! On a backend that records steps (CUDA graphs), small decode batches run
+//! through `crate::model::recorded`: recorded once per shape, then replayed.
+//!
+//! `api` holds what goes in and out (configuration, requests, token
+//! events, statistics); `step` runs one iteration (scheduling, the forward
+//! pass, sampling, verifying drafts); this file holds the engine's state,
+//! admission of requests and scoring.
+
+mod api;
+mod step;
+
+pub use api::{
+    EngineConfig, EngineStats, FinishReason, Request, TokenEvent, TokenLogprobs,
+    DEFAULT_MAX_RECORDED_BATCH,
+};
+pub use step::{PendingStep, ReadValues, Readback};
+
+use std::collections::HashMap;
+
+use crate::backend::Backend;
+use crate::kv::{KvCacheManager, SeqId};
+use crate::model::forward::{ForwardBatch, Model, Progress};
+use crate::model::recorded::DecodeRecorder;
+use crate::model::ModelFiles;
+use crate::sched::{
+    Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SubmitError,
+};
+use crate::spec::{
+    Draft, DraftLength, DraftLengthController, Proposer, SequenceAcceptance, SpeculationStats,
+    Stopwatch,
+};
+use crate::{Error, Result};
+use step::rounded_width;
+
+/// What the engine keeps per sequence beside its tokens.
+#[derive(Debug)]
+struct Generation {
+    sampler: Sampler,
+    max_new_tokens: usize,
+    n_generated: usize,
+    stop_tokens: Vec<u32>,
+    finished: Option<FinishReason>,
+    logprobs: Option<usize>,
+    /// Further samples of this prompt, forked from it (sharing its blocks)
+    /// when its prompt is computed, each with its own sampler.
+    forks: Vec<(SeqId, Sampler)>,
+    /// The drafts riding in the current step, if any.
+    drafts: Option<Draft>,
+    acceptance: SequenceAcceptance,
+}
+
+impl Generation {
+    fn new(
+        sampler: Sampler,
+        max_new_tokens: usize,
+        stop_tokens: Vec<u32>,
+        logprobs: Option<usize>,
+    ) -> Self {
+        Self {
+            sampler,
+            max_new_tokens,
+            n_generated: 0,
+            stop_tokens,
+            finished: None,
+            logprobs,
+            forks: Vec::new(),
+            drafts: None,
+            acceptance: SequenceAcceptance::default(),
+        }
+    }
+}
+
+/// The proposer and the draft-length controller of an engine that speculates.
+struct Speculation<B: Backend> {
+    proposer: Box<dyn Proposer<B>>,
+    control: DraftLengthController,
+    stats: SpeculationStats,
+    /// Off: the proposer is kept but nothing is drafted (A/B benchmarks).
+    enabled: bool,
+}
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    kv: Vec<B::KvCache>,
+    kv_manager: KvCacheManager,
+    config: EngineConfig,
+    max_context: usize,
+    scheduler: Scheduler<Generation>,
+    /// Samples waiting for their parent's prompt, and that parent.
+    awaiting_fork: HashMap<SeqId, SeqId>,
+    next_id: SeqId,
+    computed_tokens: u64,
+    generated_tokens: u64,
+    steps: u64,
+    speculation: Option<Speculation<B>>,
+    /// Present when the backend records and `max_recorded_batch > 0`.
+    recorder: Option<DecodeRecorder<B>>,
+    /// Off: the recorder is kept but not used.
+    recording: bool,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(
+        backend: B,
+        files: &ModelFiles,
+        config: EngineConfig,
+        progress: Progress<'_>,
+    ) -> Result<Self> {
+        if config.block_size == 0 || config.num_blocks == 0 || config.max_batch_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "block size, KV blocks and batch tokens must all be positive".into(),
+            ));
+        }
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_batch_tokens: config.max_batch_tokens,
+            max_running: config.max_running,
+            max_waiting: config.max_waiting,
+        })?;
+        let model = Model::load(&backend, files, progress)?;
+        let cfg = &model.config;
+        let kv = model.alloc_kv_caches(
+            &backend,
+            config.num_blocks,
+            config.block_size,
+            config.kv_dtype,
+        )?;
+        let max_context = config
+            .max_context
+            .unwrap_or(cfg.max_context)
+            .min(cfg.max_context);
+        let mut engine = Self {
+            backend,
+            kv_manager: KvCacheManager::new(config.num_blocks, config.block_size),
+            model,
+            kv,
+            config,
+            max_context,
+            scheduler,
+            awaiting_fork: HashMap::new(),
+            next_id: 0,
+            computed_tokens: 0,
+            generated_tokens: 0,
+            steps: 0,
+            speculation: None,
+            recorder: None,
+            recording: true,
+        };
+        let max_batch = engine.config.max_recorded_batch;
+        if max_batch > 0 && engine.backend.can_record() {
+            let longest = engine.max_context.min(engine.kv_capacity());
+            let widest = rounded_width(longest.div_ceil(engine.config.block_size));
+            engine.recorder = Some(DecodeRecorder::new(max_batch, widest));
+        }
+        Ok(engine)
+    }
+
+    /// Off: decode steps launch every kernel even where they could replay
+    /// a recording (A/B benchmarks); the recordings are kept.
+    pub fn enable_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// Turns on speculative decoding with `proposer` for every sequence
+    /// (greedy or sampled; sequences that ask for logprobs decode plainly).
+    pub fn set_speculation(
+        &mut self,
+        proposer: Box<dyn Proposer<B>>,
+        length: DraftLength,
+    ) -> Result<()> {
+        if matches!(
+            length,
+            DraftLength::Fixed(0) | DraftLength::Adaptive { max: 0 }
+        ) {
+            return Err(Error::InvalidRequest(
+                "the draft length must be at least 1".into(),
+            ));
+        }
+        let mut proposer = proposer;
+        let mut control = DraftLengthController::new(length);
+        if let DraftLength::Adaptive { max } = length {
+            self.measure_step_costs(&mut control, max)?;
+            if let Some(secs) = proposer.measure_cost(&self.backend)? {
+                control.observe_drafting(1, secs);
+            }
+        }
+        self.speculation = Some(Speculation {
+            proposer,
+            control,
+            stats: SpeculationStats::default(),
+            enabled: true,
+        });
+        Ok(())
+    }
+
+    /// Times forward passes of 1 and `max + 1` rows so the draft-length
+    /// controller starts from this device's costs instead of exploring.
+    fn measure_step_costs(
+        &mut self,
+        control: &mut DraftLengthController,
+        max: usize,
+    ) -> Result<()> {
+        let rows = (max + 1).min(self.max_context.saturating_sub(1)).max(1);
+        let tokens = vec![0; rows];
+        for n in [1, rows] {
+            // The first pass warms up; the best of the other two counts.
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let clock = Stopwatch::start();
+                self.score(&tokens[..n], n - 1)?;
+                best = best.min(clock.seconds());
+            }
+            control.observe_step(n, best);
+        }
+        Ok(())
+    }
+
+    /// Pauses or resumes speculation set by [`Engine::set_speculation`].
+    pub fn enable_speculation(&mut self, on: bool) {
+        if let Some(spec) = &mut self.speculation {
+            spec.enabled = on;
+        }
+    }
+
+    /// What drafts, e.g. "n-gram"; `None` without speculation.
+    pub fn speculation(&self) -> Option<String> {
+        self.speculation.as_ref().map(|s| s.proposer.describe())
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn kv_manager(&self) -> &KvCacheManager {
+        &self.kv_manager
+    }
+
+    /// KV bytes per token over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.model.config;
+        c.num_layers
+            * self.config.kv_dtype.bytes_per_token(
+                c.num_kv_heads,
+                c.head_dim,
+                self.config.block_size,
+            )
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = self.scheduler.stats();
+        EngineStats {
+            running: self.scheduler.num_running(),
+            waiting: self.scheduler.num_waiting() + self.awaiting_fork.len(),
+            kv_blocks_used: self.kv_manager.num_used_blocks(),
+            kv_blocks_free: self.kv_manager.num_free_blocks(),
+            kv_blocks_cached: self.kv_manager.allocator().num_cached(),
+            preemptions: s.preemptions,
+            prompt_tokens: s.prompt_tokens,
+            prefix_hit_tokens: s.prefix_hit_tokens,
+            computed_tokens: self.computed_tokens,
+            generated_tokens: self.generated_tokens,
+            steps: self.steps,
+            speculation: self
+                .speculation
+                .as_ref()
+                .map(|s| s.stats.clone())
+                .unwrap_or_default(),
+            recorded_steps: self
+                .recorder
+                .as_ref()
+                .map(|r| r.stats().clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Drops the reusable content of free KV blocks (benchmarks start cold with it).
+    pub fn clear_prefix_cache(&mut self) {
+        self.kv_manager.clear_prefix_cache();
+    }
+
+    /// Starts generating after `prompt`; `stop_tokens` end the turn.
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        max_new_tokens: usize,
+        stop_tokens: Vec<u32>,
+    ) -> Result<SeqId> {
+        let request = Request {
+            stop_tokens,
+            ..Request::new(prompt, params, max_new_tokens)
+        };
+        match self.submit(request) {
+            Ok(ids) => Ok(ids[0]),
+            Err(SubmitError::Rejected(e)) => Err(e),
+            Err(e @ SubmitError::QueueFull(_)) => Err(Error::InvalidRequest(e.to_string())),
+        }
+    }
+
+    /// Queues a request; returns one sequence per sample. Refused when the
+    /// waiting queue is full or the request is malformed.
+    pub fn submit(&mut self, request: Request) -> std::result::Result<Vec<SeqId>, SubmitError> {
+        let Request {
+            prompt,
+            params,
+            max_new_tokens,
+            stop_tokens,
+            priority,
+            samples,
+            logprobs,
+        } = request;
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt is empty".into()).into());
+        }
+        if samples == 0 {
+            return Err(Error::InvalidRequest("at least one sample is needed".into()).into());
+        }
+        self.check_tokens(&prompt)?;
+        self.check_fits(prompt.len())?;
+        if self.scheduler.queue_full(1) {
+            return Err(SubmitError::QueueFull(self.scheduler.num_waiting()));
+        }
+        let ids: Vec<SeqId> = (0..samples as u64).map(|i| self.next_id + i).collect();
+        self.next_id += samples as u64;
+        let sampler = |i: usize| {
+            Sampler::new(SamplingParams {
+                seed: params.seed.wrapping_add(i as u64),
+                ..params.clone()
+            })
+        };
+        let generation = Generation {
+            forks: ids[1..]
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (id, sampler(i + 1)))
+                .collect(),
+            ..Generation::new(sampler(0), max_new_tokens, stop_tokens, logprobs)
+        };
+        for &child in &ids[1..] {
+            self.awaiting_fork.insert(child, ids[0]);
+        }
+        self.scheduler.add(ids[0], prompt, priority, generation)?;
+        Ok(ids)
+    }
+
+    /// Continues a finished sequence with more input (the next chat turn),
+    /// reusing the K/V of everything before it.
+    pub fn extend(&mut self, seq: SeqId, tokens: &[u32], max_new_tokens: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidRequest("nothing to continue with".into()));
+        }
+        self.check_tokens(tokens)?;
+        let len = self.sequence(seq)?.tokens.len();
+        self.check_fits(len + tokens.len())?;
+        self.scheduler.resume(seq)?;
+        let s = self.scheduler.get_mut(seq).expect("checked above");
+        s.tokens.extend_from_slice(tokens);
+        s.data.finished = None;
+        s.data.n_generated = 0;
+        s.data.max_new_tokens = max_new_tokens;
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(Error::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary ({vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check_fits(&self, len: usize) -> Result<()> {
+        if len >= self.max_context {
+            return Err(Error::InvalidRequest(format!(
+                "the prompt has {len} tokens but the context holds {} (leaving room for at least one new token)",
+                self.max_context
+            )));
+        }
+        let capacity = self.kv_capacity();
+        if len >= capacity {
+            return Err(Error::KvCacheFull(format!(
+                "the prompt has {len} tokens but the KV cache holds {capacity}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tokens the whole KV pool holds: no sequence grows past it, so any
+    /// sequence alone always fits.
+    fn kv_capacity(&self) -> usize {
+        self.kv_manager.num_blocks() * self.kv_manager.block_size()
+    }
+
+    fn sequence(&self, seq: SeqId) -> Result<&SchedSeq<Generation>> {
+        self.scheduler
+            .get(seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))
+    }
+
+    pub fn tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        self.scheduler.get(seq).map(|s| s.tokens.as_slice())
+    }
+
+    pub fn is_finished(&self, seq: SeqId) -> bool {
+        !self.awaiting_fork.contains_key(&seq)
+            && self
+                .scheduler
+                .get(seq)
+                .is_none_or(|s| s.status() == SeqStatus::Finished)
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.scheduler.num_running()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.num_waiting()
+    }
+
+    /// Keeps only the first `n_tokens` tokens of a finished sequence, with
+    /// their K/V, so it can be continued differently (chat history edits).
+    pub fn rewind(&mut self, seq: SeqId, n_tokens: usize) -> Result<()> {
+        self.scheduler.rewind(seq, n_tokens)?;
+        let computed = self.sequence(seq)?.num_computed();
+        self.kv_manager.truncate(seq, computed)
+    }
+
+    /// Forgets `seq` and frees its KV blocks at once. Samples still waiting
+    /// for its prompt become requests of their own.
+    pub fn remove(&mut self, seq: SeqId) {
+        if let Some(parent) = self.awaiting_fork.remove(&seq) {
+            if let Some(p) = self.scheduler.get_mut(parent) {
+                p.data.forks.retain(|(id, _)| *id != seq);
+            }
+            return;
+        }
+        let Some(s) = self.scheduler.remove(seq) else {
+            return;
+        };
+        self.kv_manager.free(seq);
+        if let Some(spec) = &mut self.speculation {
+            spec.proposer.forget(seq);
+        }
+        let priority = s.priority();
+        for (child, sampler) in s.data.forks {
+            self.awaiting_fork.remove(&child);
+            let generation = Generation::new(
+                sampler,
+                s.data.max_new_tokens,
+                s.data.stop_tokens.clone(),
+                s.data.logprobs,
+            );
+            // A parent with pending samples has not sampled yet: its tokens are the prompt.
+            self.scheduler
+                .add(child, s.tokens.clone(), priority, generation)
+                .expect("a fresh id and a non-empty prompt");
+        }
+    }
+
+    /// Logits of every position from `first_row` on, for `tokens` evaluated
+    /// from scratch (perplexity, reference checks). Uses a temporary sequence
+    /// whose blocks are freed before returning. Returns `[rows, vocab]`.
+    pub fn score(&mut self, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+        if tokens.is_empty() || first_row >= tokens.len() {
+            return Err(Error::InvalidRequest("nothing to score".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.check_fits(tokens.len() - 1)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.kv_manager.add_sequence(id)?;
+        let result = self.score_chunks(id, tokens, first_row);
+        self.kv_manager.free(id);
+        result
+    }
+
+    fn score_chunks(&mut self, id: SeqId, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+        let vocab = self.model.config.vocab_size;
+        let bs = self.kv_manager.block_size();
+        let mut out = Vec::with_capacity((tokens.len() - first_row) * vocab);
+        for (chunk_idx, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
+            let start = chunk_idx * self.config.max_batch_tokens;
+            let res = self.kv_manager.reserve(id, chunk.len())?;
+            let table = self.kv_manager.table(id).expect("added by caller");
+            let mut batch = ForwardBatch::new(bs, table.blocks().len());
+            batch.push_sequence(chunk, start, &res.slots, table.blocks());
+            batch.logit_rows = (first_row.max(start)..start + chunk.len())
+                .map(|p| (p - start) as u32)
+                .collect();
+            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+            if !batch.logit_rows.is_empty() {
+                out.extend(
+                    self.backend
+                        .download(&logits, batch.logit_rows.len() * vocab)?,
+                );
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,571 @@
+//! One iteration of the engine: the scheduler's pick, one forward pass
+//! (or the replay of a recorded decode step), then sampling every sequence
+//! whose tokens are computed, verifying drafts where there were any.
+
+use super::{Engine, Generation};
+use std::collections::HashSet;
+
+use super::api::{FinishReason, TokenEvent, TokenLogprobs};
+use crate::backend::Backend;
+use crate::kv::SeqId;
+use crate::model::forward::ForwardBatch;
+use crate::model::recorded::DecodeOutputs;
+use crate::sched::Schedule;
+use crate::spec::{verify::verify, Draft, DraftRequest, Stopwatch};
+use crate::{Error, Result};
+
+/// A step whose forward pass is queued but whose tokens are not sampled
+/// yet: made by [`Engine::begin_step`], completed by [`Engine::finish_step`].
+pub struct PendingStep<B: Backend> {
+    /// The sequences that sample, in the order of the readback's rows, with
+    /// how many rows each has (1, or 1 + the drafts to verify).
+    seqs: Vec<(SeqId, usize)>,
+    readback: Readback<B>,
+    /// Rows of the forward pass and when it started (for adaptive k).
+    rows: usize,
+    started: Stopwatch,
+    /// The readback's buffer is lent by the decode recorder (this generation).
+    lent_by_recorder: Option<u64>,
+}
+
+impl<B: Backend> PendingStep<B> {
+    /// What to read back from the device before [`Engine::finish_step`].
+    pub fn readback(&self) -> &Readback<B> {
+        &self.readback
+    }
+}
+
+/// The device data a [`PendingStep`] needs on the host.
+pub enum Readback<B: Backend> {
+    /// Nothing: no sequence samples in this step (prompt chunks only, or no work).
+    Nothing,
+    /// `len` logits (one vocabulary row per sampling sequence), sampled on the host.
+    Logits { tensor: B::Tensor, len: usize },
+    /// `len` token ids, the device's argmax (batches that are all greedy).
+    TokenIds { ids: B::Indices, len: usize },
+}
+
+/// The host's copy of a [`Readback`], of the same variant and length.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReadValues {
+    Nothing,
+    Logits(Vec<f32>),
+    TokenIds(Vec<u32>),
+}
+
+/// Where a sampled sequence's next token comes from.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    /// Its logits row, read back to the host.
+    Logits(&'a [f32]),
+    /// The device's argmax (greedy, no logprobs).
+    Argmax(u32),
+}
+
+impl<B: Backend> Engine<B> {
+    /// Runs one iteration: the scheduler picks decode tokens and prompt
+    /// chunks within `max_batch_tokens` (preempting when KV blocks run
+    /// out), they run as one forward pass, and every sequence whose tokens
+    /// are all computed samples its next one. Returns the sampled tokens.
+    ///
+    /// The same as [`Engine::begin_step`], a blocking read of its
+    /// [`Readback`], then [`Engine::finish_step`].
+    pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+        let pending = self.begin_step()?;
+        let values = match &pending.readback {
+            Readback::Nothing => ReadValues::Nothing,
+            Readback::Logits { tensor, len } => {
+                ReadValues::Logits(self.backend.download(tensor, *len)?)
+            }
+            Readback::TokenIds { ids, len } => {
+                ReadValues::TokenIds(self.backend.download_indices(ids, *len)?)
+            }
+        };
+        self.finish_step(pending, values)
+    }
+
+    /// The first half of [`Engine::step`]: schedules the batch and queues its
+    /// forward pass (and the argmax of greedy batches) without reading
+    /// anything back. Read the returned step's [`PendingStep::readback`] (with
+    /// an async download where blocking is not allowed, as in the browser)
+    /// and hand the values to [`Engine::finish_step`] before anything else
+    /// touches the engine.
+    pub fn begin_step(&mut self) -> Result<PendingStep<B>> {
+        self.propose_drafts()?;
+        let started = Stopwatch::start();
+        let schedule = self.scheduler.schedule(&mut self.kv_manager)?;
+        self.drop_unscheduled_drafts(&schedule)?;
+        if schedule.chunks.is_empty() {
+            if self.scheduler.num_waiting() > 0 && self.scheduler.num_running() == 0 {
+                return Err(Error::KvCacheFull(format!(
+                    "{} requests wait but finished sequences hold all {} KV blocks",
+                    self.scheduler.num_waiting(),
+                    self.kv_manager.num_blocks()
+                )));
+            }
+            return Ok(PendingStep {
+                seqs: Vec::new(),
+                readback: Readback::Nothing,
+                rows: 0,
+                started,
+                lent_by_recorder: None,
+            });
+        }
+        self.steps += 1;
+        self.computed_tokens += schedule.num_tokens() as u64;
+        let bs = self.kv_manager.block_size();
+        let longest = schedule
+            .chunks
+            .iter()
+            .map(|c| self.kv_manager.table(c.seq).map_or(0, |t| t.blocks().len()))
+            .max()
+            .unwrap_or(1);
+        let mut batch = ForwardBatch::new(bs, rounded_width(longest));
+        let mut sampled: Vec<(SeqId, usize)> = Vec::new();
+        for c in &schedule.chunks {
+            if !c.reservation.copies.is_empty() {
+                for cache in &mut self.kv {
+                    self.backend.copy_kv_blocks(cache, &c.reservation.copies)?;
+                }
+            }
+            let s = self.scheduler.get(c.seq).expect("scheduled");
+            let table = self
+                .kv_manager
+                .table(c.seq)
+                .expect("reserved by the scheduler");
+            let first_row = batch.rows();
+            batch.push_sequence(
+                &s.tokens[c.start..c.start + c.len],
+                c.start,
+                &c.reservation.slots,
+                table.blocks(),
+            );
+            // The row of the last accepted token predicts the first draft;
+            // each drafted row predicts the next one.
+            let accepted_end = s.tokens.len() - s.num_drafts();
+            if c.start + c.len >= accepted_end {
+                let from = accepted_end - 1 - c.start;
+                batch
+                    .logit_rows
+                    .extend((first_row + from..first_row + c.len).map(|r| r as u32));
+                sampled.push((c.seq, c.len - from));
+            }
+        }
+        let recording = self.recording;
+        let recorder = (self.recorder.as_mut()).filter(|r| recording && r.accepts(&batch));
+        let (readback, lent_by_recorder) = match recorder {
+            Some(recorder) => {
+                let outputs = recorder.run(&self.backend, &self.model, &batch, &mut self.kv)?;
+                let generation = outputs.generation;
+                (self.lend_readback(outputs, &sampled), Some(generation))
+            }
+            None => {
+                let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+                (self.readback_for(logits, &sampled)?, None)
+            }
+        };
+        self.scheduler.complete(&schedule, &mut self.kv_manager)?;
+        Ok(PendingStep {
+            seqs: sampled,
+            readback,
+            rows: batch.rows(),
+            started,
+            lent_by_recorder,
+        })
+    }
+
+    /// The readback of a recorded decode step of the sequences `seqs`
+    /// (one row each): its logits or its ids, lent by the recorder, which
+    /// takes the other back now.
+    fn lend_readback(&mut self, outputs: DecodeOutputs<B>, seqs: &[(SeqId, usize)]) -> Readback<B> {
+        let host_logits = self.needs_host_logits(seqs);
+        let recorder = self.recorder.as_mut().expect("the step was recorded");
+        let (rows, vocab) = (seqs.len(), self.model.config.vocab_size);
+        if host_logits {
+            recorder.give_back_ids(outputs.ids, outputs.generation);
+            Readback::Logits {
+                tensor: outputs.logits,
+                len: rows * vocab,
+            }
+        } else {
+            recorder.give_back_logits(outputs.logits, outputs.generation);
+            Readback::TokenIds {
+                ids: outputs.ids,
+                len: rows,
+            }
+        }
+    }
+
+    /// Asks the proposer for drafts for every decoding sequence, as many as
+    /// the controller chooses, and appends them as provisional tokens.
+    fn propose_drafts(&mut self) -> Result<()> {
+        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
+            return Ok(());
+        };
+        let max_len = self
+            .max_context
+            .min(self.kv_manager.num_blocks() * self.kv_manager.block_size());
+        let candidates: Vec<SeqId> = self
+            .scheduler
+            .sequences()
+            .filter(|(_, s)| {
+                s.is_decoding() && s.data.logprobs.is_none() && s.data.forks.is_empty()
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let mut wanted = Vec::new();
+        for &id in &candidates {
+            let s = self.scheduler.get_mut(id).expect("listed above");
+            let g = &mut s.data;
+            // After k accepted drafts and one more token the sequence must still fit.
+            let limit = (g.max_new_tokens.saturating_sub(g.n_generated + 1))
+                .min(max_len.saturating_sub(s.tokens.len() + 1));
+            let k = spec
+                .control
+                .choose(&mut g.acceptance, candidates.len(), limit);
+            if k > 0 {
+                wanted.push((id, k));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<DraftRequest<'_>> = wanted
+            .iter()
+            .map(|&(seq, k)| {
+                let s = self.scheduler.get(seq).expect("listed above");
+                DraftRequest {
+                    seq,
+                    context: &s.tokens,
+                    k,
+                    params: s.data.sampler.params(),
+                }
+            })
+            .collect();
+        let clock = Stopwatch::start();
+        let drafts = spec.proposer.propose(&self.backend, &requests)?;
+        let secs = clock.seconds();
+        let vocab = self.model.config.vocab_size;
+        let mut proposed = 0;
+        for ((seq, k), mut draft) in wanted.into_iter().zip(drafts) {
+            // A draft model with a larger vocabulary must not reach the embedding.
+            let valid = draft
+                .tokens
+                .iter()
+                .take(k)
+                .take_while(|&&t| (t as usize) < vocab)
+                .count();
+            draft.tokens.truncate(valid);
+            if let Some(d) = &mut draft.dists {
+                d.truncate(valid);
+            }
+            if draft.tokens.is_empty() {
+                continue;
+            }
+            proposed += valid;
+            self.scheduler.push_drafts(seq, &draft.tokens)?;
+            self.scheduler
+                .get_mut(seq)
+                .expect("listed above")
+                .data
+                .drafts = Some(draft);
+        }
+        spec.control.observe_drafting(proposed, secs);
+        spec.stats.draft_seconds += secs;
+        Ok(())
+    }
+
+    /// Drafts of sequences the scheduler preempted (it dropped their tokens)
+    /// or left out of this step are forgotten.
+    fn drop_unscheduled_drafts(&mut self, schedule: &Schedule) -> Result<()> {
+        if self.speculation.is_none() {
+            return Ok(());
+        }
+        let scheduled: HashSet<SeqId> = schedule.chunks.iter().map(|c| c.seq).collect();
+        let drafted: Vec<SeqId> = self
+            .scheduler
+            .sequences()
+            .filter(|(_, s)| s.data.drafts.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        for id in drafted {
+            if !scheduled.contains(&id) {
+                self.scheduler
+                    .get_mut(id)
+                    .expect("listed above")
+                    .data
+                    .drafts = None;
+                if self.scheduler.get(id).is_some_and(|s| s.num_drafts() > 0) {
+                    self.scheduler.settle_drafts(id, 0, &mut self.kv_manager)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the host needs to sample the sequences `seqs` (`rows` logits
+    /// rows each): greedy batches take the device's argmax, so only token
+    /// ids come back; any other batch reads its logits.
+    fn readback_for(&self, logits: B::Tensor, seqs: &[(SeqId, usize)]) -> Result<Readback<B>> {
+        let rows: usize = seqs.iter().map(|s| s.1).sum();
+        if rows == 0 {
+            return Ok(Readback::Nothing);
+        }
+        let vocab = self.model.config.vocab_size;
+        if self.needs_host_logits(seqs) {
+            return Ok(Readback::Logits {
+                tensor: logits,
+                len: rows * vocab,
+            });
+        }
+        let mut ids = self.backend.upload_indices(&vec![0; rows])?;
+        self.backend.argmax(&logits, rows, vocab, &mut ids)?;
+        Ok(Readback::TokenIds { ids, len: rows })
+    }
+
+    /// Whether any of `seqs` samples on the host (or reports logprobs)
+    /// rather than taking the device's argmax.
+    fn needs_host_logits(&self, seqs: &[(SeqId, usize)]) -> bool {
+        seqs.iter().any(|&(id, _)| {
+            let g = &self.scheduler.get(id).expect("sampled").data;
+            !g.sampler.params().is_greedy() || g.logprobs.is_some()
+        })
+    }
+
+    /// The second half of [`Engine::step`]: samples the next token of each
+    /// sequence of `pending` from the host copy of its readback (verifying
+    /// its drafts first, if it has any), forks pending samples off parents
+    /// whose prompt is now computed, and applies the stop conditions.
+    /// Returns the new tokens.
+    pub fn finish_step(
+        &mut self,
+        pending: PendingStep<B>,
+        values: ReadValues,
+    ) -> Result<Vec<TokenEvent>> {
+        let PendingStep {
+            seqs,
+            readback,
+            rows: step_rows,
+            started,
+            lent_by_recorder,
+        } = pending;
+        let vocab = self.model.config.vocab_size;
+        let (rows, argmax) = match (&readback, values) {
+            (Readback::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
+            (Readback::Logits { len, .. }, ReadValues::Logits(rows)) if rows.len() == *len => {
+                (rows, Vec::new())
+            }
+            (Readback::TokenIds { len, .. }, ReadValues::TokenIds(ids)) if ids.len() == *len => {
+                (Vec::new(), ids)
+            }
+            _ => {
+                return Err(Error::InvalidRequest(
+                    "finish_step: the values read back do not match the step's readback".into(),
+                ))
+            }
+        };
+        // A buffer not given back (the error above) only costs the recorder
+        // its recordings: it starts over at its next run.
+        if let (Some(generation), Some(recorder)) = (lent_by_recorder, &mut self.recorder) {
+            match readback {
+                Readback::Logits { tensor, .. } => recorder.give_back_logits(tensor, generation),
+                Readback::TokenIds { ids, .. } => recorder.give_back_ids(ids, generation),
+                Readback::Nothing => {}
+            }
+        }
+        let pick = |r: usize| match rows.get(r * vocab..(r + 1) * vocab) {
+            Some(row) => Pick::Logits(row),
+            None => Pick::Argmax(argmax[r]),
+        };
+        let mut events = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        let mut verified = false;
+        for &(id, n_rows) in &seqs {
+            let picks: Vec<Pick<'_>> = (row..row + n_rows).map(pick).collect();
+            row += n_rows;
+            let data = &mut self.scheduler.get_mut(id).expect("sampled").data;
+            if let Some(draft) = data.drafts.take() {
+                verified = true;
+                self.finish_speculative(id, draft, &picks, &mut events)?;
+                continue;
+            }
+            let forks = std::mem::take(&mut data.forks);
+            for (child, sampler) in forks {
+                self.awaiting_fork.remove(&child);
+                self.kv_manager.fork(id, child)?;
+                let parent = &self.scheduler.get(id).expect("sampled").data;
+                let generation = Generation::new(
+                    sampler,
+                    parent.max_new_tokens,
+                    parent.stop_tokens.clone(),
+                    parent.logprobs,
+                );
+                self.scheduler.fork(id, child, generation)?;
+                events.push(self.take_token(child, picks[0]));
+            }
+            events.push(self.take_token(id, picks[0]));
+        }
+        if let Some(spec) = &mut self.speculation {
+            let secs = started.seconds();
+            spec.control.observe_step(step_rows, secs);
+            if verified {
+                spec.stats.verify_seconds += secs;
+            }
+        }
+        Ok(events)
+    }
+
+    /// Verifies the drafts of `seq` against its logits rows `picks` (one per
+    /// covered draft, plus one), keeps the accepted ones and appends the
+    /// verifier's next token, stopping early at a stop condition.
+    fn finish_speculative(
+        &mut self,
+        seq: SeqId,
+        draft: Draft,
+        picks: &[Pick<'_>],
+        events: &mut Vec<TokenEvent>,
+    ) -> Result<()> {
+        let max_len = self.max_context.min(self.kv_capacity());
+        let covered = picks.len() - 1;
+        let s = self.scheduler.get_mut(seq).expect("sampled");
+        let mut context = s.accepted_tokens().to_vec();
+        let history_len = context.len();
+        let g = &mut s.data;
+        let shaper = g.sampler.clone();
+        let dists = draft.dists.as_deref().map(|d| &d[..covered]);
+        let verdict = verify(
+            &mut g.sampler,
+            &draft.tokens[..covered],
+            dists,
+            |i, accepted| match picks[i] {
+                Pick::Logits(row) => {
+                    context.truncate(history_len);
+                    context.extend_from_slice(accepted);
+                    shaper.distribution(&mut row.to_vec(), &context)
+                }
+                Pick::Argmax(t) => vec![(t, 1.0)],
+            },
+        );
+        g.acceptance.observe(covered, verdict.accepted);
+        // Cut the emitted tokens at the first stop condition.
+        let emitted: Vec<u32> = draft.tokens[..verdict.accepted]
+            .iter()
+            .copied()
+            .chain([verdict.next])
+            .collect();
+        let stop = emitted
+            .iter()
+            .enumerate()
+            .position(|(j, t)| {
+                g.stop_tokens.contains(t)
+                    || g.n_generated + j + 1 >= g.max_new_tokens
+                    || history_len + j + 1 >= max_len
+            })
+            .unwrap_or(emitted.len() - 1);
+        let emitted = &emitted[..=stop];
+        let kept_drafts = emitted.len().min(verdict.accepted);
+        if let Some(spec) = &mut self.speculation {
+            spec.stats.verified_sequences += 1;
+            spec.stats.proposed_tokens += covered as u64;
+            spec.stats.accepted_tokens += verdict.accepted as u64;
+            spec.stats.emitted_tokens += emitted.len() as u64;
+        }
+        self.scheduler
+            .settle_drafts(seq, kept_drafts, &mut self.kv_manager)?;
+        for (j, &token) in emitted.iter().enumerate() {
+            let len_after = history_len + j + 1;
+            if j >= kept_drafts {
+                self.scheduler
+                    .get_mut(seq)
+                    .expect("sampled")
+                    .tokens
+                    .push(token);
+            }
+            events.push(self.record_token(seq, token, None, len_after));
+        }
+        Ok(())
+    }
+
+    /// Appends the next token of `seq`, from its logits row or the device's argmax.
+    fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> TokenEvent {
+        let s = self.scheduler.get_mut(seq).expect("sampled");
+        let g = &mut s.data;
+        let (token, logprobs) = match pick {
+            Pick::Logits(row) => {
+                let token = g.sampler.sample(&mut row.to_vec(), &s.tokens);
+                (token, g.logprobs.map(|top| token_logprobs(row, token, top)))
+            }
+            Pick::Argmax(token) => (token, None),
+        };
+        s.tokens.push(token);
+        let len = s.tokens.len();
+        self.record_token(seq, token, logprobs, len)
+    }
+
+    /// Counts `token`, already in `seq`'s tokens with `len_after` tokens up
+    /// to and including it, and applies the stop conditions.
+    fn record_token(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+        len_after: usize,
+    ) -> TokenEvent {
+        let max_len = self.max_context.min(self.kv_capacity());
+        let g = &mut self.scheduler.get_mut(seq).expect("sampled").data;
+        g.n_generated += 1;
+        if g.stop_tokens.contains(&token) {
+            g.finished = Some(FinishReason::Stop);
+        } else if g.n_generated >= g.max_new_tokens || len_after >= max_len {
+            g.finished = Some(FinishReason::Length);
+        }
+        let finished = g.finished;
+        self.generated_tokens += 1;
+        if finished.is_some() {
+            self.scheduler.finish(seq);
+        }
+        TokenEvent {
+            seq,
+            token,
+            finished,
+            logprobs,
+        }
+    }
+}
+
+/// The block-table width of a step whose longest table has `blocks`
+/// entries. The width is a launch parameter of attention: rounding it up to
+/// a power of two keeps the recorded decode shapes few, and eager steps use
+/// the same widths, so both run the same launches.
+pub(super) fn rounded_width(blocks: usize) -> usize {
+    blocks.max(1).next_power_of_two()
+}
+
+/// Log-softmax of `row` at `token`, and the `top` most likely tokens.
+fn token_logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = row
+        .iter()
+        .map(|&l| ((l - max) as f64).exp())
+        .sum::<f64>()
+        .ln() as f32
+        + max;
+    let mut best: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l - log_sum))
+        .collect();
+    let by_logprob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let top = top.min(best.len());
+    if top > 0 && top < best.len() {
+        best.select_nth_unstable_by(top - 1, by_logprob);
+    }
+    best.truncate(top);
+    best.sort_unstable_by(by_logprob);
+    TokenLogprobs {
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_sum),
+        top: best,
+    }
+}

@@ -1,0 +1,274 @@
+//! Architectures as data: what a model family's layers do beyond the sizes
+//! in [`ModelConfig`](super::ModelConfig), so that one forward pass runs
+//! them all.
+//!
+//! [`FAMILIES`] names every architecture Tandem runs, under its GGUF
+//! `general.architecture` and its Hugging Face class, with the wiring both
+//! loaders give it ([`BlockSpec`]). What varies from layer to layer (the
+//! attention window and the RoPE frequencies) is a [`LayerSpec`] per layer.
+//!
+//! The one layer, with the optional parts in brackets:
+//!
+//! ```text
+//! x = attn_norm(h)
+//! q, k, v = x·Wq [+ bq], x·Wk [+ bk], x·Wv [+ bv]
+//! [q, k = attn_q_norm(q), attn_k_norm(k)]      per head, over head_dim
+//! q, k = rope(q), rope(k)                      this layer's frequencies
+//! a = attention(q, k, v)                       global or sliding window
+//! o = a·Wo;  [o = post_attention_norm(o)]
+//! h = h + o
+//! x = ffn_norm(h)
+//! f = (act(x·Wgate) * x·Wup)·Wdown;  [f = post_ffw_norm(f)]
+//! h = h + f
+//! ```
+//!
+//! with `h` starting as the token's embedding row [times `sqrt(hidden_size)`].
+
+use super::config::{inv_freq, RopeScaling};
+use crate::backend::RopeStyle;
+
+/// The activation of the feed-forward gate: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Llama, Mistral, Qwen.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): Gemma (Hugging Face's
+    /// `gelu_pytorch_tanh`, llama.cpp's `LLM_FFN_GELU`).
+    GeluTanh,
+}
+
+/// How every layer of a model is wired, beyond Llama's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSpec {
+    /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`
+    /// of `[head_dim]`): Qwen3, Gemma 3.
+    pub qk_norm: bool,
+    /// RMSNorm of the attention output and of the FFN output before each
+    /// residual add (`post_attention_norm`, `post_ffw_norm`): Gemma 3.
+    pub post_norms: bool,
+    pub activation: Activation,
+    /// Embedding rows are multiplied by `sqrt(hidden_size)`: Gemma.
+    pub scaled_embedding: bool,
+}
+
+impl BlockSpec {
+    /// The plain Llama layer.
+    pub const LLAMA: BlockSpec = BlockSpec {
+        qk_norm: false,
+        post_norms: false,
+        activation: Activation::Silu,
+        scaled_embedding: false,
+    };
+}
+
+/// RoPE frequencies: base and scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f32,
+    pub scaling: RopeScaling,
+}
+
+impl Rope {
+    /// `rotary_dim / 2` inverse frequencies, scaling applied.
+    pub fn inv_freq(&self, rotary_dim: usize) -> Vec<f32> {
+        inv_freq(self.theta, &self.scaling, rotary_dim)
+    }
+}
+
+/// What one layer does that another may not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// `None`: the layer attends to the whole prefix; `Some(w)`: to the
+    /// last `w` positions (a local, sliding-window layer).
+    pub sliding_window: Option<usize>,
+    pub rope: Rope,
+}
+
+impl LayerSpec {
+    /// `n` layers alike: a model without per-layer variation.
+    pub fn uniform(n: usize, sliding_window: Option<usize>, rope: Rope) -> Vec<LayerSpec> {
+        vec![
+            LayerSpec {
+                sliding_window,
+                rope
+            };
+            n
+        ]
+    }
+}
+
+/// A model family Tandem runs.
+#[derive(Debug)]
+pub struct Family {
+    /// GGUF `general.architecture`, and the prefix of its keys.
+    pub gguf: &'static str,
+    /// Hugging Face `architectures[0]`.
+    pub hf: &'static str,
+    /// RoPE pairing in GGUF files: llama.cpp's converter permutes Q/K rows
+    /// of `llama` models for adjacent pairs; the others it leaves in
+    /// Hugging Face order (llama.cpp's `LLAMA_ROPE_TYPE_NEOX`).
+    pub gguf_rope_style: RopeStyle,
+    /// Q, K and V projections have biases (Qwen2); other families may have
+    /// them too, which the tensors then show.
+    pub qkv_bias: bool,
+    pub block: BlockSpec,
+    /// Hugging Face norm weights are offsets from 1 (Gemma's RMSNorm computes
+    /// `x * (1 + w)`); llama.cpp's converter adds the 1, and so does the
+    /// safetensors loader, so a model holds the GGUF convention.
+    pub hf_norm_offset: bool,
+}
+
+impl Family {
+    /// Gemma 3: local and global attention layers interleaved.
+    pub fn is_gemma3(&self) -> bool {
+        self.gguf == "gemma3"
+    }
+}
+
+/// Gemma 3's layer pattern: five local (sliding-window) layers, then one
+/// global layer (llama.cpp `hparams.set_swa_pattern(6)`; Hugging Face
+/// `sliding_window_pattern = 6`, layer `i` local unless `(i + 1) % 6 == 0`).
+pub const GEMMA3_PATTERN: usize = 6;
+/// Gemma 3's RoPE base on local layers, unscaled: llama.cpp hard-codes
+/// `rope_freq_base_train_swa = 10000` for gemma3 (Hugging Face
+/// `rope_local_base_freq`, default 10000).
+pub const GEMMA3_LOCAL_ROPE_THETA: f32 = 10000.0;
+
+/// Every family, by both names.
+pub const FAMILIES: &[Family] = &[
+    Family {
+        gguf: "llama",
+        hf: "LlamaForCausalLM",
+        gguf_rope_style: RopeStyle::Interleaved,
+        qkv_bias: false,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+    },
+    Family {
+        gguf: "mistral",
+        hf: "MistralForCausalLM",
+        gguf_rope_style: RopeStyle::Interleaved,
+        qkv_bias: false,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+    },
+    Family {
+        gguf: "qwen2",
+        hf: "Qwen2ForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: true,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+    },
+    Family {
+        gguf: "qwen3",
+        hf: "Qwen3ForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: false,
+        block: BlockSpec {
+            qk_norm: true,
+            ..BlockSpec::LLAMA
+        },
+        hf_norm_offset: false,
+    },
+    Family {
+        gguf: "gemma3",
+        hf: "Gemma3ForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: false,
+        block: BlockSpec {
+            qk_norm: true,
+            post_norms: true,
+            activation: Activation::GeluTanh,
+            scaled_embedding: true,
+        },
+        hf_norm_offset: true,
+    },
+];
+
+/// The family of a GGUF `general.architecture`.
+pub fn by_gguf_name(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.gguf == name)
+}
+
+/// The family of a Hugging Face `architectures[0]`.
+pub fn by_hf_class(class: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.hf == class)
+}
+
+/// `a, b and c`: the names of every family, for error messages.
+pub fn known_names(name: impl Fn(&Family) -> &'static str) -> String {
+    let names: Vec<&str> = FAMILIES.iter().map(name).collect();
+    let (last, rest) = names.split_last().expect("FAMILIES is not empty");
+    format!("{} and {last}", rest.join(", "))
+}
+
+/// Gemma 3's layers: local layers (window `window`, base 10000, no
+/// scaling) and every [`GEMMA3_PATTERN`]th layer global (`global` RoPE),
+/// unless `is_local` (Hugging Face `layer_types`) says which is which.
+pub fn gemma3_layers(
+    num_layers: usize,
+    window: usize,
+    global: &Rope,
+    local_theta: f32,
+    is_local: impl Fn(usize) -> bool,
+) -> Vec<LayerSpec> {
+    (0..num_layers)
+        .map(|i| {
+            if is_local(i) {
+                LayerSpec {
+                    sliding_window: Some(window),
+                    rope: Rope {
+                        theta: local_theta,
+                        scaling: RopeScaling::None,
+                    },
+                }
+            } else {
+                LayerSpec {
+                    sliding_window: None,
+                    rope: global.clone(),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Whether layer `i` of Gemma 3's fixed pattern is local.
+pub fn gemma3_is_local(i: usize) -> bool {
+    (i + 1) % GEMMA3_PATTERN != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        for f in FAMILIES {
+            assert_eq!(by_gguf_name(f.gguf).unwrap().hf, f.hf);
+            assert_eq!(by_hf_class(f.hf).unwrap().gguf, f.gguf);
+        }
+        assert!(by_gguf_name("gemma").is_none());
+        assert_eq!(
+            known_names(|f| f.gguf),
+            "llama, mistral, qwen2, qwen3 and gemma3"
+        );
+    }
+
+    #[test]
+    fn gemma3_pattern_has_every_sixth_layer_global() {
+        let global = Rope {
+            theta: 1e6,
+            scaling: RopeScaling::Linear { factor: 8.0 },
+        };
+        let layers = gemma3_layers(13, 512, &global, 10000.0, gemma3_is_local);
+        let globals: Vec<usize> = (0..13)
+            .filter(|&i| layers[i].sliding_window.is_none())
+            .collect();
+        assert_eq!(globals, [5, 11]);
+        assert_eq!(layers[5].rope, global);
+        assert_eq!(layers[4].sliding_window, Some(512));
+        assert_eq!(layers[4].rope.theta, 10000.0);
+        assert_eq!(layers[4].rope.scaling, RopeScaling::None);
+    }
+}

@@ -1,0 +1,734 @@
+//! The GGUF reader: parses the header, metadata and tensor infos of a file it
+//! treats as hostile, checking every count, length, offset and size against the
+//! bytes that remain before using it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{GgufValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::model::{Bytes, TensorInfo};
+use crate::quant::WeightFormat;
+use crate::{Error, Result};
+
+/// A parsed GGUF file: its metadata, and where each tensor lies in `bytes`.
+pub struct GgufFile {
+    pub version: u32,
+    pub metadata: Vec<(String, GgufValue)>,
+    /// Offsets are absolute (from the start of the file) and checked to be in bounds.
+    pub tensors: Vec<TensorInfo>,
+    pub bytes: Arc<Bytes>,
+}
+
+/// Real files nest arrays at most one deep; the bound keeps a hostile file from
+/// recursing the reader off its stack.
+const MAX_ARRAY_NESTING: usize = 8;
+/// Smallest possible encodings, used to reject counts the rest of the file cannot hold:
+/// a metadata entry is an empty key, a type and a one-byte value; a tensor info
+/// is an empty name, `n_dims`, a type and an offset.
+const MIN_METADATA_ENTRY_BYTES: u64 = 8 + 4 + 1;
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
+
+/// Bytes taken by the smallest value of a type (an empty string or array for
+/// those), or `None` for an unknown type id.
+fn min_value_bytes(type_id: u32) -> Option<u64> {
+    match type_id {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        8 => Some(8),
+        9 => Some(4 + 8),
+        10..=12 => Some(8),
+        _ => None,
+    }
+}
+
+/// GGML's names for type ids Tandem does not read, so an error can say what the file uses.
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    let name = match id {
+        6 => "Q5_0",
+        7 => "Q5_1",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return None,
+    };
+    Some(name)
+}
+
+fn supported_formats() -> String {
+    WeightFormat::GGML.map(WeightFormat::name).join(", ")
+}
+
+/// Why a read from the file failed, before the caller adds what it was reading.
+enum ReadError {
+    /// The item runs past the end of the file.
+    Truncated,
+    /// A length or count field claims more than the rest of the file can hold.
+    TooLong {
+        what: &'static str,
+        value: u64,
+    },
+    Invalid(String),
+}
+
+/// A cursor over the file's bytes; every read is bounds-checked.
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> u64 {
+        (self.data.len() - self.pos) as u64
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.data.len())
+            .ok_or(ReadError::Truncated)?;
+        let bytes = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
+        <[u8; N]>::try_from(self.take(N)?).map_err(|_| ReadError::Truncated)
+    }
+
+    fn u32(&mut self) -> Result<u32, ReadError> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, ReadError> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    /// A `u64` count of items of at least `min_item_bytes` each, checked to fit in the rest of the file.
+    fn count(&mut self, what: &'static str, min_item_bytes: u64) -> Result<usize, ReadError> {
+        let value = self.u64()?;
+        let fits = value
+            .checked_mul(min_item_bytes)
+            .is_some_and(|bytes| bytes <= self.remaining());
+        match usize::try_from(value) {
+            Ok(count) if fits => Ok(count),
+            _ => Err(ReadError::TooLong { what, value }),
+        }
+    }
+
+    fn string(&mut self) -> Result<String, ReadError> {
+        let len = self.count("string length", 1)?;
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| ReadError::Invalid("string is not valid UTF-8".into()))
+    }
+
+    fn value(&mut self, type_id: u32, nesting: usize) -> Result<GgufValue, ReadError> {
+        Ok(match type_id {
+            0 => GgufValue::U8(u8::from_le_bytes(self.array()?)),
+            1 => GgufValue::I8(i8::from_le_bytes(self.array()?)),
+            2 => GgufValue::U16(u16::from_le_bytes(self.array()?)),
+            3 => GgufValue::I16(i16::from_le_bytes(self.array()?)),
+            4 => GgufValue::U32(self.u32()?),
+            5 => GgufValue::I32(i32::from_le_bytes(self.array()?)),
+            6 => GgufValue::F32(f32::from_le_bytes(self.array()?)),
+            7 => match self.array::<1>()? {
+                [0] => GgufValue::Bool(false),
+                [1] => GgufValue::Bool(true),
+                [b] => return Err(ReadError::Invalid(format!("bool value is {b}, not 0 or 1"))),
+            },
+            8 => GgufValue::String(self.string()?),
+            9 => {
+                if nesting >= MAX_ARRAY_NESTING {
+                    return Err(ReadError::Invalid(format!(
+                        "arrays nested more than {MAX_ARRAY_NESTING} deep"
+                    )));
+                }
+                let item_type = self.u32()?;
+                let min_item_bytes = min_value_bytes(item_type).ok_or_else(|| {
+                    ReadError::Invalid(format!("array of unknown value type {item_type}"))
+                })?;
+                let count = self.count("array length", min_item_bytes)?;
+                let mut items = Vec::with_capacity(count);
+                for _ in 0..count {
+                    items.push(self.value(item_type, nesting + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64()?),
+            11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
+            12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
+            other => return Err(ReadError::Invalid(format!("unknown value type {other}"))),
+        })
+    }
+}
+
+/// A tensor info as stored, before its shape, type and offset are checked.
+struct RawTensorInfo {
+    name: String,
+    dims: Vec<u64>,
+    ggml_type: u32,
+    offset: u64,
+}
+
+/// Parses the header, metadata and tensor infos of one file, turning read
+/// failures into messages that say what was being read.
+struct Parser<'a> {
+    reader: Reader<'a>,
+    path: &'a Path,
+}
+
+impl Parser<'_> {
+    fn file_len(&self) -> usize {
+        self.reader.data.len()
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::bad_file(self.path, reason)
+    }
+
+    fn fail(&self, context: &str, error: ReadError) -> Error {
+        let len = self.file_len();
+        self.bad(match error {
+            ReadError::Truncated => {
+                format!("truncated: {context} runs past the end of the file (size {len} bytes)")
+            }
+            ReadError::TooLong { what, value } => format!(
+                "{context}: {what} {value} runs past the end of the file (size {len} bytes); \
+                 the file is truncated or corrupt"
+            ),
+            ReadError::Invalid(reason) => format!("{context}: {reason}"),
+        })
+    }
+
+    fn header(&mut self) -> Result<(u32, usize, usize)> {
+        let magic = self.reader.array::<4>().map_err(|_| {
+            self.bad(format!(
+                "not a GGUF file (only {} bytes long)",
+                self.file_len()
+            ))
+        })?;
+        if &magic != MAGIC {
+            return Err(self.bad(format!(
+                "not a GGUF file (magic is '{}')",
+                magic.escape_ascii()
+            )));
+        }
+        let version = self.reader.u32().map_err(|e| self.fail("header", e))?;
+        match version {
+            2 | 3 => {}
+            v if (1..=3).contains(&v.swap_bytes()) => {
+                return Err(self.bad(format!(
+                    "big-endian GGUF (version {}) is not supported",
+                    v.swap_bytes()
+                )))
+            }
+            v => {
+                return Err(self.bad(format!(
+                    "unsupported GGUF version {v} (Tandem reads versions 2 and 3)"
+                )))
+            }
+        }
+        let tensor_count = self
+            .reader
+            .count("tensor count", MIN_TENSOR_INFO_BYTES)
+            .map_err(|e| self.fail("header", e))?;
+        let metadata_count = self
+            .reader
+            .count("metadata entry count", MIN_METADATA_ENTRY_BYTES)
+            .map_err(|e| self.fail("header", e))?;
+        Ok((version, tensor_count, metadata_count))
+    }
+
+    fn metadata(&mut self, count: usize) -> Result<Vec<(String, GgufValue)>> {
+        let mut entries = Vec::with_capacity(count);
+        let mut keys = HashSet::with_capacity(count);
+        for i in 1..=count {
+            let context = format!("metadata entry {i} of {count}");
+            let key = self.reader.string().map_err(|e| self.fail(&context, e))?;
+            let context = format!("{context} ('{key}')");
+            let value = self
+                .reader
+                .u32()
+                .and_then(|type_id| self.reader.value(type_id, 0))
+                .map_err(|e| self.fail(&context, e))?;
+            if !keys.insert(key.clone()) {
+                return Err(self.bad(format!("metadata key '{key}' appears twice")));
+            }
+            entries.push((key, value));
+        }
+        Ok(entries)
+    }
+
+    fn tensor_infos(&mut self, count: usize) -> Result<Vec<RawTensorInfo>> {
+        let mut infos = Vec::with_capacity(count);
+        for i in 1..=count {
+            let context = format!("tensor info {i} of {count}");
+            let name = self.reader.string().map_err(|e| self.fail(&context, e))?;
+            let context = format!("{context} ('{name}')");
+            let n_dims = self.reader.u32().map_err(|e| self.fail(&context, e))?;
+            if n_dims == 0 || n_dims as usize > MAX_DIMS {
+                return Err(self.bad(format!(
+                    "{context}: {n_dims} dimensions (GGML tensors have 1 to {MAX_DIMS})"
+                )));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(self.reader.u64().map_err(|e| self.fail(&context, e))?);
+            }
+            let ggml_type = self.reader.u32().map_err(|e| self.fail(&context, e))?;
+            let offset = self.reader.u64().map_err(|e| self.fail(&context, e))?;
+            infos.push(RawTensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            });
+        }
+        Ok(infos)
+    }
+
+    /// Checks a tensor's type, shape and data range; `data_start` is the absolute offset of the data section.
+    fn tensor(&self, raw: RawTensorInfo, alignment: u64, data_start: u64) -> Result<TensorInfo> {
+        let RawTensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+        } = raw;
+        let format =
+            WeightFormat::from_ggml_type(ggml_type).ok_or_else(|| {
+                match ggml_type_name(ggml_type) {
+                    Some(known) => Error::Unsupported(format!(
+                        "{}: tensor '{name}' is stored as {known} (ggml type {ggml_type}); \
+                     Tandem reads {}",
+                        self.path.display(),
+                        supported_formats()
+                    )),
+                    None => self.bad(format!(
+                        "tensor '{name}' has unknown ggml type id {ggml_type}"
+                    )),
+                }
+            })?;
+        let too_large = || {
+            self.bad(format!(
+                "tensor '{name}' has absurd shape {dims:?}: its size overflows"
+            ))
+        };
+        // `TensorInfo::rows()` multiplies all but the first dimension, so even
+        // with a zero among them the product of the others must fit a usize.
+        let nonzero_product = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
+            .filter(|&p| usize::try_from(p).is_ok())
+            .ok_or_else(too_large)?;
+        let elems = if dims.contains(&0) {
+            0
+        } else {
+            nonzero_product
+        };
+        let block = format.block_elems() as u64;
+        let cols = dims.first().copied().unwrap_or(1);
+        if cols % block != 0 {
+            return Err(self.bad(format!(
+                "tensor '{name}' ({format}) has {cols} columns, not a multiple of the format's block of {block}"
+            )));
+        }
+        let len = format
+            .bytes_for(elems / cols.max(1), cols)
+            .ok_or_else(too_large)?;
+        if offset % alignment != 0 {
+            return Err(self.bad(format!(
+                "tensor '{name}' data offset {offset} is not a multiple of the alignment {alignment}"
+            )));
+        }
+        let file_len = self.file_len();
+        let start = data_start.checked_add(offset);
+        let end = start
+            .and_then(|start| start.checked_add(len))
+            .filter(|&end| end <= file_len as u64);
+        let (Some(start), Some(_)) = (start, end) else {
+            return Err(self.bad(format!(
+                "tensor '{name}' ({format}, shape {dims:?}: {len} bytes at data offset {offset}) \
+                 runs past the end of the file (size {file_len} bytes): the file is truncated or corrupt"
+            )));
+        };
+        // Each dimension is at most `nonzero_product` and the range lies inside
+        // the file, so all of them fit a usize.
+        Ok(TensorInfo {
+            name,
+            format,
+            shape: dims.iter().map(|&d| d as usize).collect(),
+            file: 0,
+            offset: start as usize,
+            len: len as usize,
+        })
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses `path`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::parse(Arc::new(Bytes::map(path)?), path)
+    }
+
+    /// Parses a whole file held in `bytes`; `path` only names it in errors.
+    pub fn parse(bytes: Arc<Bytes>, path: &Path) -> Result<Self> {
+        let mut parser = Parser {
+            reader: Reader {
+                data: &bytes,
+                pos: 0,
+            },
+            path,
+        };
+        let (version, tensor_count, metadata_count) = parser.header()?;
+        let metadata = parser.metadata(metadata_count)?;
+        let alignment = match metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
+            None => DEFAULT_ALIGNMENT,
+            Some((_, value)) => value
+                .as_usize()
+                .filter(|a| a.is_power_of_two())
+                .ok_or_else(|| {
+                    parser.bad(format!(
+                        "{ALIGNMENT_KEY} is {value:?}; it must be a power of two"
+                    ))
+                })?,
+        };
+        let raw_tensors = parser.tensor_infos(tensor_count)?;
+        let data_start = parser
+            .reader
+            .pos
+            .checked_next_multiple_of(alignment)
+            .ok_or_else(|| parser.bad(format!("{ALIGNMENT_KEY} {alignment} is absurd")))?
+            as u64;
+        let mut names = HashSet::with_capacity(raw_tensors.len());
+        let mut tensors = Vec::with_capacity(raw_tensors.len());
+        for raw in raw_tensors {
+            if !names.insert(raw.name.clone()) {
+                return Err(parser.bad(format!("tensor '{}' appears twice", raw.name)));
+            }
+            tensors.push(parser.tensor(raw, alignment as u64, data_start)?);
+        }
+        Ok(GgufFile {
+            version,
+            metadata,
+            tensors,
+            bytes,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key)?.as_str()
+    }
+
+    /// Any integer type holding a non-negative value.
+    pub fn get_usize(&self, key: &str) -> Option<usize> {
+        self.get(key)?.as_usize()
+    }
+
+    /// An `f32` or `f64` value.
+    pub fn get_f32(&self, key: &str) -> Option<f32> {
+        self.get(key)?.as_f32()
+    }
+
+    pub fn get_array(&self, key: &str) -> Option<&[GgufValue]> {
+        self.get(key)?.as_array()
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The bytes of one of this file's tensors.
+    pub fn tensor_data(&self, info: &TensorInfo) -> Option<&[u8]> {
+        self.bytes
+            .get(info.offset..info.offset.checked_add(info.len)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::parse;
+    use super::super::GgufWriter;
+    use super::*;
+    use crate::model::gguf::testing::test_values;
+    use crate::quant::quantize_row;
+
+    /// The message of a parse failure, which must be a `BadModelFile` naming the file.
+    fn parse_error(bytes: Vec<u8>) -> String {
+        match parse(bytes) {
+            Err(e @ Error::BadModelFile { .. }) => {
+                let message = e.to_string();
+                assert!(message.starts_with("test.gguf: "), "{message}");
+                message
+            }
+            Err(other) => panic!("expected a BadModelFile error, got {other}"),
+            Ok(_) => panic!("parsed a bad file"),
+        }
+    }
+
+    fn find(bytes: &[u8], needle: &str) -> usize {
+        bytes
+            .windows(needle.len())
+            .position(|w| w == needle.as_bytes())
+            .unwrap_or_else(|| panic!("{needle} not in the file"))
+    }
+
+    fn put_u32(bytes: &mut [u8], at: usize, value: u32) {
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    }
+
+    fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
+        bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Where the fields of the tensor info named `name` start: (n_dims, dims, type, offset).
+    fn tensor_info_fields(bytes: &[u8], name: &str) -> (usize, usize, usize, usize) {
+        let n_dims_at = find(bytes, name) + name.len();
+        let n_dims = u32::from_le_bytes(bytes[n_dims_at..n_dims_at + 4].try_into().unwrap());
+        let type_at = n_dims_at + 4 + 8 * n_dims as usize;
+        (n_dims_at, n_dims_at + 4, type_at, type_at + 4)
+    }
+
+    /// A small file: two metadata entries and two tensors, one quantized.
+    fn sample_file() -> Vec<u8> {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.name", GgufValue::String("sample".into()))
+            .unwrap();
+        w.add_metadata(
+            "test.array",
+            GgufValue::Array(vec![GgufValue::U32(1), GgufValue::U32(2)]),
+        )
+        .unwrap();
+        let a = quantize_row(WeightFormat::F32, &test_values(8));
+        w.add_tensor("tensor_a", WeightFormat::F32, &[4, 2], a)
+            .unwrap();
+        let b = quantize_row(WeightFormat::Q8_0, &test_values(32));
+        w.add_tensor("tensor_b", WeightFormat::Q8_0, &[32, 1], b)
+            .unwrap();
+        w.to_bytes()
+    }
+    #[test]
+    fn truncated_file_fails_cleanly_wherever_it_is_cut() {
+        let bytes = sample_file();
+        let last = parse(bytes.clone()).unwrap().tensors.pop().unwrap();
+        // Past the last tensor's data there is only padding, which a reader need not see.
+        for cut in 0..last.offset + last.len {
+            let message = parse_error(bytes[..cut].to_vec());
+            assert!(
+                message.contains("truncated")
+                    || message.contains("past the end")
+                    || message.contains("not a GGUF file"),
+                "cut at {cut}: {message}"
+            );
+        }
+        let in_header = parse_error(bytes[..12].to_vec());
+        assert!(
+            in_header.contains("truncated: header runs past the end of the file (size 12 bytes)"),
+            "{in_header}"
+        );
+        let in_metadata = parse_error(bytes[..find(&bytes, "test.array") + 20].to_vec());
+        assert!(
+            in_metadata
+                .contains("truncated: metadata entry 2 of 2 ('test.array') runs past the end"),
+            "{in_metadata}"
+        );
+        let in_infos = parse_error(bytes[..find(&bytes, "tensor_b") + 10].to_vec());
+        assert!(
+            in_infos.contains("truncated: tensor info 2 of 2 ('tensor_b') runs past the end"),
+            "{in_infos}"
+        );
+        let in_data = parse_error(bytes[..last.offset + 10].to_vec());
+        assert!(
+            in_data.contains("tensor 'tensor_b'") && in_data.contains("past the end of the file"),
+            "{in_data}"
+        );
+    }
+
+    #[test]
+    fn wrong_magic_is_named() {
+        let mut bytes = sample_file();
+        bytes[..4].copy_from_slice(b"PK\x03\x04");
+        let message = parse_error(bytes);
+        assert!(
+            message.contains(r"not a GGUF file (magic is 'PK\x03\x04')"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unsupported_versions_are_named() {
+        let mut bytes = sample_file();
+        put_u32(&mut bytes, 4, 1);
+        let message = parse_error(bytes.clone());
+        assert!(message.contains("unsupported GGUF version 1"), "{message}");
+        put_u32(&mut bytes, 4, 3u32.swap_bytes());
+        let message = parse_error(bytes.clone());
+        assert!(message.contains("big-endian"), "{message}");
+        put_u32(&mut bytes, 4, 2);
+        assert_eq!(parse(bytes).unwrap().version, 2);
+    }
+
+    #[test]
+    fn tensor_past_the_end_is_named() {
+        let mut bytes = sample_file();
+        let (_, _, _, offset_at) = tensor_info_fields(&bytes, "tensor_a");
+        for offset in [1 << 20, u64::MAX - 31] {
+            put_u64(&mut bytes, offset_at, offset);
+            let message = parse_error(bytes.clone());
+            assert!(
+                message.contains(&format!(
+                    "at data offset {offset}) runs past the end of the file"
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn misaligned_tensor_offset_is_named() {
+        let mut bytes = sample_file();
+        let (_, _, _, offset_at) = tensor_info_fields(&bytes, "tensor_b");
+        let offset = u64::from_le_bytes(bytes[offset_at..offset_at + 8].try_into().unwrap());
+        put_u64(&mut bytes, offset_at, offset + 4);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains("not a multiple of the alignment 32"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn absurd_dimensions_are_named() {
+        let mut bytes = sample_file();
+        let (_, dims_at, _, _) = tensor_info_fields(&bytes, "tensor_a");
+        put_u64(&mut bytes, dims_at, 1 << 40);
+        put_u64(&mut bytes, dims_at + 8, 1 << 40);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains("tensor 'tensor_a' has absurd shape [1099511627776, 1099511627776]"),
+            "{message}"
+        );
+
+        let mut bytes = sample_file();
+        let (n_dims_at, _, _, _) = tensor_info_fields(&bytes, "tensor_a");
+        put_u32(&mut bytes, n_dims_at, 7);
+        let message = parse_error(bytes);
+        assert!(message.contains("('tensor_a'): 7 dimensions"), "{message}");
+    }
+
+    #[test]
+    fn columns_must_be_whole_blocks() {
+        let mut bytes = sample_file();
+        let (_, dims_at, _, _) = tensor_info_fields(&bytes, "tensor_b");
+        put_u64(&mut bytes, dims_at, 16);
+        put_u64(&mut bytes, dims_at + 8, 2);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains("tensor 'tensor_b' (Q8_0) has 16 columns, not a multiple"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn huge_string_and_array_lengths_fail_without_allocating() {
+        let mut bytes = sample_file();
+        let key_at = find(&bytes, "general.name");
+        put_u64(&mut bytes, key_at - 8, 1 << 60);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains(
+                "metadata entry 1 of 2: string length 1152921504606846976 runs past the end"
+            ),
+            "{message}"
+        );
+
+        let mut bytes = sample_file();
+        let count_at = find(&bytes, "test.array") + "test.array".len() + 8;
+        put_u64(&mut bytes, count_at, 1 << 60);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains("('test.array'): array length 1152921504606846976 runs past the end"),
+            "{message}"
+        );
+
+        let mut bytes = sample_file();
+        put_u64(&mut bytes, 8, u64::MAX);
+        let message = parse_error(bytes);
+        assert!(
+            message.contains("tensor count 18446744073709551615"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unknown_tensor_types_are_named() {
+        let mut bytes = sample_file();
+        let (_, _, type_at, _) = tensor_info_fields(&bytes, "tensor_b");
+        put_u32(&mut bytes, type_at, 99);
+        let message = parse_error(bytes.clone());
+        assert!(
+            message.contains("tensor 'tensor_b' has unknown ggml type id 99"),
+            "{message}"
+        );
+        put_u32(&mut bytes, type_at, 16);
+        let message = parse(bytes).err().unwrap().to_string();
+        assert!(
+            message.contains("tensor 'tensor_b' is stored as IQ2_XXS (ggml type 16)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn bad_metadata_is_named() {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.name", GgufValue::String("x".into()))
+            .unwrap();
+        let mut bytes = w.to_bytes();
+        let type_at = find(&bytes, "general.name") + "general.name".len();
+        put_u32(&mut bytes, type_at, 13);
+        let message = parse_error(bytes.clone());
+        assert!(message.contains("unknown value type 13"), "{message}");
+        put_u32(&mut bytes, type_at, 8);
+        let value_at = type_at + 4 + 8;
+        bytes[value_at] = 0xff;
+        let message = parse_error(bytes);
+        assert!(message.contains("not valid UTF-8"), "{message}");
+
+        let mut w = GgufWriter::new();
+        w.add_metadata(ALIGNMENT_KEY, GgufValue::U32(64)).unwrap();
+        let mut bytes = w.to_bytes();
+        let value_at = find(&bytes, ALIGNMENT_KEY) + ALIGNMENT_KEY.len() + 4;
+        put_u32(&mut bytes, value_at, 48);
+        let message = parse_error(bytes);
+        assert!(message.contains("must be a power of two"), "{message}");
+    }
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# CPU speed side by side: llama.cpp's `llama-bench` and `tandem bench` on the
+# same GGUF files with the same threads, interleaved round by round, then the
+# medians and the ratios (Tandem / llama.cpp; above 1 means Tandem is faster).
+#
+# llama.cpp is built outside the repository, under the ignored .tools/, from
+# the copy inside PyPI's llama-cpp-python source distribution: its version
+# pins the llama.cpp commit, printed with the table.
+#
+#   scripts/bench-vs-llamacpp.sh [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [MODEL ...]
+#
+# MODEL is a name of scripts/models.tsv (fetched when missing) or a path;
+# default: smollm2-135m qwen2.5-0.5b gemma-3-270m.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$here/.."
+threads=2 rounds=3 prompt=512 gen=128
+while getopts "t:r:p:n:" opt; do
+  case "$opt" in
+    t) threads=$OPTARG ;;
+    r) rounds=$OPTARG ;;
+    p) prompt=$OPTARG ;;
+    n) gen=$OPTARG ;;
+    *) echo "usage: $0 [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [MODEL ...]" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(smollm2-135m qwen2.5-0.5b gemma-3-270m)
+
+LLAMA_CPP_PYTHON=0.3.36
+sdist="$root/.tools/llama_cpp_python-$LLAMA_CPP_PYTHON"
+src="$sdist/vendor/llama.cpp"
+llama_bench="$src/build/bin/llama-bench"
+if [ ! -x "$llama_bench" ]; then
+  command -v cmake >/dev/null || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq cmake >/dev/null
+  }
+  tmp=$(mktemp -d)
+  echo "building llama-bench from llama-cpp-python $LLAMA_CPP_PYTHON's sources in $src" >&2
+  python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" "llama-cpp-python==$LLAMA_CPP_PYTHON"
+  mkdir -p "$root/.tools"
+  rm -rf "$sdist"
+  tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$root/.tools"
+  rm -rf "$tmp"
+  cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF >/dev/null
+  cmake --build "$src/build" --target llama-bench -j "$(nproc)" >/dev/null
+fi
+# The source distribution carries llama.cpp's git metadata.
+commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+(cd "$root" && cargo build --release -q -p tandem)
+tandem="$root/target/release/tandem"
+
+paths=()
+for m in "${models[@]}"; do
+  if [ -f "$m" ]; then paths+=("$m"); else paths+=("$("$here/fetch-model.sh" "$m")"); fi
+done
+
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+for round in $(seq 1 "$rounds"); do
+  for path in "${paths[@]}"; do
+    echo "round $round/$rounds: $(basename "$path")" >&2
+    # AMX repacking faults on VMs that report AMX without granting its tiles.
+    "$llama_bench" -m "$path" -t "$threads" -p "$prompt" -n "$gen" -r 1 --repack 0 -o json 2>/dev/null |
+      python3 -c 'import json,sys; [print(json.dumps({"engine":"llama.cpp","model":sys.argv[1],"test":"pp" if r["n_prompt"] else "tg","tps":r["avg_ts"]})) for r in json.load(sys.stdin)]' "$path" >>"$results"
+    "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --json --model "$path" 2>/dev/null |
+      python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); m=sys.argv[1]; print(json.dumps({"engine":"tandem","model":m,"test":"pp","tps":r["prefill_tokens_per_s"]})); print(json.dumps({"engine":"tandem","model":m,"test":"tg","tps":r["decode_tokens_per_s"]}))' "$path" >>"$results"
+  done
+done
+
+python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" <<'PY'
+import collections, json, os, statistics, sys
+path, threads, prompt, gen, rounds, commit, version = sys.argv[1:]
+runs = collections.defaultdict(list)
+for line in open(path):
+    r = json.loads(line)
+    runs[(os.path.basename(r["model"]), r["engine"], r["test"])].append(r["tps"])
+models = sorted({m for m, _, _ in runs}, key=lambda m: [k[0] for k in runs].index(m))
+print(f"{threads} threads, pp{prompt} / tg{gen}, median of {rounds} interleaved rounds; "
+      f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend")
+print("| model | Tandem decode | llama.cpp decode | ratio | Tandem prefill | llama.cpp prefill | ratio |")
+print("|---|---|---|---|---|---|---|")
+for m in models:
+    med = lambda e, t: statistics.median(runs[(m, e, t)]) if runs[(m, e, t)] else float("nan")
+    td, ld, tp, lp = med("tandem", "tg"), med("llama.cpp", "tg"), med("tandem", "pp"), med("llama.cpp", "pp")
+    print(f"| {m} | {td:.1f} | {ld:.1f} | {td / ld:.2f}x | {tp:.1f} | {lp:.1f} | {tp / lp:.2f}x |")
+PY

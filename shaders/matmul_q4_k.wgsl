@@ -1,0 +1,43 @@
+// Weight decoder for Q4_K (GGML k-quant, core/src/quant/kquant.rs): 144-byte
+// super-blocks of 256 values, `d: f16`, `dmin: f16`, `scales: [u8; 12]` (eight
+// 6-bit scales and minimums), then `qs: [u8; 128]`. Sub-block j (values
+// 32j..32j+32) takes the low nibbles of qs[32(j/2)..][..32] for even j, the
+// high nibbles for odd j; value = d * sc(j) * q - dmin * mn(j). Super-blocks
+// are 4-byte aligned, so every field is whole words of W. A piece reads the
+// d/dmin word, the scale words it needs and one word of quants.
+// Entry points: backend-wgpu/src/wgsl/matmul.wgsl (also composed with embedding.wgsl).
+
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+
+const BLOCK_WORDS: u32 = 36u;
+
+// Byte `i` (0..4) of a word.
+fn byte_of(word: u32, i: u32) -> u32 {
+    return (word >> (8u * i)) & 0xffu;
+}
+
+// The 6-bit scale and minimum of sub-block j (kquant::scale_min_k4) of the
+// super-block at word `base` (`scales` is its words 1..4).
+fn scale_min(j: u32, base: u32) -> vec2<f32> {
+    let s0 = W[base + 1u];
+    let s1 = W[base + 2u];
+    if j < 4u {
+        return vec2<f32>(f32(byte_of(s0, j) & 63u), f32(byte_of(s1, j) & 63u));
+    }
+    let s2 = byte_of(W[base + 3u], j - 4u);
+    let sc = (s2 & 0xfu) | ((byte_of(s0, j - 4u) >> 6u) << 4u);
+    let mn = (s2 >> 4u) | ((byte_of(s1, j - 4u) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+fn decode4(row: u32, piece: u32, cols: u32) -> vec4<f32> {
+    let base = (row * (cols / 256u) + piece / 64u) * BLOCK_WORDS;
+    let e = 4u * (piece % 64u);
+    let j = e / 32u;
+    let l = e % 32u;
+    let dm = unpack2x16float(W[base]);
+    let sm = scale_min(j, base);
+    let q = W[base + 4u + 8u * (j / 2u) + l / 4u] >> (4u * (j % 2u));
+    let nib = vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(0xfu);
+    return (dm.x * sm.x) * vec4<f32>(nib) - dm.y * sm.y;
+}
