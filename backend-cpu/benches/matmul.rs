@@ -44,7 +44,7 @@ fn weight_bytes(format: WeightFormat, cols: usize, n: usize, seed: u64) -> Vec<u
         cols,
         &values(cols * n.min(DISTINCT_ROWS), seed, 0.05),
     );
-    let row_bytes = distinct.len() / n.min(DISTINCT_ROWS).max(1);
+    let row_bytes = distinct.len() / n.clamp(1, DISTINCT_ROWS);
     distinct
         .iter()
         .copied()

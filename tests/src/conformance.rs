@@ -823,7 +823,12 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let x = self.rng.values(len + tail, 4.0);
             let got = scale(self.backend, &x, len, factor);
             let want = scale(self.reference, &x, len, factor);
-            self.check("scale", format!("{len} of {} values by {factor}", len + tail), got, want);
+            self.check(
+                "scale",
+                format!("{len} of {} values by {factor}", len + tail),
+                got,
+                want,
+            );
         }
     }
 

@@ -459,7 +459,11 @@ pub(super) fn run_codes<F: BlockFormat>(block: &[u8], j: usize) -> [i8; QK] {
             };
             let q = &block[qs_at + QK * (j / 2)..][..QK];
             std::array::from_fn(|l| {
-                let nib = if j % 2 == 0 { q[l] & 0x0f } else { q[l] >> 4 };
+                let nib = if j.is_multiple_of(2) {
+                    q[l] & 0x0f
+                } else {
+                    q[l] >> 4
+                };
                 let high = qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4);
                 (nib | high) as i8
             })

@@ -235,7 +235,7 @@ pub fn gemma3_layers(
 
 /// Whether layer `i` of Gemma 3's fixed pattern is local.
 pub fn gemma3_is_local(i: usize) -> bool {
-    (i + 1) % GEMMA3_PATTERN != 0
+    !(i + 1).is_multiple_of(GEMMA3_PATTERN)
 }
 
 #[cfg(test)]

@@ -10,6 +10,9 @@
 //! `rope_theta` with `rope_scaling`; attention scores are scaled by
 //! `query_pre_attn_scalar ** -0.5`.
 
+// Read only by the directory loader, which the browser lacks.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code))]
+
 use std::path::Path;
 
 use serde::Deserialize;
