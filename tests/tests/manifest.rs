@@ -18,6 +18,8 @@ const BACKEND_KERNEL_METHODS: &[&str] = &[
     "paged_kv_write",
     "paged_attention",
     "swiglu",
+    "geglu",
+    "scale",
     "gather_rows",
     "argmax",
 ];

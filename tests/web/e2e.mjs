@@ -35,7 +35,7 @@ if (!siteDir || !artifactDir || !tandemBin) {
 
 const PROMPT = "The capital of France is";
 // The first 8 greedy ids after the prompt (tests/fixtures/smollm2_reference.json,
-// the NumPy reference that tests/tests/smollm2_reference.rs holds the native CPU backend to).
+// the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
 const CHAT_MESSAGE = "What is the capital of France?";
 const MODEL_PATH = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
