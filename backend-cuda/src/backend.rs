@@ -498,6 +498,35 @@ fn row_threads(width: usize) -> u32 {
 /// The null pointer for an absent optional buffer.
 const NULL_DEVICE_PTR: u64 = 0;
 
+impl CudaBackend {
+    /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
+    fn gated_product(
+        &self,
+        kernel: &'static str,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        len: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len(&format!("{kernel}: gate"), gate.len(), len)?;
+        check_len(&format!("{kernel}: up"), up.len(), len)?;
+        check_len(&format!("{kernel}: out"), out.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let f = self.function(kernel, kernel)?;
+        let len64 = len as u64;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&gate.buf)
+            .arg(&up.buf)
+            .arg(&len64)
+            .arg(&mut out.buf);
+        // A grid-stride loop: enough blocks to fill the GPU, not one per element.
+        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
+        self.launch(kernel, &mut args, config(grid, 256, 0))
+    }
+}
+
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Indices = CudaIndices;
@@ -993,22 +1022,7 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        check_len("swiglu: gate", gate.len(), len)?;
-        check_len("swiglu: up", up.len(), len)?;
-        check_len("swiglu: out", out.len(), len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let f = self.function("swiglu", "swiglu")?;
-        let len64 = len as u64;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&gate.buf)
-            .arg(&up.buf)
-            .arg(&len64)
-            .arg(&mut out.buf);
-        // A grid-stride loop: enough blocks to fill the GPU, not one per element.
-        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
-        self.launch("swiglu", &mut args, config(grid, 256, 0))
+        self.gated_product("swiglu", gate, up, len, out)
     }
 
     fn geglu(
@@ -1018,21 +1032,7 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        check_len("geglu: gate", gate.len(), len)?;
-        check_len("geglu: up", up.len(), len)?;
-        check_len("geglu: out", out.len(), len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let f = self.function("geglu", "geglu")?;
-        let len64 = len as u64;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&gate.buf)
-            .arg(&up.buf)
-            .arg(&len64)
-            .arg(&mut out.buf);
-        let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
-        self.launch("geglu", &mut args, config(grid, 256, 0))
+        self.gated_product("geglu", gate, up, len, out)
     }
 
     fn scale(&self, x: &mut CudaTensor, len: usize, factor: f32) -> Result<()> {

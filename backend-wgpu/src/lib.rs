@@ -256,6 +256,30 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     Ok(())
 }
 
+impl WgpuBackend {
+    /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
+    fn gated_product(
+        &self,
+        kernel: &'static str,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        len: usize,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len(&format!("{kernel} gate"), gate.len, len)?;
+        check_len(&format!("{kernel} up"), up.len, len)?;
+        check_len(&format!("{kernel} out"), out.len, len)?;
+        self.dispatch(
+            simple(kernel),
+            "main",
+            &[READ, READ, WRITE],
+            &[&gate.buf, &up.buf, &out.buf],
+            &[u32_of(len, "len")?],
+            len.div_ceil(256),
+        )
+    }
+}
+
 impl Backend for WgpuBackend {
     type Tensor = WgpuTensor;
     type Indices = WgpuIndices;
@@ -771,17 +795,7 @@ impl Backend for WgpuBackend {
         len: usize,
         out: &mut WgpuTensor,
     ) -> Result<()> {
-        check_len("swiglu gate", gate.len, len)?;
-        check_len("swiglu up", up.len, len)?;
-        check_len("swiglu out", out.len, len)?;
-        self.dispatch(
-            simple("swiglu"),
-            "main",
-            &[READ, READ, WRITE],
-            &[&gate.buf, &up.buf, &out.buf],
-            &[u32_of(len, "len")?],
-            len.div_ceil(256),
-        )
+        self.gated_product("swiglu", gate, up, len, out)
     }
 
     fn geglu(
@@ -791,17 +805,7 @@ impl Backend for WgpuBackend {
         len: usize,
         out: &mut WgpuTensor,
     ) -> Result<()> {
-        check_len("geglu gate", gate.len, len)?;
-        check_len("geglu up", up.len, len)?;
-        check_len("geglu out", out.len, len)?;
-        self.dispatch(
-            simple("geglu"),
-            "main",
-            &[READ, READ, WRITE],
-            &[&gate.buf, &up.buf, &out.buf],
-            &[u32_of(len, "len")?],
-            len.div_ceil(256),
-        )
+        self.gated_product("geglu", gate, up, len, out)
     }
 
     fn scale(&self, x: &mut WgpuTensor, len: usize, factor: f32) -> Result<()> {
