@@ -59,6 +59,9 @@ WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = 
 
 .PHONY: web web-tools web-kernel-tests serve-web test-web
 
+## The named models the demo page serves (symlinked into $(WEB_SITE)/models).
+WEB_MODELS := smollm2-135m qwen2.5-0.5b
+
 ## The npm package (web/pkg, by wasm-pack) and the demo site in target/web-site.
 web: web-tools model
 	wasm-pack build web --target web --release
@@ -66,7 +69,9 @@ web: web-tools model
 	mkdir -p $(WEB_SITE)/models
 	cp web/www/* $(WEB_SITE)/
 	cp -r web/pkg $(WEB_SITE)/pkg
-	ln -s $(MODEL) $(WEB_SITE)/models/
+	@for m in $(WEB_MODELS); do \
+		path=$$(scripts/fetch-model.sh $$m) && ln -s "$$path" $(WEB_SITE)/models/ || exit 1; \
+	done
 	@ls -l web/pkg/tandem_web_bg.wasm
 	@echo "gzipped: $$(gzip -9c web/pkg/tandem_web_bg.wasm | wc -c) bytes"
 
@@ -84,7 +89,7 @@ web-tools:
 		|| $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
 	@command -v wasm-pack >/dev/null || $(CARGO) install wasm-pack
 
-## The demo page with the default model on http://127.0.0.1:$(WEB_PORT)/.
+## The demo page with its models on http://127.0.0.1:$(WEB_PORT)/.
 serve-web: web
 	cd $(WEB_SITE) && python3 -m http.server --bind 127.0.0.1 $(WEB_PORT)
 
@@ -92,7 +97,8 @@ serve-web: web
 ## packages): the kernel suite on WebGPU (SwiftShader) against the CPU backend
 ## in wasm, then the demo page against the native CPU's tokens (a lean,
 ## CPU-only debug build of `tandem` gives the chat tokens), on the page's CPU
-## backend (wasm) and on WebGPU. Screenshots go to $(WEB_ARTIFACTS).
+## backend (wasm) and on WebGPU, for SmolLM2 and (fewer checks) Qwen2.5-0.5B.
+## Screenshots go to $(WEB_ARTIFACTS).
 test-web: web web-kernel-tests
 	@test -d tests/web/node_modules/playwright-core || (cd tests/web && npm ci --no-audit --no-fund)
 	$(CARGO) build -p tandem --no-default-features

@@ -223,8 +223,8 @@ fn bad_input_is_an_error() {
     assert!(err.to_string().contains("download"), "{err}");
 }
 
-/// An embedding table larger than one storage binding (Qwen2.5-0.5B's Q8_0
-/// token_embd is 145 MB, the browser binds 128 MiB) is split by rows into
+/// A table larger than one storage binding (Qwen2.5-0.5B's Q8_0
+/// output.weight is 145 MB, the browser binds 128 MiB) is split by rows into
 /// chunks: the lookup and the tied output matmul must read across every
 /// chunk. The binding limit is lowered here so a small table takes that
 /// path, with rows whose bytes are not a multiple of 4 (Q5_0, Q6_K) and

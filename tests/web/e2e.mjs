@@ -12,7 +12,12 @@
 //   cache alone; a bad cached copy is replaced by a new download; a
 //   Response, a Blob and an ArrayBuffer load too; `kvDtype: "int4"` gives (CPU run)
 //   the native CPU's tokens with an INT4 KV cache and an unknown kvDtype is
-//   refused; after a reload the model still comes from the cache.
+//   refused; after a reload the model still comes from the cache;
+// - the page's second model, Qwen2.5-Coder-0.5B (491 MB), loads uncached and
+//   gives the native CPU's greedy tokens (8 on the CPU backend, 2 on WebGPU:
+//   see QWEN_TOKENS); on WebGPU under the default limits of 128 MiB per
+//   storage binding, which its 138 MiB Q8_0 output matrix does not fit in
+//   (the backend splits it by rows).
 //
 //   TANDEM_BIN=target/debug/tandem node tests/web/e2e.mjs SITE_DIR ARTIFACT_DIR
 //
@@ -42,7 +47,16 @@ const MODEL_PATH = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const CACHE = "tandem-models-v1";
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
 const TIMEOUT_MS = 3 * 60 * 1000;
-
+const QWEN_PATH = "/models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+const QWEN_PROMPT = "def fibonacci(n):";
+// How many of Qwen's greedy tokens are compared, per backend. On the page's
+// CPU backend 8 take ~10 s with the load. On SwiftShader a Qwen decode step
+// takes 7-9 s and the first step (pipeline creation, the prefill) 9-16 s, so
+// 8 tokens would take 60-80 s there; 2 (the prefill and one decode step)
+// take 20-35 s with the load.
+const QWEN_TOKENS = { cpu: 8, webgpu: 2 };
+/** WebGPU's default maxStorageBufferBindingSize. */
+const BINDING_LIMIT = 128 * 2 ** 20;
 
 const model = readFileSync(join(siteDir, MODEL_PATH));
 const requests = new Map();
@@ -227,6 +241,38 @@ try {
   const afterReload = await loadDefault(page);
   check(afterReload.includes("from the browser cache") && requests.get(MODEL_PATH) === 1,
     "after a reload the model comes from the cache", afterReload);
+
+  // The second served model: a Qwen2 architecture in k-quants, 5 times
+  // SmolLM2's size. Not cached: storing 491 MB would only add time.
+  const qwenTokens = QWEN_TOKENS[BACKEND];
+  if (qwenTokens) {
+    const started = Date.now();
+    if (BACKEND === "webgpu") {
+      // SwiftShader offers 1 GiB per storage binding; many browsers and
+      // devices give WebGPU's default, 128 MiB. The page runs under that.
+      await page.addInitScript(defaultBufferLimits);
+      await page.reload();
+      await page.waitForSelector("#load-default:not([disabled])");
+    }
+    const status = await loadServed(page, "#load-qwen", { cache: false });
+    console.log(`${status}\n${await page.textContent("#load-log")}`);
+    check(status.startsWith("Ready") && status.includes("downloaded") && requests.get(QWEN_PATH) === 1,
+      "the page loads Qwen2.5-0.5B by URL", status);
+    if (BACKEND === "webgpu") {
+      const limits = await page.evaluate(() => globalThis.requestedLimits);
+      check(limits?.maxStorageBufferBindingSize === BINDING_LIMIT,
+        "WebGPU runs Qwen2.5-0.5B under the default 128 MiB storage binding limit",
+        `the device was asked for maxStorageBufferBindingSize ${limits?.maxStorageBufferBindingSize}, ` +
+        `maxBufferSize ${limits?.maxBufferSize}`);
+    }
+    const ids = await run(page, { prompt: QWEN_PROMPT, chat: false, count: qwenTokens });
+    const browserSeconds = (Date.now() - started) / 1000;
+    const expected = nativeTokens([], QWEN_PROMPT, qwenTokens, QWEN_PATH);
+    check(same(ids, expected), `Qwen2.5-0.5B's ${qwenTokens} greedy tokens match the native CPU backend`,
+      `browser [${ids.join(" ")}], native [${expected.join(" ")}]`);
+    console.log(`qwen2.5-0.5b: load and ${qwenTokens} tokens in the browser ${browserSeconds} s, ` +
+      `with the native run ${(Date.now() - started) / 1000} s`);
+  }
 } catch (e) {
   failed += 1;
   console.log(`FAIL: ${e.stack ?? e}`);
@@ -238,10 +284,40 @@ try {
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
 
+/**
+ * Runs in the page before its scripts: WebGPU adapters and devices report at
+ * most WebGPU's default limits for storage bindings (128 MiB) and buffers
+ * (256 MiB), so the device is created with them; `requestedLimits` keeps the
+ * limits the page's device was asked for.
+ */
+function defaultBufferLimits() {
+  if (!globalThis.GPUSupportedLimits) return;
+  const defaults = { maxStorageBufferBindingSize: 128 * 2 ** 20, maxBufferSize: 256 * 2 ** 20 };
+  for (const [name, limit] of Object.entries(defaults)) {
+    const { get } = Object.getOwnPropertyDescriptor(GPUSupportedLimits.prototype, name);
+    Object.defineProperty(GPUSupportedLimits.prototype, name, {
+      get() {
+        return Math.min(get.call(this), limit);
+      },
+    });
+  }
+  const requestDevice = GPUAdapter.prototype.requestDevice;
+  GPUAdapter.prototype.requestDevice = function (descriptor) {
+    globalThis.requestedLimits = { ...descriptor?.requiredLimits };
+    return requestDevice.call(this, descriptor);
+  };
+}
+
 /** Clicks the default model's button and returns the status once the load ended. */
-async function loadDefault(page) {
+function loadDefault(page) {
+  return loadServed(page, "#load-default");
+}
+
+/** Clicks a served model's button (cached or not) and returns the status once the load ended. */
+async function loadServed(page, button, { cache = true } = {}) {
   await page.setChecked("#force-cpu", BACKEND === "cpu");
-  await page.click("#load-default");
+  await page.setChecked("#no-cache", !cache);
+  await page.click(button);
   await page.waitForFunction(
     () => /^(Ready|Loading failed)/.test(document.getElementById("status").textContent),
     null, { timeout: TIMEOUT_MS },
@@ -249,11 +325,11 @@ async function loadDefault(page) {
   return page.textContent("#status");
 }
 
-/** Generates 8 greedy tokens from the page (as a chat turn or a plain prompt); returns their ids. */
-async function run(page, { prompt, chat }) {
+/** Generates `count` (8) greedy tokens from the page (as a chat turn or a plain prompt); returns their ids. */
+async function run(page, { prompt, chat, count = EXPECTED.length }) {
   await page.setChecked("#chat", chat);
   await page.fill("#prompt", prompt);
-  await page.fill("#max-tokens", String(EXPECTED.length));
+  await page.fill("#max-tokens", String(count));
   await page.fill("#temperature", "0");
   await page.click("#generate");
   await page.waitForFunction(
@@ -265,9 +341,12 @@ async function run(page, { prompt, chat }) {
   return (await page.textContent("#token-ids")).trim().split(/\s+/).filter(Boolean).map(Number);
 }
 
-/** The native CPU backend's first `count` greedy token ids after `prompt`, run with `options`. */
-function nativeTokens(options, prompt, count) {
-  const args = ["run", "--backend", "cpu", "--model", join(siteDir, MODEL_PATH), ...options,
+/**
+ * The native CPU backend's first `count` greedy token ids after `prompt`, run
+ * with `options` on the site's model at `modelPath` (SmolLM2 by default).
+ */
+function nativeTokens(options, prompt, count, modelPath = MODEL_PATH) {
+  const args = ["run", "--backend", "cpu", "--model", join(siteDir, modelPath), ...options,
     "--token-ids", "--temperature", "0", "-n", String(count), prompt];
   const out = spawnSync(tandemBin, args, { encoding: "utf8" });
   const line = out.stderr?.match(/^token ids: (.*)$/m);

@@ -1,10 +1,8 @@
-// The demo page: load a GGUF model (the default served beside the page,
-// fetched and cached by the package; or a file picked or dropped), then
-// stream a completion or a chat reply.
+// The demo page: load a GGUF model (one of those served beside the page —
+// SmolLM2-135M, Qwen2.5-Coder-0.5B — fetched and cached by the package; or a
+// file picked or dropped), then stream a completion or a chat reply.
 
 import init, { Tandem } from "./pkg/tandem_web.js";
-
-const DEFAULT_MODEL_URL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 const $ = (id) => document.getElementById(id);
 let engine = null;
@@ -17,10 +15,13 @@ $("generate").onclick = generate;
 $("stop").onclick = () => engine?.abort();
 $("new-chat").onclick = () => showConversation([]);
 
-/** Wires the model inputs, then enables the button (a click before init would be lost). */
+/** Wires the model inputs, then enables the buttons (a click before init would be lost). */
 function wireModelInputs() {
-  $("load-default").onclick = () => loadModel(DEFAULT_MODEL_URL);
-  $("load-default").disabled = false;
+  // One button per served model; its data-model is the model's URL.
+  for (const button of document.querySelectorAll("button[data-model]")) {
+    button.onclick = () => loadModel(button.dataset.model);
+    button.disabled = false;
+  }
   $("file").onchange = (e) => {
     const file = e.target.files[0];
     if (file) loadModel(file);
