@@ -11,9 +11,9 @@ pub(crate) struct Isa(IsaKind);
 /// Instruction sets of the matmul micro-kernels, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IsaKind {
-    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 VNNI on 256-bit vectors
-    /// (`vpdpwssd` replaces the `vpmaddwd` + `vpaddd` pair) and the 32
-    /// vector registers of AVX-512VL.
+    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL and VNNI: the
+    /// quantized matmul kernels on 512-bit vectors (one `vpdpwssd` per
+    /// 32-element block), byte masks, and 32 vector registers.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
     /// x86-64 AVX2 + FMA + F16C.
@@ -41,9 +41,13 @@ impl Isa {
             let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c");
+            // Each as the OS reports it: the detection also checks that the
+            // OS saves the AVX-512 registers.
             if avx2
-                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
             {
                 isas.push(Isa(IsaKind::Avx512Vnni));
             }

@@ -40,6 +40,9 @@ impl MicroKernels for Portable {
     }
 
     #[inline(always)]
+    unsafe fn prefetch(_at: *const u8) {}
+
+    #[inline(always)]
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
         decode_block_heads_scalar::<Self, F>(row, heads)
     }

@@ -145,3 +145,48 @@ fn q4_k_heads_unpack_like_scale_min_k4() {
         }
     }
 }
+
+/// The x86 kernels' vector decoding of the k-quants' heads against the
+/// scalar one, bit for bit, over super-blocks of random bytes.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x86_k_quant_heads_match_the_scalar_ones() {
+    /// `F`'s heads over three random blocks whose f16 `d` (and `dmin`)
+    /// sit at `d_at`.
+    fn check<F: BlockFormat>(d_at: &[usize]) {
+        const BLOCKS: usize = 3;
+        let mut values = Values(5 + F::BLOCK_BYTES as u64);
+        let mut row: Vec<u8> = values
+            .take(BLOCKS * F::BLOCK_BYTES, 1.0)
+            .iter()
+            .map(|v| ((v + 1.0) * 127.9) as u8)
+            .collect();
+        for (b, block) in row.chunks_exact_mut(F::BLOCK_BYTES).enumerate() {
+            for (&at, d) in d_at.iter().zip(values.take(d_at.len(), 2.0)) {
+                let d = half::f16::from_f32(d * (b + 1) as f32);
+                block[at..at + 2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        let len = BLOCKS * F::RUNS * F::HEAD_FLOATS;
+        let (mut fast, mut scalar) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+        // SAFETY: checked below that the CPU has AVX2 and F16C; the portable
+        // kernels run on every CPU.
+        unsafe {
+            <x86::Avx2 as MicroKernels>::decode_block_heads::<F>(&row, &mut fast);
+            decode_block_heads_scalar::<portable::Portable, F>(&row, &mut scalar);
+        }
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&scalar));
+    }
+    if !Isa::available()
+        .iter()
+        .any(|isa| isa.kind() == IsaKind::Avx2)
+    {
+        return;
+    }
+    check::<formats::Q2K>(&[80, 82]);
+    check::<formats::Q3K>(&[108]);
+    check::<formats::Q4K>(&[0, 2]);
+    check::<formats::Q5K>(&[0, 2]);
+    check::<formats::Q6K>(&[208]);
+}

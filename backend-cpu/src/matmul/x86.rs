@@ -1,13 +1,40 @@
-//! x86-64 micro-kernels: AVX2, and a variant with AVX-512 VNNI.
+//! x86-64 micro-kernels: AVX2, and a variant with AVX-512 (F, BW, VL and
+//! VNNI).
 //!
-//! The block kernels follow llama.cpp with 16-bit activations: a block's
-//! 32 weight quants are widened to i16 (a 4-bit block's 16 bytes spread to
+//! The block kernels follow llama.cpp with 16-bit activations: a run's 32
+//! weight codes are widened to i16 (a 4-bit block's 16 bytes spread to
 //! unsigned nibbles, low nibbles being elements 0..16; Q8_0's bytes
 //! sign-extended), multiplied with the 32 i16 activation quants and summed
-//! in groups of four into eight i32 lanes (two `vpmaddwd` and an add on
-//! AVX2, two `vpdpwssd` with VNNI), converted to f32 and accumulated with
-//! the product of the two block scales. Each `(row, token)` pair of a tile
-//! keeps its own vector accumulator, summed horizontally once at the end.
+//! in pairs (`vpmaddwd`) into i32 lanes, converted to f32 and accumulated
+//! with the product of the two block scales. Each `(row, token)` pair of a
+//! tile keeps its own vector accumulator, summed horizontally once at the
+//! end.
+//!
+//! - AVX2 works on 256-bit vectors: the codes are two vectors of sixteen
+//!   i16, multiplied with the activation block's two halves by two
+//!   `vpmaddwd` and added into eight i32 lanes.
+//! - AVX-512 works on whole 512-bit vectors: a run's 32 codes are unpacked
+//!   into one 32-byte vector and widened into one vector of 32 i16, and one
+//!   `vpmaddwd` against the activation block (one aligned 64-byte load)
+//!   sums them in pairs into sixteen i32 lanes, converted and accumulated
+//!   with one multiply-add. (`vpdpwssd` would add into a zeroed register
+//!   for the same result: a block's sum cannot be carried into the next,
+//!   whose scales differ.) Lanes 0..8 hold elements 0..16 and lanes 8..16
+//!   elements 16..32, so the formats with a scale per 16-element half take
+//!   both halves in the same multiply-add, with a scale vector of
+//!   `[low × 8, high × 8]`. The block scales are multiplied a chunk of runs
+//!   at a time, one vector of weight heads by one of activation stats per
+//!   row and token, and the multiply-add takes each run's scale as a
+//!   broadcast load. The unpacking uses AVX-512BW's byte masks: the fifth
+//!   bits of Q5_0, Q5_1 and Q5_K and the third bit of Q3_K become a mask
+//!   register that selects the bytes taking the bit's value. The sixteen
+//!   lanes are folded to eight before the offset term, which both
+//!   instruction sets add the same way. AVX-512 VNNI itself serves W8A8
+//!   (`vpdpbusd`, on 256-bit vectors).
+//!
+//! Both decode the block heads of the k-quants with vectors (all of a
+//! super-block's sub-block scales in one conversion), and prefetch the
+//! weight bytes `PREFETCH_AHEAD` past the blocks whose heads they decode.
 //!
 //! The kernels are `#[inline(always)]` generic code; `run_avx2` and
 //! `run_vnni` instantiate them inside functions compiled with the target
@@ -20,8 +47,8 @@ use tandem_core::quant::{IQ4NL_VALUES, QK};
 use super::formats::{with_block_format, BlockFormat, Codes, Head};
 use super::quantize::QuantRow;
 use super::{
-    decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, FloatKind,
-    MicroKernels, Operands, Task,
+    decode_block_heads_scalar, float_task, prefetch_ahead, quant_task, w8a8_task, FloatElem,
+    FloatKind, MicroKernels, Operands, Task,
 };
 
 pub(super) struct Avx2;
@@ -44,10 +71,10 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
 }
 
 /// # Safety
-/// The CPU supports AVX2, FMA, F16C, AVX-512 VNNI and AVX-512VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+/// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
-    // AVX-512VL gives 32 vector registers: 4×4 accumulators fit.
+    // AVX-512 gives 32 vector registers: 4×4 accumulators fit.
     match operands {
         Operands::F32 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
         Operands::F16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
@@ -56,65 +83,6 @@ pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_
             quant_task::<Vnni, F, 4, 4>(w, x, cols, task)
         }),
         Operands::W8A8 { w, x } => w8a8_task::<Vnni, 4, 4>(w, x, cols, task),
-    }
-}
-
-/// How a kernel multiplies two pairs of sixteen i16 lanes (a block's two
-/// halves of weights and activations) and sums each group of four products
-/// into one of eight i32 lanes. No sum can overflow: weights are at most
-/// 128 and activations 32767 in magnitude, so a lane sums to at most
-/// 4 * 128 * 32767 < 2^24.
-trait WordDot {
-    /// # Safety
-    /// The CPU supports the implementor's instruction set.
-    unsafe fn dot(low: [__m256i; 2], high: [__m256i; 2]) -> __m256i;
-
-    /// The two halves' products kept apart, each pair summed into one of
-    /// eight i32 lanes.
-    ///
-    /// # Safety
-    /// The CPU supports the implementor's instruction set.
-    unsafe fn dot_halves(low: [__m256i; 2], high: [__m256i; 2]) -> [__m256i; 2];
-}
-
-impl WordDot for Avx2 {
-    #[inline(always)]
-    unsafe fn dot([w_low, x_low]: [__m256i; 2], [w_high, x_high]: [__m256i; 2]) -> __m256i {
-        _mm256_add_epi32(
-            _mm256_madd_epi16(w_low, x_low),
-            _mm256_madd_epi16(w_high, x_high),
-        )
-    }
-
-    #[inline(always)]
-    unsafe fn dot_halves(
-        [w_low, x_low]: [__m256i; 2],
-        [w_high, x_high]: [__m256i; 2],
-    ) -> [__m256i; 2] {
-        [
-            _mm256_madd_epi16(w_low, x_low),
-            _mm256_madd_epi16(w_high, x_high),
-        ]
-    }
-}
-
-impl WordDot for Vnni {
-    #[inline(always)]
-    unsafe fn dot([w_low, x_low]: [__m256i; 2], [w_high, x_high]: [__m256i; 2]) -> __m256i {
-        let low = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w_low, x_low);
-        _mm256_dpwssd_epi32(low, w_high, x_high)
-    }
-
-    #[inline(always)]
-    unsafe fn dot_halves(
-        [w_low, x_low]: [__m256i; 2],
-        [w_high, x_high]: [__m256i; 2],
-    ) -> [__m256i; 2] {
-        let zero = _mm256_setzero_si256();
-        [
-            _mm256_dpwssd_epi32(zero, w_low, x_low),
-            _mm256_dpwssd_epi32(zero, w_high, x_high),
-        ]
     }
 }
 
@@ -145,12 +113,18 @@ impl ByteDot for Vnni {
     }
 }
 
+/// The [`MicroKernels`] of `$isa`, with `$block_tile` as its block kernel.
 macro_rules! delegate_micro_kernels {
-    ($isa:ty) => {
+    ($isa:ty, $block_tile:ident) => {
         impl MicroKernels for $isa {
             #[inline(always)]
             unsafe fn f16_to_f32(bits: u16) -> f32 {
                 _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+            }
+
+            #[inline(always)]
+            unsafe fn prefetch(at: *const u8) {
+                _mm_prefetch::<_MM_HINT_T0>(at.cast())
             }
 
             #[inline(always)]
@@ -164,7 +138,7 @@ macro_rules! delegate_micro_kernels {
                 w_heads: [&[f32]; R],
                 x: [QuantRow<'_>; T],
             ) -> [[f32; T]; R] {
-                block_tile::<$isa, F, R, T>(w, w_heads, x)
+                $block_tile::<F, R, T>(w, w_heads, x)
             }
 
             #[inline(always)]
@@ -186,29 +160,46 @@ macro_rules! delegate_micro_kernels {
     };
 }
 
-delegate_micro_kernels!(Avx2);
-delegate_micro_kernels!(Vnni);
+delegate_micro_kernels!(Avx2, block_tile);
+delegate_micro_kernels!(Vnni, block_tile_512);
 
 /// Decodes the run heads of a row. Formats with one f16 `d` (and `m`) at
 /// the start of each block of one run go fast: one 8-byte load and one F16C
 /// conversion per block widen its first four halves, of which the first two
-/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two. The others
-/// decode per block in scalar code.
+/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two. The k-quants
+/// unpack a super-block's sub-block scales (and minimums) as bytes in one
+/// vector, convert them together and multiply them by `d` (and `-dmin`),
+/// the same products as their scalar [`BlockFormat::block_heads`]. The
+/// others decode per block in scalar code.
 ///
 /// # Safety
 /// The CPU supports AVX2 and F16C.
 #[inline(always)]
 unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
-    if F::ROW_HEAD != 0 || F::RUNS != 1 || F::HALVES || F::HEAD == Head::Custom {
+    let k_quant = matches!(
+        F::CODES,
+        Codes::Q2K | Codes::Q3K | Codes::Q4K | Codes::Q5K | Codes::Q6K
+    );
+    let one_run = F::RUNS == 1 && !F::HALVES && F::HEAD != Head::Custom;
+    if F::ROW_HEAD != 0 || !(one_run || k_quant) {
         return decode_block_heads_scalar::<Avx2, F>(row, heads);
     }
     // The 8-byte load must stay inside the block.
     const { assert!(F::BLOCK_BYTES >= 8) };
-    let blocks = (heads.len() / 2).min(row.len() / F::BLOCK_BYTES);
+    let per_block = F::RUNS * F::HEAD_FLOATS;
+    let blocks = (heads.len() / per_block).min(row.len() / F::BLOCK_BYTES);
     for b in 0..blocks {
-        // SAFETY: bytes `b * BLOCK_BYTES..+8` and floats `2b..2b + 2` are in
-        // bounds by the choice of `blocks`.
-        let halves = _mm_cvtph_ps(_mm_loadl_epi64(row.as_ptr().add(b * F::BLOCK_BYTES).cast()));
+        prefetch_ahead::<Avx2, F>(row, b);
+        // SAFETY: bytes `b * BLOCK_BYTES..` of a whole block and floats
+        // `b * per_block..` of its heads are in bounds by the choice of
+        // `blocks`.
+        let block = row.as_ptr().add(b * F::BLOCK_BYTES);
+        let out = heads.as_mut_ptr().add(b * per_block);
+        if k_quant {
+            k_quant_heads::<F>(block, out);
+            continue;
+        }
+        let halves = _mm_cvtph_ps(_mm_loadl_epi64(block.cast()));
         let head = match F::HEAD {
             // [d, factor * d]
             Head::Scaled(factor) => _mm_mul_ps(
@@ -217,7 +208,120 @@ unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]) {
             ),
             Head::Stored | Head::Custom => halves,
         };
-        _mm_storel_epi64(heads.as_mut_ptr().add(2 * b).cast(), _mm_castps_si128(head));
+        _mm_storel_epi64(out.cast(), _mm_castps_si128(head));
+    }
+}
+
+/// The heads of one k-quant super-block at `block` into `heads`
+/// (`RUNS * HEAD_FLOATS` floats), as [`BlockFormat::block_heads`] decodes
+/// them (`tandem_core::quant::kquant` has the layouts).
+///
+/// # Safety
+/// A whole block of format `F` is readable at `block` and its heads are
+/// writable at `heads`; the CPU supports AVX2 and F16C.
+#[inline(always)]
+unsafe fn k_quant_heads<F: BlockFormat>(block: *const u8, heads: *mut f32) {
+    let word = |at: usize| block.add(at).cast::<u32>().read_unaligned();
+    // `[d, -dmin]` from the f16 pair at `at`, repeated.
+    let d_dmin = |at: usize| {
+        let pair = _mm_cvtph_ps(_mm_cvtsi32_si128(word(at) as i32));
+        let pair = _mm_mul_ps(pair, _mm_setr_ps(1.0, -1.0, 0.0, 0.0));
+        _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(pair)))
+    };
+    // `d` from the f16 at `at`, repeated.
+    let d = |at: usize| {
+        let bits = block.add(at).cast::<u16>().read_unaligned();
+        _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))))
+    };
+    match F::CODES {
+        Codes::Q4K | Codes::Q5K => {
+            // `k4_heads`' words, the scales then the minimums of sub-blocks
+            // 0..4 and 4..8, interleaved per sub-block.
+            const LOW6: u32 = 0x3f3f_3f3f;
+            const LOW4: u32 = 0x0f0f_0f0f;
+            const TOP2: u32 = 0x0303_0303;
+            let (w0, w1, w2) = (word(4), word(8), word(12));
+            let bytes = _mm_setr_epi32(
+                (w0 & LOW6) as i32,
+                (w1 & LOW6) as i32,
+                ((w2 & LOW4) | (((w0 >> 6) & TOP2) << 4)) as i32,
+                (((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4)) as i32,
+            );
+            let pairs = _mm_shuffle_epi8(
+                bytes,
+                _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15),
+            );
+            store_byte_heads::<false, false>(pairs, d_dmin(0), heads);
+        }
+        Codes::Q2K => {
+            // Per sub-block of 16, the scale in the low nibble and the
+            // minimum in the high one.
+            let packed = _mm_loadu_si128(block.cast());
+            let low_nibbles = _mm_set1_epi8(0x0f);
+            let scales = _mm_and_si128(packed, low_nibbles);
+            let mins = _mm_and_si128(_mm_srli_epi16::<4>(packed), low_nibbles);
+            let d_dmin = d_dmin(80);
+            store_byte_heads::<false, false>(_mm_unpacklo_epi8(scales, mins), d_dmin, heads);
+            let high = heads.add(16);
+            store_byte_heads::<false, false>(_mm_unpackhi_epi8(scales, mins), d_dmin, high);
+        }
+        Codes::Q6K => {
+            let scales = _mm_loadu_si128(block.add(192).cast());
+            store_byte_heads::<true, true>(scales, d(208), heads);
+        }
+        Codes::Q3K => {
+            // `q3k_scales` word by word: the low four bits of scales 0..8
+            // and 8..16, then the top two of each.
+            const LOW4: u32 = 0x0f0f_0f0f;
+            const LOW2: u32 = 0x0303_0303;
+            let (a, b, c) = (word(96), word(100), word(104));
+            let scales = _mm_setr_epi32(
+                ((a & LOW4) | ((c & LOW2) << 4)) as i32,
+                ((b & LOW4) | (((c >> 2) & LOW2) << 4)) as i32,
+                (((a >> 4) & LOW4) | (((c >> 4) & LOW2) << 4)) as i32,
+                (((b >> 4) & LOW4) | (((c >> 6) & LOW2) << 4)) as i32,
+            );
+            let scales = _mm_sub_epi8(scales, _mm_set1_epi8(32));
+            store_byte_heads::<true, true>(scales, d(108), heads);
+        }
+        _ => unreachable!("not a k-quant"),
+    }
+}
+
+/// Sixteen bytes of sub-block scales (or interleaved scales and minimums)
+/// converted to f32 and multiplied lane by lane by `factors` (repeated per
+/// eight), stored at `heads`; with `ZERO_OFFSETS` each product is followed
+/// by a 0 offset. `SIGNED` takes the bytes as `i8`.
+///
+/// # Safety
+/// 16 floats (32 with `ZERO_OFFSETS`) are writable at `heads`; the CPU
+/// supports AVX2.
+#[inline(always)]
+unsafe fn store_byte_heads<const SIGNED: bool, const ZERO_OFFSETS: bool>(
+    bytes: __m128i,
+    factors: __m256,
+    heads: *mut f32,
+) {
+    for (i, eight) in [bytes, _mm_unpackhi_epi64(bytes, bytes)]
+        .into_iter()
+        .enumerate()
+    {
+        let ints = if SIGNED {
+            _mm256_cvtepi8_epi32(eight)
+        } else {
+            _mm256_cvtepu8_epi32(eight)
+        };
+        let values = _mm256_mul_ps(_mm256_cvtepi32_ps(ints), factors);
+        if ZERO_OFFSETS {
+            // Each f32 zero-extended to 64 bits: the value, then 0.0.
+            let values = _mm256_castps_si256(values);
+            let low = _mm256_cvtepu32_epi64(_mm256_castsi256_si128(values));
+            let high = _mm256_cvtepu32_epi64(_mm256_extracti128_si256::<1>(values));
+            _mm256_storeu_si256(heads.add(16 * i).cast(), low);
+            _mm256_storeu_si256(heads.add(16 * i + 8).cast(), high);
+        } else {
+            _mm256_storeu_ps(heads.add(8 * i), values);
+        }
     }
 }
 
@@ -240,10 +344,15 @@ fn check_block_tile<F: BlockFormat, const R: usize, const T: usize>(
     blocks
 }
 
+/// The AVX2 block kernel. `vpmaddwd` sums each pair of products in i32: no
+/// sum can overflow, weights being at most 128 and activations 32767 in
+/// magnitude, so a lane of four products sums to at most
+/// 4 * 128 * 32767 < 2^24.
+///
 /// # Safety
-/// The CPU supports AVX2, FMA and `D`'s instruction set.
+/// The CPU supports AVX2 and FMA.
 #[inline(always)]
-unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>(
+unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
@@ -262,22 +371,120 @@ unsafe fn block_tile<D: WordDot, F: BlockFormat, const R: usize, const T: usize>
             let heads = w_heads[r].as_ptr().add(F::HEAD_FLOATS * b);
             for t in 0..T {
                 let quants: *const __m256i = x[t].quants.as_ptr().add(b).cast();
-                let low = [w_low, _mm256_load_si256(quants)];
-                let high = [w_high, _mm256_load_si256(quants.add(1))];
+                let p_low = _mm256_madd_epi16(w_low, _mm256_load_si256(quants));
+                let p_high = _mm256_madd_epi16(w_high, _mm256_load_si256(quants.add(1)));
                 if F::HALVES {
-                    let [p_low, p_high] = D::dot_halves(low, high);
                     let s_low = _mm256_mul_ps(_mm256_broadcast_ss(&*heads), x_scales[t]);
                     let s_high = _mm256_mul_ps(_mm256_broadcast_ss(&*heads.add(2)), x_scales[t]);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p_low), s_low, acc[r][t]);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p_high), s_high, acc[r][t]);
                 } else {
-                    let products = D::dot(low, high);
+                    let products = _mm256_add_epi32(p_low, p_high);
                     let scale = _mm256_mul_ps(_mm256_broadcast_ss(&*heads), x_scales[t]);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r][t]);
                 }
             }
         }
     }
+    finish_block_tile::<F, R, T>(acc, w_heads, x, blocks)
+}
+
+/// The AVX-512 block kernel. `vpmaddwd` sums each pair of products in i32
+/// (at most 2 * 128 * 32767 < 2^24 in magnitude, so the conversion to f32
+/// is exact). Its scales come from chunks of runs whose heads fill one
+/// vector: per row and token, one multiply of the chunk's weight heads by
+/// the activation stats (`[scale, sum]`, repeated per half with `HALVES`)
+/// leaves every run's scale in an even lane, the same product of the same
+/// two floats whichever tile computes it.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and AVX-512 F, BW, VL and VNNI.
+#[inline(always)]
+unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+) -> [[f32; T]; R] {
+    const LANES: usize = 16;
+    let blocks = check_block_tile::<F, R, T>(&w, &w_heads, &x);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // Per row and token, the products of a chunk's heads and stats.
+    let mut products = [[[0f32; LANES]; T]; R];
+    let chunk_runs = LANES / F::HEAD_FLOATS;
+    let mut c = 0;
+    while c < blocks {
+        let runs = chunk_runs.min(blocks - c);
+        // SAFETY (all loads below): `check_block_tile` checked that every
+        // row and activation holds `blocks` runs, and masked lanes are not
+        // read; activation blocks are 64-byte aligned.
+        let lanes = _cvtu32_mask16((1u32 << (F::HEAD_FLOATS * runs)) - 1);
+        let x_stats: [__m512; T] = std::array::from_fn(|t| {
+            let stats = x[t].stats.as_ptr().add(2 * c);
+            if F::HALVES {
+                let stats = _mm512_maskz_loadu_ps(_cvtu32_mask16((1 << (2 * runs)) - 1), stats);
+                let repeat = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
+                _mm512_permutexvar_ps(repeat, stats)
+            } else {
+                _mm512_maskz_loadu_ps(lanes, stats)
+            }
+        });
+        for r in 0..R {
+            let heads = _mm512_maskz_loadu_ps(lanes, w_heads[r].as_ptr().add(F::HEAD_FLOATS * c));
+            for t in 0..T {
+                let scales = _mm512_mul_ps(heads, x_stats[t]);
+                _mm512_storeu_ps(products[r][t].as_mut_ptr(), scales);
+            }
+        }
+        // Kept in memory: each scale is then a broadcast load folded into
+        // its multiply-add, not a shuffle out of a register.
+        std::hint::black_box(&mut products);
+        for j in 0..runs {
+            let b = c + j;
+            for r in 0..R {
+                let block = w[r].as_ptr().add(F::block_at(b));
+                let codes = widen_run_512::<F>(block, b % F::RUNS);
+                for t in 0..T {
+                    let quants = _mm512_load_si512(x[t].quants.as_ptr().add(b).cast());
+                    let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(codes, quants));
+                    let scales = products[r][t].as_ptr().add(F::HEAD_FLOATS * j);
+                    // Lanes 0..8 sum elements 0..16, lanes 8..16 elements 16..32.
+                    let scale = if F::HALVES {
+                        let (low, high) = (_mm512_set1_ps(*scales), _mm512_set1_ps(*scales.add(2)));
+                        _mm512_mask_blend_ps(0xff00, low, high)
+                    } else {
+                        _mm512_set1_ps(*scales)
+                    };
+                    acc[r][t] = _mm512_fmadd_ps(dot, scale, acc[r][t]);
+                }
+            }
+        }
+        c += runs;
+    }
+    // Lanes `i` and `i + 8` add up: the halves' scales are already applied.
+    let mut folded = [[_mm256_setzero_ps(); T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            let v = acc[r][t];
+            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            folded[r][t] = _mm256_add_ps(_mm512_castps512_ps256(v), high);
+        }
+    }
+    finish_block_tile::<F, R, T>(folded, w_heads, x, blocks)
+}
+
+/// Adds the offset terms to a block tile's accumulators (with
+/// `F::OFFSET`) and sums each horizontally.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; the slices hold `blocks` runs, as
+/// [`check_block_tile`] checks.
+#[inline(always)]
+unsafe fn finish_block_tile<F: BlockFormat, const R: usize, const T: usize>(
+    mut acc: [[__m256; T]; R],
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+    blocks: usize,
+) -> [[f32; T]; R] {
     if F::OFFSET {
         for r in 0..R {
             for t in 0..T {
@@ -416,6 +623,87 @@ unsafe fn widen_i8(v: __m256i) -> [__m256i; 2] {
         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
         _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
     ]
+}
+
+/// The 32 codes of run `j` of the block at `block` widened to one vector of
+/// i16, in element order ([`Codes`] says which are signed). The codes are
+/// unpacked as 32 bytes first. The fifth bits of Q5_0, Q5_1 and Q5_K and
+/// the third of Q3_K become a byte mask, the bytes where it is set (or
+/// clear) taking the bit's value; a masked bit field and the bits above it
+/// merge in one `vpternlogd`.
+///
+/// # Safety
+/// A whole block of format `F` is readable at `block`; the CPU supports
+/// AVX2 and AVX-512 F, BW and VL.
+#[inline(always)]
+unsafe fn widen_run_512<F: BlockFormat>(block: *const u8, j: usize) -> __m512i {
+    let (h, s) = (j / 4, j % 4);
+    let bytes = |at: usize| _mm256_loadu_si256(block.add(at).cast());
+    // Bytes shifted right by `n` bits (the bits moving in from the next byte
+    // are masked off by every caller).
+    let shift = |v: __m256i, n: usize| _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
+    let mask = |v: __m256i, m: i8| _mm256_and_si256(v, _mm256_set1_epi8(m));
+    let splat = _mm256_set1_epi8;
+    // `(low & 0x0f) | high` per byte.
+    let merge = |low: __m256i, high: __m256i| {
+        _mm256_ternarylogic_epi32::<0b1110_1100>(low, high, splat(0x0f))
+    };
+    // 16 in the bytes of `bits` whose bit `bit` is set, 0 elsewhere.
+    let fifth = |bits: __mmask32| _mm256_maskz_mov_epi8(bits, splat(16));
+    match F::CODES {
+        Codes::Bytes => _mm512_cvtepi8_epi16(bytes(F::QUANTS_AT + QK * j)),
+        Codes::Nibbles => {
+            let q = mask(nibble_halves(block.add(F::QUANTS_AT + QK / 2 * j)), 0x0f);
+            _mm512_cvtepu8_epi16(q)
+        }
+        Codes::Nibbles5 => {
+            let low = nibble_halves(block.add(F::QUANTS_AT));
+            let qh = block.add(F::QUANTS_AT - 4).cast::<u32>().read_unaligned();
+            _mm512_cvtepu8_epi16(merge(low, fifth(_cvtu32_mask32(qh))))
+        }
+        Codes::NonLinear => {
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast()));
+            let q = mask(nibble_halves(block.add(F::QUANTS_AT)), 0x0f);
+            _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, q))
+        }
+        Codes::Q4K => {
+            _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * (j / 2)), 4 * (j % 2)), 0x0f))
+        }
+        Codes::Q5K => {
+            let low = shift(bytes(48 + QK * (j / 2)), 4 * (j % 2));
+            let bits = _mm256_test_epi8_mask(bytes(16), splat((1u8 << j) as i8));
+            _mm512_cvtepu8_epi16(merge(low, fifth(bits)))
+        }
+        Codes::Q6K => {
+            let low = shift(bytes(64 * h + QK * (s & 1)), 4 * (s / 2));
+            // Rotating each 32-bit lane left by `4 - 2s` moves bits `2s` and
+            // `2s + 1` of every byte to bits 4 and 5 of the same byte.
+            let rotation = _mm256_set1_epi32((4 - 2 * s as i32).rem_euclid(32));
+            let high = mask(_mm256_rolv_epi32(bytes(128 + QK * h), rotation), 0x30);
+            _mm512_cvtepi8_epi16(_mm256_sub_epi8(merge(low, high), splat(32)))
+        }
+        Codes::Q3K => {
+            let low = mask(shift(bytes(32 + QK * h), 2 * s), 3);
+            // `(low | 4 * bit) - 4`: `low - 4` where the bit is clear.
+            let clear = _mm256_testn_epi8_mask(bytes(0), splat((1u8 << (4 * h + s)) as i8));
+            _mm512_cvtepi8_epi16(_mm256_mask_sub_epi8(low, clear, low, splat(4)))
+        }
+        Codes::Q2K => _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * h), 2 * s), 3)),
+    }
+}
+
+/// 16 bytes of nibbles at `packed` spread over 32 bytes, the low nibbles
+/// in bytes `0..16` and the high ones in `16..32`, each in the low four
+/// bits of its byte (the high four are left to mask).
+///
+/// # Safety
+/// 16 bytes are readable at `packed`; the CPU supports AVX2, AVX-512BW and
+/// AVX-512VL.
+#[inline(always)]
+unsafe fn nibble_halves(packed: *const u8) -> __m256i {
+    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(packed.cast()));
+    // The upper copy's 16-bit lanes (8..16) shifted down by a nibble.
+    _mm256_mask_srli_epi16::<4>(both, 0xff00, both)
 }
 
 /// The offsets' share of a dot product, `sum_b offset[b] * x_sum[b]`,
