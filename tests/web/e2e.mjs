@@ -43,6 +43,13 @@ const PROMPT = "The capital of France is";
 // the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
 const CHAT_MESSAGE = "What is the capital of France?";
+// An INT4 KV cache rounds keys and values to 16 levels, so a tiny difference
+// in the matmuls before it (the browser's portable kernels sum in another
+// order than the native AVX2 or AVX-512 ones) can move a value across a
+// rounding boundary and the logits by tenths of a nat. Greedy ids must then
+// agree until a step where the native run ranks the browser's token within
+// this many nats of its own choice; after it the contexts differ.
+const INT4_TIE_NATS = 0.5;
 const MODEL_PATH = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const CACHE = "tandem-models-v1";
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
@@ -231,11 +238,12 @@ try {
       return { refused, ids, kvDtype, kvBytesPerToken };
     }, { url: MODEL_PATH.slice(1), backend: "cpu", prompt: PROMPT, count: EXPECTED.length });
     console.log(JSON.stringify(kv));
-    const expectedInt4 = nativeTokens(["--kv-dtype", "int4"], PROMPT, EXPECTED.length);
+    const native = nativeTokens(["--kv-dtype", "int4", "--top-logprobs", "5"], PROMPT, EXPECTED.length);
     check(/^kvDtype: .*unknown KV dtype `int3`/.test(kv.refused), "an unknown kvDtype is a clear error", kv.refused);
-    check(kv.kvDtype === "int4" && same(kv.ids, expectedInt4),
+    const int4 = agreeUpToNearTie(kv.ids, native, INT4_TIE_NATS);
+    check(kv.kvDtype === "int4" && int4.ok,
       "kvDtype int4 gives the native CPU backend's greedy tokens with an INT4 KV cache",
-      `browser [${kv.ids.join(" ")}], native [${expectedInt4.join(" ")}]`);
+      `browser [${kv.ids.join(" ")}], native [${native.ids.join(" ")}]; ${int4.detail}`);
   }
 
   const afterReload = await loadDefault(page);
@@ -353,7 +361,32 @@ function nativeTokens(options, prompt, count, modelPath = MODEL_PATH) {
   if (out.status !== 0 || !line) {
     throw new Error(`${tandemBin} ${args.join(" ")} failed (${out.error ?? out.status}):\n${out.stderr}`);
   }
-  return line[1].trim().split(" ").map(Number);
+  const ids = line[1].trim().split(" ").map(Number);
+  if (!options.includes("--top-logprobs")) {
+    return ids;
+  }
+  // `logprobs I: TOKEN LOGPROB | TOKEN LOGPROB ...`, one line per generated token.
+  const top = [...out.stderr.matchAll(/^logprobs \d+: \S+ \S+ \| (.*)$/gm)].map((m) => {
+    const fields = m[1].trim().split(" ").map(Number);
+    return new Map(fields.flatMap((v, i) => (i % 2 ? [] : [[v, fields[i + 1]]])));
+  });
+  return { ids, top };
+}
+
+/** Whether `ids` equal the native `{ ids, top }` until a near tie (see INT4_TIE_NATS). */
+function agreeUpToNearTie(ids, native, nats) {
+  const at = ids.findIndex((id, i) => id !== native.ids[i]);
+  if (at < 0 && ids.length === native.ids.length) {
+    return { ok: true, detail: "identical" };
+  }
+  const chosen = native.top[at]?.get(native.ids[at]);
+  const other = native.top[at]?.get(ids[at]);
+  const gap = chosen - other;
+  return {
+    ok: at >= 0 && gap <= nats,
+    detail: `first difference at ${at}: native logprob ${chosen} for ${native.ids[at]}, ${other} for ${ids[at]} ` +
+      `(gap ${gap?.toFixed?.(3)} nats, at most ${nats} allowed)`,
+  };
 }
 
 function same(a, b) {

@@ -89,7 +89,8 @@ impl WithBackend for ChatArgs {
                 }
             };
             seq = Some(id);
-            let (reply, stats) = stream_turn(&mut engine, tokenizer, id, new_tokens, &mut stdout)?;
+            let (reply, stats) =
+                stream_turn(&mut engine, tokenizer, id, new_tokens, &mut stdout, |_| {})?;
             writeln!(stdout)?;
             eprintln!("[{}]", stats.report());
             if engine.speculation().is_some() {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use tandem_core::backend::KvDtype;
-use tandem_core::engine::{Engine, EngineConfig, DEFAULT_MAX_RECORDED_BATCH};
+use tandem_core::engine::{Engine, EngineConfig, TokenEvent, DEFAULT_MAX_RECORDED_BATCH};
 use tandem_core::kv::SeqId;
 use tandem_core::model::ModelFiles;
 use tandem_core::sched::SamplingParams;
@@ -164,6 +164,7 @@ pub fn stream_turn<B: Backend>(
     seq: SeqId,
     prompt_tokens: usize,
     out: &mut dyn Write,
+    mut observe: impl FnMut(&TokenEvent),
 ) -> Result<(Vec<u32>, GenerationStats)> {
     let mut stats = GenerationStats {
         prompt_tokens,
@@ -180,6 +181,7 @@ pub fn stream_turn<B: Backend>(
             if generated.is_empty() {
                 stats.prompt_time = started.elapsed();
             }
+            observe(&ev);
             generated.push(ev.token);
             if ev.finished.is_some() && tokenizer.is_eos(ev.token) {
                 continue;

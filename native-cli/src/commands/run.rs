@@ -1,7 +1,8 @@
 //! `tandem run`: one prompt, one streamed completion (the prompt itself is not echoed).
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use clap::Args;
+use tandem_core::engine::Request;
 use tandem_core::Backend;
 
 use super::speculate::SpeculationArgs;
@@ -25,6 +26,11 @@ pub struct RunArgs {
     /// After the text, print the generated token ids on stderr (`token ids: 1 2 3`).
     #[arg(long)]
     pub token_ids: bool,
+    /// After the text, print each generated token's log-probability and
+    /// its N most likely alternatives on stderr, a line per token
+    /// (`logprobs 3: 42 -0.11 | 42 -0.11 7 -2.4 ...`).
+    #[arg(long, value_name = "N")]
+    pub top_logprobs: Option<usize>,
     pub prompt: String,
 }
 
@@ -53,16 +59,29 @@ impl WithBackend for RunArgs {
         self.speculation.attach(&mut engine, &files)?;
         let info = engine.backend().info();
         eprintln!("backend: {} ({})", info.name, info.device);
-        let seq = engine.add_request(
-            prompt.clone(),
-            self.sampling.params(),
-            self.max_tokens,
-            tokenizer.eos_tokens().to_vec(),
-        )?;
+        let request = Request {
+            stop_tokens: tokenizer.eos_tokens().to_vec(),
+            logprobs: self.top_logprobs,
+            ..Request::new(prompt.clone(), self.sampling.params(), self.max_tokens)
+        };
+        let seq = engine.submit(request).map_err(|e| anyhow!("{e}"))?[0];
         let mut stdout = std::io::stdout().lock();
-        let (generated, stats) =
-            stream_turn(&mut engine, tokenizer, seq, prompt.len(), &mut stdout)?;
+        let mut logprobs = Vec::new();
+        let (generated, stats) = stream_turn(
+            &mut engine,
+            tokenizer,
+            seq,
+            prompt.len(),
+            &mut stdout,
+            |ev| {
+                logprobs.extend(ev.logprobs.clone().map(|l| (ev.token, l)));
+            },
+        )?;
         println!();
+        for (i, (token, l)) in logprobs.iter().enumerate() {
+            let top: Vec<String> = l.top.iter().map(|(t, p)| format!("{t} {p}")).collect();
+            eprintln!("logprobs {i}: {token} {} | {}", l.logprob, top.join(" "));
+        }
         if self.token_ids {
             let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
             eprintln!("token ids: {}", ids.join(" "));
