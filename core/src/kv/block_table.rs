@@ -1,6 +1,6 @@
 //! `BlockTable`: where one sequence's tokens live in the paged KV cache.
 
-use super::BlockHash;
+use super::BlockKey;
 
 /// The physical blocks of one sequence, in token order, and how many token
 /// slots of them are filled. Token `i` lives in block `blocks[i / block_size]`
@@ -9,9 +9,9 @@ use super::BlockHash;
 pub struct BlockTable {
     blocks: Vec<u32>,
     num_tokens: usize,
-    /// Content hashes of the leading full blocks whose K/V are computed (the
+    /// Content keys of the leading full blocks whose K/V are computed (the
     /// prefix-cache chain: each depends on the one before).
-    hashes: Vec<BlockHash>,
+    keys: Vec<BlockKey>,
 }
 
 impl BlockTable {
@@ -32,17 +32,17 @@ impl BlockTable {
         self.blocks[pos / block_size] * block_size as u32 + (pos % block_size) as u32
     }
 
-    pub fn hashes(&self) -> &[BlockHash] {
-        &self.hashes
+    pub fn keys(&self) -> &[BlockKey] {
+        &self.keys
     }
 
-    pub(crate) fn push_hash(&mut self, hash: BlockHash) {
-        self.hashes.push(hash);
+    pub(crate) fn push_key(&mut self, key: BlockKey) {
+        self.keys.push(key);
     }
 
-    /// Forgets the hashes past the first `full_blocks` (they are being rewritten).
-    pub(crate) fn truncate_hashes(&mut self, full_blocks: usize) {
-        self.hashes.truncate(full_blocks);
+    /// Forgets the keys past the first `full_blocks` (they are being rewritten).
+    pub(crate) fn truncate_keys(&mut self, full_blocks: usize) {
+        self.keys.truncate(full_blocks);
     }
 
     pub(crate) fn push_block(&mut self, block: u32) {

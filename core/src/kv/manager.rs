@@ -8,11 +8,16 @@
 //! shares every block found instead of computing it again. A registered block
 //! is never written again: a sequence that would write into one (after a
 //! truncation) gets a copy first, as with blocks shared by a fork.
+//!
+//! The hash is SipHash under a random key per cache, so clients cannot craft
+//! colliding prompts offline, and a hit is still checked against the block's
+//! tokens and its parent's content before it is shared: a collision costs a
+//! cache miss, never another client's K/V.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 
-use super::{BlockHash, BlockTable, KvBlockAllocator};
+use super::{BlockHash, BlockKey, BlockTable, KvBlockAllocator};
 use crate::{Error, Result};
 
 /// Identifies a sequence in the engine and in the KV cache.
@@ -28,20 +33,53 @@ pub struct SlotReservation {
     pub copies: Vec<(u32, u32)>,
 }
 
+/// Computes the prefix-cache key of a full block from its parent's hash and its tokens.
+#[derive(Clone, Debug)]
+pub enum BlockHasher {
+    /// SipHash with a random key (the default).
+    Keyed(RandomState),
+    /// A given function: tests use a weak one to force collisions.
+    Function(fn(Option<BlockHash>, &[u32]) -> BlockHash),
+}
+
+impl BlockHasher {
+    fn hash(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+        match self {
+            Self::Keyed(state) => {
+                let mut h = state.build_hasher();
+                parent.hash(&mut h);
+                tokens.hash(&mut h);
+                h.finish()
+            }
+            Self::Function(f) => f(parent, tokens),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct KvCacheManager {
     allocator: KvBlockAllocator,
     block_size: usize,
     tables: HashMap<SeqId, BlockTable>,
+    hasher: BlockHasher,
 }
 
 impl KvCacheManager {
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self::with_hasher(
+            num_blocks,
+            block_size,
+            BlockHasher::Keyed(RandomState::new()),
+        )
+    }
+
+    pub fn with_hasher(num_blocks: usize, block_size: usize, hasher: BlockHasher) -> Self {
         assert!(block_size > 0, "block size must be positive");
         Self {
             allocator: KvBlockAllocator::new(num_blocks),
             block_size,
             tables: HashMap::new(),
+            hasher,
         }
     }
 
@@ -176,7 +214,7 @@ impl KvCacheManager {
         for b in table.truncate_blocks(n_tokens.div_ceil(bs)) {
             self.allocator.release(b);
         }
-        table.truncate_hashes(n_tokens / bs);
+        table.truncate_keys(n_tokens / bs);
         table.set_num_tokens(n_tokens);
         Ok(())
     }
@@ -197,14 +235,15 @@ impl KvCacheManager {
         }
         let mut parent = None;
         for chunk in tokens.chunks_exact(bs) {
-            let hash = block_hash(parent, chunk);
-            let Some(block) = self.allocator.lookup(hash) else {
+            let hash = self.hasher.hash(parent.map(|p: BlockKey| p.hash), chunk);
+            let Some((block, key)) = self.allocator.lookup(hash, parent.map(|p| p.id), chunk)
+            else {
                 break;
             };
             self.allocator.retain(block);
             table.push_block(block);
-            table.push_hash(hash);
-            parent = Some(hash);
+            table.push_key(key);
+            parent = Some(key);
         }
         let cached = table.blocks().len() * bs;
         table.set_num_tokens(cached);
@@ -220,11 +259,14 @@ impl KvCacheManager {
             .get_mut(&seq)
             .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
         let full = computed.len().min(table.num_tokens()) / bs;
-        for i in table.hashes().len()..full {
-            let parent = table.hashes().last().copied();
-            let hash = block_hash(parent, &computed[i * bs..(i + 1) * bs]);
-            self.allocator.register(table.blocks()[i], hash);
-            table.push_hash(hash);
+        for i in table.keys().len()..full {
+            let parent = table.keys().last().copied();
+            let tokens = &computed[i * bs..(i + 1) * bs];
+            let hash = self.hasher.hash(parent.map(|p| p.hash), tokens);
+            let key =
+                self.allocator
+                    .register(table.blocks()[i], hash, parent.map(|p| p.id), tokens);
+            table.push_key(key);
         }
         Ok(())
     }
@@ -237,17 +279,6 @@ impl KvCacheManager {
             }
         }
     }
-}
-
-/// The prefix-cache key of a full block: its tokens and, through the parent's
-/// hash, every token before it. 64 bits make an accidental collision between
-/// two different prefixes in one cache vanishingly unlikely.
-pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    // SipHash with fixed keys: the same value on every run and platform.
-    let mut h = std::hash::DefaultHasher::new();
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
-    h.finish()
 }
 
 #[cfg(test)]
@@ -370,6 +401,70 @@ mod tests {
         assert_eq!(m.allocator().num_cached(), 1, "the original stays cached");
         m.add_sequence(2).unwrap();
         assert_eq!(m.match_prefix(2, &tokens).unwrap(), 8);
+    }
+
+    /// Every block of every prefix collides.
+    fn weak_hash(_: Option<BlockHash>, _: &[u32]) -> BlockHash {
+        7
+    }
+
+    #[test]
+    fn colliding_prefixes_never_share_blocks() {
+        let mut m = KvCacheManager::with_hasher(16, 4, BlockHasher::Function(weak_hash));
+        let a: Vec<u32> = (0..12).collect();
+        computed(&mut m, 1, &a);
+        // Another first block under the same hash: no hit.
+        let b: Vec<u32> = (100..112).collect();
+        m.add_sequence(2).unwrap();
+        assert_eq!(m.match_prefix(2, &b).unwrap(), 0);
+        // The same first block, then a second whose hash is held by `a`'s first.
+        let mut c = a.clone();
+        c[6] = 99;
+        m.add_sequence(3).unwrap();
+        assert_eq!(m.match_prefix(3, &c).unwrap(), 4);
+        // `a` itself: its first block is the only one the weak hash can index.
+        m.add_sequence(4).unwrap();
+        assert_eq!(m.match_prefix(4, &a).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_block_computed_after_other_content_is_not_a_hit() {
+        // `v`'s first block collides with `a`'s, so `v`'s second block is
+        // registered with `v`'s first as parent. A prompt with `a`'s first
+        // block and `v`'s second block must not get that K/V.
+        fn first_blocks_collide(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+            match parent {
+                None => 1,
+                Some(p) => p.wrapping_mul(31) + u64::from(tokens[0]),
+            }
+        }
+        let mut m = KvCacheManager::with_hasher(16, 4, BlockHasher::Function(first_blocks_collide));
+        let a: Vec<u32> = vec![1, 2, 3, 4];
+        computed(&mut m, 1, &a);
+        let v: Vec<u32> = vec![9, 9, 9, 9, 5, 6, 7, 8];
+        computed(&mut m, 2, &v);
+        let forged: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7, 8];
+        m.add_sequence(3).unwrap();
+        assert_eq!(m.match_prefix(3, &forged).unwrap(), 4);
+        assert_eq!(
+            m.table(3).unwrap().blocks(),
+            &m.table(1).unwrap().blocks()[..1]
+        );
+        // `v` itself still finds nothing past the collision at its first block.
+        m.add_sequence(4).unwrap();
+        assert_eq!(m.match_prefix(4, &v).unwrap(), 0);
+    }
+
+    #[test]
+    fn the_same_prefix_computed_twice_shares_one_chain() {
+        let mut m = KvCacheManager::new(16, 4);
+        let a: Vec<u32> = (0..8).collect();
+        computed(&mut m, 1, &a);
+        computed(&mut m, 2, &a);
+        assert_eq!(m.table(1).unwrap().keys(), m.table(2).unwrap().keys());
+        m.free(1);
+        m.add_sequence(3).unwrap();
+        assert_eq!(m.match_prefix(3, &a).unwrap(), 8);
     }
 
     #[derive(Debug, Clone)]

@@ -16,9 +16,9 @@ mod block_table;
 mod manager;
 pub mod quant;
 
-pub use allocator::{BlockHash, KvBlockAllocator};
+pub use allocator::{BlockHash, BlockKey, ContentId, KvBlockAllocator};
 pub use block_table::BlockTable;
-pub use manager::{block_hash, KvCacheManager, SeqId, SlotReservation};
+pub use manager::{BlockHasher, KvCacheManager, SeqId, SlotReservation};
 
 /// Tokens per KV block unless configured otherwise (vLLM's default too).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
