@@ -3,7 +3,7 @@
 //! batched machinery being invisible in the results.
 
 use tandem_core::backend::RopeStyle;
-use tandem_core::engine::FinishReason;
+use tandem_core::engine::{FinishReason, Request};
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::{ModelConfig, RopeScaling};
 use tandem_core::quant::WeightFormat;
@@ -192,6 +192,82 @@ fn seeded_sampling_is_reproducible() {
 }
 
 #[test]
+fn logit_bias_and_penalties_steer_generation_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tiny_gguf(dir.path(), &tiny(WeightFormat::Q4_1, 6));
+    let run = |params: SamplingParams| {
+        let mut e = cpu_engine(&files, 128, 512);
+        let s = e
+            .add_request(PROMPT[..9].to_vec(), params, 10, vec![])
+            .unwrap();
+        while e.has_work() {
+            e.step().unwrap();
+        }
+        e.tokens(s).unwrap()[9..].to_vec()
+    };
+    let plain = run(SamplingParams::default());
+    // Banning the greedy first token changes the first token.
+    let banned = run(SamplingParams {
+        logit_bias: vec![(plain[0], -100.0)],
+        ..Default::default()
+    });
+    assert_ne!(banned[0], plain[0]);
+    assert!(!banned.contains(&plain[0]), "{banned:?}");
+    // Forcing a token makes every step take it.
+    let forced = run(SamplingParams {
+        logit_bias: vec![(42, 100.0)],
+        ..Default::default()
+    });
+    assert_eq!(forced, vec![42; 10]);
+}
+
+/// The penalized choice at each step equals the argmax of the raw logprobs
+/// (which the engine reports) minus OpenAI's penalties over the tokens
+/// generated so far; the prompt's tokens are not counted.
+#[test]
+fn frequency_and_presence_penalties_count_generated_tokens_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tiny_gguf(dir.path(), &tiny(WeightFormat::Q4_1, 6));
+    let vocab = files.config.vocab_size;
+    let (frequency, presence) = (1.5f32, 0.75f32);
+    let mut e = cpu_engine(&files, 128, 512);
+    let prompt = PROMPT[..9].to_vec();
+    let mut request = Request::new(
+        prompt.clone(),
+        SamplingParams {
+            frequency_penalty: frequency,
+            presence_penalty: presence,
+            ..Default::default()
+        },
+        12,
+    );
+    request.logprobs = Some(vocab);
+    let seq = e.submit(request).unwrap()[0];
+    let mut events = Vec::new();
+    while e.has_work() {
+        events.extend(e.step().unwrap());
+    }
+    assert_eq!(events.len(), 12);
+    let mut generated: Vec<u32> = Vec::new();
+    for ev in events.iter().filter(|ev| ev.seq == seq) {
+        let raw = &ev.logprobs.as_ref().unwrap().top;
+        assert_eq!(raw.len(), vocab);
+        let penalized = |&(t, lp): &(u32, f32)| {
+            let count = generated.iter().filter(|&&g| g == t).count() as f32;
+            let presence = if count > 0.0 { presence } else { 0.0 };
+            (t, lp - count * frequency - presence)
+        };
+        let best = raw
+            .iter()
+            .map(penalized)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .unwrap();
+        assert_eq!(ev.token, best.0, "after {generated:?}");
+        generated.push(ev.token);
+    }
+}
+
+#[test]
 fn bad_requests_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let files = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 7));
@@ -217,6 +293,14 @@ fn bad_requests_are_clear_errors() {
         ..Default::default()
     };
     assert!(e.add_request(vec![1, 2], bad, 4, vec![]).is_err());
+    let bias_outside = SamplingParams {
+        logit_bias: vec![(100_000, 1.0)],
+        ..Default::default()
+    };
+    let err = e
+        .add_request(vec![1, 2], bias_outside, 4, vec![])
+        .unwrap_err();
+    assert!(err.to_string().contains("logit_bias"), "{err}");
     assert_eq!(e.kv_manager().num_used_blocks(), 0);
 }
 

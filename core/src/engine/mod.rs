@@ -346,6 +346,9 @@ impl<B: Backend> Engine<B> {
             return Err(Error::InvalidRequest("at least one sample is needed".into()).into());
         }
         self.check_tokens(&prompt)?;
+        let biased: Vec<u32> = params.logit_bias.iter().map(|&(t, _)| t).collect();
+        self.check_tokens(&biased)
+            .map_err(|e| Error::InvalidRequest(format!("logit_bias: {e}")))?;
         self.check_fits(prompt.len())?;
         if self.scheduler.queue_full(1) {
             return Err(SubmitError::QueueFull(self.scheduler.num_waiting()));
@@ -357,6 +360,7 @@ impl<B: Backend> Engine<B> {
                 seed: params.seed.wrapping_add(i as u64),
                 ..params.clone()
             })
+            .with_prompt_len(prompt.len())
         };
         let generation = Generation {
             forks: ids[1..]

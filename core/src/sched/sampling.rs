@@ -1,8 +1,12 @@
-//! Token sampling: greedy, temperature, top-k, top-p, min-p and repetition
-//! penalty, seeded so a request with a seed is reproducible on every backend.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, logit bias and
+//! the repetition, frequency and presence penalties, seeded so a request
+//! with a seed is reproducible on every backend.
 //!
-//! The order follows llama.cpp's default chain: penalties, top-k, top-p,
-//! min-p, then temperature, then a draw from what is left.
+//! The order follows llama.cpp's default chain: logit bias, penalties,
+//! top-k, top-p, min-p, then temperature, then a draw from what is left.
+//! The repetition penalty looks at the last `repeat_last_n` tokens, prompt
+//! included (llama.cpp); the frequency and presence penalties count the
+//! generated tokens only, as OpenAI defines them and vLLM applies them.
 
 use crate::{Error, Result};
 
@@ -20,6 +24,12 @@ pub struct SamplingParams {
     pub repeat_penalty: f32,
     /// How many recent tokens the repetition penalty looks at.
     pub repeat_last_n: usize,
+    /// Subtracted from a token's logit once per time it was generated (OpenAI's `frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token generated so far (OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// `(token, bias)` added to the logits before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -32,6 +42,9 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -40,7 +53,15 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Plain argmax of the raw logits (which a backend can compute on the device).
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 && self.repeat_penalty == 1.0
+        self.temperature <= 0.0 && !self.shapes_logits()
+    }
+
+    /// Whether anything changes the logits before the choice.
+    fn shapes_logits(&self) -> bool {
+        self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -56,6 +77,21 @@ impl SamplingParams {
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return bad("repeat_penalty must be a finite number > 0");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty must be in [-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty must be in [-2, 2]");
+        }
+        if let Some((token, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(Error::InvalidRequest(format!(
+                "logit_bias for token {token} is {bias}: biases must be in [-100, 100]"
+            )));
         }
         Ok(())
     }
@@ -105,21 +141,33 @@ impl Rng {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
+    /// Tokens of the history that are the prompt (not counted by the
+    /// frequency and presence penalties).
+    prompt_len: usize,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Self { params, rng }
+        Self {
+            params,
+            rng,
+            prompt_len: 0,
+        }
+    }
+
+    /// The histories this sampler sees start with a prompt of `n` tokens.
+    pub fn with_prompt_len(mut self, n: usize) -> Self {
+        self.prompt_len = n;
+        self
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Picks the next token from `logits` (modified in place) given the
-    /// tokens so far.
-    /// Draws the next token from `logits` given the tokens so far.
+    /// Draws the next token from `logits` (modified in place) given the
+    /// tokens so far, prompt included.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let dist = self.distribution(logits, history);
         self.draw(&dist)
@@ -131,8 +179,17 @@ impl Sampler {
     /// Speculative decoding compares these distributions to accept drafts.
     pub fn distribution(&self, logits: &mut [f32], history: &[u32]) -> Vec<(u32, f64)> {
         let p = &self.params;
+        for &(token, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
         if p.repeat_penalty != 1.0 {
             apply_repeat_penalty(logits, history, p.repeat_penalty, p.repeat_last_n);
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            let generated = history.get(self.prompt_len..).unwrap_or_default();
+            apply_occurrence_penalties(logits, generated, p.frequency_penalty, p.presence_penalty);
         }
         if p.temperature <= 0.0 {
             return vec![(argmax(logits), 1.0)];
@@ -185,6 +242,24 @@ fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], penalty: f32, last_
             if seen.insert(t) {
                 *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
             }
+        }
+    }
+}
+
+/// OpenAI's penalties: `logit -= count * frequency + (count > 0) * presence`.
+fn apply_occurrence_penalties(
+    logits: &mut [f32],
+    generated: &[u32],
+    frequency: f32,
+    presence: f32,
+) {
+    let mut counts = std::collections::HashMap::<u32, u32>::new();
+    for &t in generated {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (t, count) in counts {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= count as f32 * frequency + presence;
         }
     }
 }
@@ -331,6 +406,64 @@ mod tests {
         assert_eq!(s.sample(&mut [2.0, 1.5, -1.0], &[0]), 1);
     }
 
+    fn softmax_of(logits: &[f64]) -> Vec<f64> {
+        let z: f64 = logits.iter().map(|l| l.exp()).sum();
+        logits.iter().map(|l| l.exp() / z).collect()
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_generated_tokens_only() {
+        let s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..params(1.0)
+        })
+        .with_prompt_len(2);
+        // Prompt [3, 1], then 1 generated twice and 2 once.
+        let history = [3, 1, 1, 2, 1];
+        let dist = s.distribution(&mut [1.0, 2.0, 3.0, 0.5], &history);
+        let expected = softmax_of(&[1.0, 2.0 - 2.0 * 0.5 - 0.25, 3.0 - 0.5 - 0.25, 0.5]);
+        assert_eq!(dist.len(), 4);
+        for (token, p) in dist {
+            assert!(
+                (p - expected[token as usize]).abs() < 1e-6,
+                "token {token}: {p}"
+            );
+        }
+        // A negative penalty encourages repetition.
+        let s = Sampler::new(SamplingParams {
+            presence_penalty: -2.0,
+            ..params(0.0)
+        });
+        assert!(!s.params().is_greedy());
+        assert_eq!(s.distribution(&mut [1.0, 0.0], &[1]), vec![(1, 1.0)]);
+    }
+
+    #[test]
+    fn logit_bias_is_added_before_the_choice() {
+        let s = Sampler::new(SamplingParams {
+            logit_bias: vec![(2, 5.0), (0, -100.0), (99, 1.0)],
+            ..params(1.0)
+        });
+        let dist = s.distribution(&mut [10.0, 1.0, 0.0], &[]);
+        let expected = softmax_of(&[10.0 - 100.0, 1.0, 5.0]);
+        for (token, p) in dist {
+            assert!(
+                (p - expected[token as usize]).abs() < 1e-9,
+                "token {token}: {p}"
+            );
+        }
+        let mut greedy = Sampler::new(SamplingParams {
+            logit_bias: vec![(0, -100.0)],
+            ..params(0.0)
+        });
+        assert!(
+            !greedy.params().is_greedy(),
+            "the device argmax would ignore the bias"
+        );
+        assert_eq!(greedy.sample(&mut [10.0, 1.0, 0.0], &[]), 1);
+    }
+
     #[test]
     fn bad_params_are_rejected() {
         for p in [
@@ -348,6 +481,18 @@ mod tests {
             },
             SamplingParams {
                 repeat_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                frequency_penalty: 2.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                logit_bias: vec![(3, 101.0)],
                 ..Default::default()
             },
         ] {
