@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::arch::{self, BlockSpec, LayerSpec, Rope};
-use super::gguf::{GgufFile, GgufValue, GgufWriter};
+use super::gguf::{GgufArray, GgufFile, GgufValue, GgufWriter};
 #[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::{hf_name, SafetensorsWriter};
 use super::{
@@ -503,7 +503,7 @@ pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
     for (a, b) in merges {
         tokens.push(format!("{a}{b}"));
         types.push(1);
-        merge_strings.push(GgufValue::String(format!("{a} {b}")));
+        merge_strings.push(format!("{a} {b}"));
     }
     while tokens.len() < vocab_size {
         tokens.push(format!("<unused_{}>", tokens.len()));
@@ -511,7 +511,7 @@ pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
     }
     tokens.truncate(vocab_size.max(256 + SPECIAL_TOKENS.len()));
     types.truncate(tokens.len());
-    let strings = |v: Vec<String>| GgufValue::Array(v.into_iter().map(GgufValue::String).collect());
+    let strings = |v: Vec<String>| GgufValue::Array(GgufArray::String(v.iter().collect()));
     vec![
         (
             "tokenizer.ggml.model".into(),
@@ -524,12 +524,9 @@ pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
         ("tokenizer.ggml.tokens".into(), strings(tokens)),
         (
             "tokenizer.ggml.token_type".into(),
-            GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+            GgufValue::Array(GgufArray::I32(types)),
         ),
-        (
-            "tokenizer.ggml.merges".into(),
-            GgufValue::Array(merge_strings),
-        ),
+        ("tokenizer.ggml.merges".into(), strings(merge_strings)),
         ("tokenizer.ggml.bos_token_id".into(), GgufValue::U32(256)),
         ("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(256)),
         (

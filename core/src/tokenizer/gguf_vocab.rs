@@ -27,7 +27,7 @@ use tokenizers::{
 };
 
 use super::{SpecialTokens, Tokenizer};
-use crate::model::gguf::{GgufFile, GgufValue};
+use crate::model::gguf::{GgufArray, GgufFile, GgufValue};
 use crate::{Error, Result};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -484,31 +484,33 @@ fn special_id(file: &GgufFile, key: &str, token_count: usize) -> Result<Option<u
     match value.as_usize() {
         Some(id) if id < token_count => Ok(Some(id as u32)),
         _ => Err(Error::Tokenizer(format!(
-            "{key} = {value:?} is not a token id of the vocabulary ({token_count} tokens)"
+            "{key} = {} is not a token id of the vocabulary ({token_count} tokens)",
+            value.brief()
         ))),
     }
 }
 
-/// The elements of an array key, each read by `element`.
+/// An array key's elements, read by `elements` (`None` when of the wrong type).
 fn array_of<'a, T>(
     file: &'a GgufFile,
     key: &str,
     expected: &str,
-    element: impl Fn(&'a GgufValue) -> Option<T>,
-) -> Result<Option<Vec<T>>> {
+    elements: impl Fn(&'a GgufArray) -> Option<T>,
+) -> Result<Option<T>> {
     let Some(value) = file.get(key) else {
         return Ok(None);
     };
-    let items = value.as_array().ok_or_else(|| wrong_type(key, expected))?;
-    items
-        .iter()
-        .map(|item| element(item).ok_or_else(|| wrong_type(key, expected)))
-        .collect::<Result<_>>()
+    value
+        .as_array()
+        .and_then(elements)
         .map(Some)
+        .ok_or_else(|| wrong_type(key, expected))
 }
 
 fn string_array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<Vec<&'a str>>> {
-    array_of(file, key, "an array of strings", GgufValue::as_str)
+    array_of(file, key, "an array of strings", |items| {
+        items.as_strings().map(|strings| strings.iter().collect())
+    })
 }
 
 fn int_array(file: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
@@ -516,14 +518,14 @@ fn int_array(file: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
         file,
         key,
         "an array of non-negative integers",
-        GgufValue::as_usize,
+        GgufArray::to_usizes,
     )
 }
 
 /// Scores are `f32`, or `i32` in some converted files (llama.cpp accepts both).
 fn float_array(file: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
-    array_of(file, key, "an array of numbers", |item| match *item {
-        GgufValue::I32(v) => Some(v as f32),
-        _ => item.as_f32(),
+    array_of(file, key, "an array of numbers", |items| match items {
+        GgufArray::I32(v) => Some(v.iter().map(|&x| x as f32).collect()),
+        _ => items.to_f32s(),
     })
 }

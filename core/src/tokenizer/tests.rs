@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{ChatMessage, StreamDecoder, Tokenizer};
-use crate::model::gguf::{GgufFile, GgufValue};
+use crate::model::gguf::{GgufArray, GgufFile, GgufValue};
 use crate::model::Bytes;
 use crate::Error;
 
@@ -41,13 +41,8 @@ fn byte_chars() -> Vec<char> {
         .collect()
 }
 
-fn strings(items: impl IntoIterator<Item = impl Into<String>>) -> GgufValue {
-    GgufValue::Array(
-        items
-            .into_iter()
-            .map(|s| GgufValue::String(s.into()))
-            .collect(),
-    )
+fn strings(items: impl IntoIterator<Item = impl AsRef<str>>) -> GgufValue {
+    GgufValue::Array(GgufArray::String(items.into_iter().collect()))
 }
 
 fn gguf(metadata: Vec<(&str, GgufValue)>) -> GgufFile {
@@ -80,15 +75,14 @@ fn byte_level_gguf(pre: &str) -> GgufFile {
     let mut tokens: Vec<String> = CONTROL_TOKENS.iter().map(|s| s.to_string()).collect();
     tokens.extend(byte_chars().iter().map(char::to_string));
     tokens.extend(BYTE_LEVEL_MERGES.iter().map(|m| m.replace(' ', "")));
-    let types =
-        (0..tokens.len()).map(|id| GgufValue::I32(if id < CONTROL_TOKENS.len() { 3 } else { 1 }));
+    let types = (0..tokens.len()).map(|id| if id < CONTROL_TOKENS.len() { 3 } else { 1 });
     gguf(vec![
         ("tokenizer.ggml.model", GgufValue::String("gpt2".into())),
         ("tokenizer.ggml.pre", GgufValue::String(pre.into())),
         ("tokenizer.ggml.tokens", strings(tokens)),
         (
             "tokenizer.ggml.token_type",
-            GgufValue::Array(types.collect()),
+            GgufValue::Array(GgufArray::I32(types.collect())),
         ),
         (
             "tokenizer.ggml.merges",
@@ -151,36 +145,32 @@ fn sentencepiece_gguf() -> GgufFile {
         ("tokenizer.ggml.tokens", strings(tokens)),
         (
             "tokenizer.ggml.token_type",
-            GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+            GgufValue::Array(GgufArray::I32(types)),
         ),
         (
             "tokenizer.ggml.scores",
-            GgufValue::Array(scores.into_iter().map(GgufValue::F32).collect()),
+            GgufValue::Array(GgufArray::F32(scores)),
         ),
     ])
 }
 
 /// `file` with `extra` tokens (text, llama.cpp token type, score 0) appended to its vocabulary.
-fn append_tokens(file: GgufFile, extra: &[(&str, i32)]) -> GgufFile {
-    let extended = |key: &str, value: &dyn Fn(&str, i32) -> GgufValue| {
-        let items = file.get(key)?.as_array()?.iter().cloned();
-        let added = extra.iter().map(|&(text, kind)| value(text, kind));
-        Some((
-            key.to_string(),
-            GgufValue::Array(items.chain(added).collect()),
-        ))
-    };
-    let arrays = [
-        extended("tokenizer.ggml.tokens", &|text, _| {
-            GgufValue::String(text.into())
-        }),
-        extended("tokenizer.ggml.token_type", &|_, kind| GgufValue::I32(kind)),
-        extended("tokenizer.ggml.scores", &|_, _| GgufValue::F32(0.0)),
-    ];
-    arrays
-        .into_iter()
-        .flatten()
-        .fold(file, |file, (key, value)| set(file, &key, value))
+fn append_tokens(mut file: GgufFile, extra: &[(&str, i32)]) -> GgufFile {
+    for (key, value) in &mut file.metadata {
+        match (key.as_str(), value) {
+            ("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(tokens))) => {
+                extra.iter().for_each(|(text, _)| tokens.push(text));
+            }
+            ("tokenizer.ggml.token_type", GgufValue::Array(GgufArray::I32(types))) => {
+                types.extend(extra.iter().map(|&(_, kind)| kind));
+            }
+            ("tokenizer.ggml.scores", GgufValue::Array(GgufArray::F32(scores))) => {
+                scores.extend(extra.iter().map(|_| 0.0));
+            }
+            _ => {}
+        }
+    }
+    file
 }
 
 fn temp_dir(name: &str) -> PathBuf {

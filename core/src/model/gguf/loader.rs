@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{GgufFile, GgufValue};
+use super::{GgufArray, GgufFile, GgufValue};
 use crate::model::arch::{self, LayerSpec, Rope};
 use crate::model::config::{ModelConfig, RopeScaling};
 use crate::model::{check_tensors, ModelFiles, TensorInfo, TensorStore};
@@ -73,7 +73,10 @@ impl ArchKeys<'_> {
         convert(value).map(Some).ok_or_else(|| {
             Error::bad_file(
                 self.path,
-                format!("metadata key '{key}' is {value:?}, expected {expected}"),
+                format!(
+                    "metadata key '{key}' is {}, expected {expected}",
+                    value.brief()
+                ),
             )
         })
     }
@@ -93,7 +96,10 @@ impl ArchKeys<'_> {
             Some(GgufValue::String(s)) => Ok(Some(s)),
             Some(other) => Err(Error::bad_file(
                 self.path,
-                format!("metadata key '{key}' is {other:?}, expected a string"),
+                format!(
+                    "metadata key '{key}' is {}, expected a string",
+                    other.brief()
+                ),
             )),
         }
     }
@@ -118,7 +124,10 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         Some(other) => {
             return Err(Error::bad_file(
                 path,
-                format!("general.architecture is {other:?}, expected a string"),
+                format!(
+                    "general.architecture is {}, expected a string",
+                    other.brief()
+                ),
             ))
         }
         None => {
@@ -300,12 +309,17 @@ fn describe_value(value: &GgufValue) -> String {
         GgufValue::String(s) if s.len() <= INSPECT_MAX_STRING => s.clone(),
         GgufValue::String(s) => format!("({} bytes of text)", s.len()),
         GgufValue::Array(items) => {
-            let item_type = items.first().map_or("value", GgufValue::type_name);
-            if items.len() <= INSPECT_MAX_ARRAY && item_type != "array" {
-                let shown: Vec<String> = items.iter().map(describe_value).collect();
-                format!("[{}]", shown.join(", "))
-            } else {
-                format!("({} × {item_type})", items.len())
+            let item_type = items.element_type_name();
+            let nested = matches!(items, GgufArray::Array(_));
+            let shown = (items.len() <= INSPECT_MAX_ARRAY && !nested).then(|| {
+                (0..items.len())
+                    .filter_map(|i| items.get(i))
+                    .map(|item| describe_value(&item))
+                    .collect::<Vec<_>>()
+            });
+            match shown {
+                Some(shown) => format!("[{}]", shown.join(", ")),
+                None => format!("({} × {item_type})", items.len()),
             }
         }
     }
@@ -341,14 +355,8 @@ mod tests {
 
     impl TinyModel {
         fn new(arch: &str) -> Self {
-            let strings = |items: &[&str]| {
-                GgufValue::Array(
-                    items
-                        .iter()
-                        .map(|s| GgufValue::String(s.to_string()))
-                        .collect(),
-                )
-            };
+            let strings =
+                |items: &[&str]| GgufValue::Array(GgufArray::String(items.iter().collect()));
             let key = |suffix: &str| format!("{arch}.{suffix}");
             let metadata = vec![
                 (

@@ -1,12 +1,18 @@
 //! The GGUF reader: parses the header, metadata and tensor infos of a file it
 //! treats as hostile, checking every count, length, offset and size against the
 //! bytes that remain before using it.
+//!
+//! Memory is bounded as well as reads: the [`cursor`](super::cursor) charges
+//! every allocation to a budget, and a file over it fails with an error naming
+//! the entry being read.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{GgufValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use super::cursor::{
+    Budget, ReadError, Reader, HEADER_MEMORY_CAP, HEADER_MEMORY_PER_FILE_BYTE, HEADER_MEMORY_SLACK,
+};
+use super::{GgufArray, GgufValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::model::{Bytes, TensorInfo};
 use crate::quant::WeightFormat;
 use crate::{Error, Result};
@@ -20,28 +26,11 @@ pub struct GgufFile {
     pub bytes: Arc<Bytes>,
 }
 
-/// Real files nest arrays at most one deep; the bound keeps a hostile file from
-/// recursing the reader off its stack.
-const MAX_ARRAY_NESTING: usize = 8;
 /// Smallest possible encodings, used to reject counts the rest of the file cannot hold:
 /// a metadata entry is an empty key, a type and a one-byte value; a tensor info
 /// is an empty name, `n_dims`, a type and an offset.
 const MIN_METADATA_ENTRY_BYTES: u64 = 8 + 4 + 1;
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
-
-/// Bytes taken by the smallest value of a type (an empty string or array for
-/// those), or `None` for an unknown type id.
-fn min_value_bytes(type_id: u32) -> Option<u64> {
-    match type_id {
-        0 | 1 | 7 => Some(1),
-        2 | 3 => Some(2),
-        4..=6 => Some(4),
-        8 => Some(8),
-        9 => Some(4 + 8),
-        10..=12 => Some(8),
-        _ => None,
-    }
-}
 
 /// GGML's names for type ids Tandem does not read, so an error can say what the file uses.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
@@ -81,111 +70,6 @@ fn supported_formats() -> String {
     WeightFormat::GGML.map(WeightFormat::name).join(", ")
 }
 
-/// Why a read from the file failed, before the caller adds what it was reading.
-enum ReadError {
-    /// The item runs past the end of the file.
-    Truncated,
-    /// A length or count field claims more than the rest of the file can hold.
-    TooLong {
-        what: &'static str,
-        value: u64,
-    },
-    Invalid(String),
-}
-
-/// A cursor over the file's bytes; every read is bounds-checked.
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn remaining(&self) -> u64 {
-        (self.data.len() - self.pos) as u64
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&end| end <= self.data.len())
-            .ok_or(ReadError::Truncated)?;
-        let bytes = &self.data[self.pos..end];
-        self.pos = end;
-        Ok(bytes)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
-        <[u8; N]>::try_from(self.take(N)?).map_err(|_| ReadError::Truncated)
-    }
-
-    fn u32(&mut self) -> Result<u32, ReadError> {
-        self.array().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Result<u64, ReadError> {
-        self.array().map(u64::from_le_bytes)
-    }
-
-    /// A `u64` count of items of at least `min_item_bytes` each, checked to fit in the rest of the file.
-    fn count(&mut self, what: &'static str, min_item_bytes: u64) -> Result<usize, ReadError> {
-        let value = self.u64()?;
-        let fits = value
-            .checked_mul(min_item_bytes)
-            .is_some_and(|bytes| bytes <= self.remaining());
-        match usize::try_from(value) {
-            Ok(count) if fits => Ok(count),
-            _ => Err(ReadError::TooLong { what, value }),
-        }
-    }
-
-    fn string(&mut self) -> Result<String, ReadError> {
-        let len = self.count("string length", 1)?;
-        let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| ReadError::Invalid("string is not valid UTF-8".into()))
-    }
-
-    fn value(&mut self, type_id: u32, nesting: usize) -> Result<GgufValue, ReadError> {
-        Ok(match type_id {
-            0 => GgufValue::U8(u8::from_le_bytes(self.array()?)),
-            1 => GgufValue::I8(i8::from_le_bytes(self.array()?)),
-            2 => GgufValue::U16(u16::from_le_bytes(self.array()?)),
-            3 => GgufValue::I16(i16::from_le_bytes(self.array()?)),
-            4 => GgufValue::U32(self.u32()?),
-            5 => GgufValue::I32(i32::from_le_bytes(self.array()?)),
-            6 => GgufValue::F32(f32::from_le_bytes(self.array()?)),
-            7 => match self.array::<1>()? {
-                [0] => GgufValue::Bool(false),
-                [1] => GgufValue::Bool(true),
-                [b] => return Err(ReadError::Invalid(format!("bool value is {b}, not 0 or 1"))),
-            },
-            8 => GgufValue::String(self.string()?),
-            9 => {
-                if nesting >= MAX_ARRAY_NESTING {
-                    return Err(ReadError::Invalid(format!(
-                        "arrays nested more than {MAX_ARRAY_NESTING} deep"
-                    )));
-                }
-                let item_type = self.u32()?;
-                let min_item_bytes = min_value_bytes(item_type).ok_or_else(|| {
-                    ReadError::Invalid(format!("array of unknown value type {item_type}"))
-                })?;
-                let count = self.count("array length", min_item_bytes)?;
-                let mut items = Vec::with_capacity(count);
-                for _ in 0..count {
-                    items.push(self.value(item_type, nesting + 1)?);
-                }
-                GgufValue::Array(items)
-            }
-            10 => GgufValue::U64(self.u64()?),
-            11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
-            12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
-            other => return Err(ReadError::Invalid(format!("unknown value type {other}"))),
-        })
-    }
-}
-
 /// A tensor info as stored, before its shape, type and offset are checked.
 struct RawTensorInfo {
     name: String,
@@ -219,6 +103,15 @@ impl Parser<'_> {
             ReadError::TooLong { what, value } => format!(
                 "{context}: {what} {value} runs past the end of the file (size {len} bytes); \
                  the file is truncated or corrupt"
+            ),
+            ReadError::OverLimit { what, value, limit } => {
+                format!("{context}: {what} {value} is over the limit of {limit}")
+            }
+            ReadError::OverBudget { budget } => format!(
+                "{context}: the metadata and tensor infos would take more than {budget} bytes \
+                 of memory (the limit is {HEADER_MEMORY_CAP} bytes, or \
+                 {HEADER_MEMORY_PER_FILE_BYTE} times the file's size plus \
+                 {HEADER_MEMORY_SLACK} when smaller)"
             ),
             ReadError::Invalid(reason) => format!("{context}: {reason}"),
         })
@@ -264,8 +157,11 @@ impl Parser<'_> {
     }
 
     fn metadata(&mut self, count: usize) -> Result<Vec<(String, GgufValue)>> {
+        self.reader
+            .budget
+            .charge_items::<(String, GgufValue)>(count)
+            .map_err(|e| self.fail(&format!("metadata ({count} entries)"), e))?;
         let mut entries = Vec::with_capacity(count);
-        let mut keys = HashSet::with_capacity(count);
         for i in 1..=count {
             let context = format!("metadata entry {i} of {count}");
             let key = self.reader.string().map_err(|e| self.fail(&context, e))?;
@@ -275,15 +171,36 @@ impl Parser<'_> {
                 .u32()
                 .and_then(|type_id| self.reader.value(type_id, 0))
                 .map_err(|e| self.fail(&context, e))?;
-            if !keys.insert(key.clone()) {
-                return Err(self.bad(format!("metadata key '{key}' appears twice")));
-            }
             entries.push((key, value));
+        }
+        let keys = entries.iter().map(|(key, _)| key.as_str());
+        if let Some(key) = self.duplicate("metadata", keys)? {
+            return Err(self.bad(format!("metadata key '{key}' appears twice")));
         }
         Ok(entries)
     }
 
+    /// The first name that appears twice among `names`, found by sorting a
+    /// list of them (charged to the budget: one `&str` per name).
+    fn duplicate<'n>(
+        &mut self,
+        what: &str,
+        names: impl ExactSizeIterator<Item = &'n str>,
+    ) -> Result<Option<&'n str>> {
+        self.reader
+            .budget
+            .charge_items::<&str>(names.len())
+            .map_err(|e| self.fail(&format!("{what} names"), e))?;
+        let mut sorted: Vec<&str> = names.collect();
+        sorted.sort_unstable();
+        Ok(sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]))
+    }
+
     fn tensor_infos(&mut self, count: usize) -> Result<Vec<RawTensorInfo>> {
+        self.reader
+            .budget
+            .charge_items::<RawTensorInfo>(count)
+            .map_err(|e| self.fail(&format!("tensor infos ({count} tensors)"), e))?;
         let mut infos = Vec::with_capacity(count);
         for i in 1..=count {
             let context = format!("tensor info {i} of {count}");
@@ -295,6 +212,10 @@ impl Parser<'_> {
                     "{context}: {n_dims} dimensions (GGML tensors have 1 to {MAX_DIMS})"
                 )));
             }
+            self.reader
+                .budget
+                .charge_items::<u64>(n_dims as usize)
+                .map_err(|e| self.fail(&context, e))?;
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
                 dims.push(self.reader.u64().map_err(|e| self.fail(&context, e))?);
@@ -398,10 +319,16 @@ impl GgufFile {
 
     /// Parses a whole file held in `bytes`; `path` only names it in errors.
     pub fn parse(bytes: Arc<Bytes>, path: &Path) -> Result<Self> {
+        let budget = Budget::for_file(bytes.len());
+        Self::parse_within(bytes, path, budget)
+    }
+
+    pub(super) fn parse_within(bytes: Arc<Bytes>, path: &Path, budget: Budget) -> Result<Self> {
         let mut parser = Parser {
             reader: Reader {
                 data: &bytes,
                 pos: 0,
+                budget,
             },
             path,
         };
@@ -414,7 +341,8 @@ impl GgufFile {
                 .filter(|a| a.is_power_of_two())
                 .ok_or_else(|| {
                     parser.bad(format!(
-                        "{ALIGNMENT_KEY} is {value:?}; it must be a power of two"
+                        "{ALIGNMENT_KEY} is {}; it must be a power of two",
+                        value.brief()
                     ))
                 })?,
         };
@@ -425,20 +353,36 @@ impl GgufFile {
             .checked_next_multiple_of(alignment)
             .ok_or_else(|| parser.bad(format!("{ALIGNMENT_KEY} {alignment} is absurd")))?
             as u64;
-        let mut names = HashSet::with_capacity(raw_tensors.len());
-        let mut tensors = Vec::with_capacity(raw_tensors.len());
-        for raw in raw_tensors {
-            if !names.insert(raw.name.clone()) {
-                return Err(parser.bad(format!("tensor '{}' appears twice", raw.name)));
-            }
-            tensors.push(parser.tensor(raw, alignment as u64, data_start)?);
+        let names = raw_tensors.iter().map(|raw| raw.name.as_str());
+        if let Some(name) = parser.duplicate("tensor", names)? {
+            return Err(parser.bad(format!("tensor '{name}' appears twice")));
         }
+        parser
+            .reader
+            .budget
+            .charge_items::<TensorInfo>(raw_tensors.len())
+            .map_err(|e| parser.fail(&format!("tensor infos ({tensor_count} tensors)"), e))?;
+        let tensors = raw_tensors
+            .into_iter()
+            .map(|raw| parser.tensor(raw, alignment as u64, data_start))
+            .collect::<Result<_>>()?;
         Ok(GgufFile {
             version,
             metadata,
             tensors,
             bytes,
         })
+    }
+
+    /// Bytes the metadata takes in memory: the entries, their keys and values.
+    pub fn metadata_memory(&self) -> usize {
+        let entries = self.metadata.capacity() * size_of::<(String, GgufValue)>();
+        let held: usize = self
+            .metadata
+            .iter()
+            .map(|(key, value)| key.capacity() + value.heap_bytes())
+            .sum();
+        entries + held
     }
 
     pub fn get(&self, key: &str) -> Option<&GgufValue> {
@@ -459,7 +403,7 @@ impl GgufFile {
         self.get(key)?.as_f32()
     }
 
-    pub fn get_array(&self, key: &str) -> Option<&[GgufValue]> {
+    pub fn get_array(&self, key: &str) -> Option<&GgufArray> {
         self.get(key)?.as_array()
     }
 
@@ -523,11 +467,8 @@ mod tests {
         let mut w = GgufWriter::new();
         w.add_metadata("general.name", GgufValue::String("sample".into()))
             .unwrap();
-        w.add_metadata(
-            "test.array",
-            GgufValue::Array(vec![GgufValue::U32(1), GgufValue::U32(2)]),
-        )
-        .unwrap();
+        w.add_metadata("test.array", GgufValue::Array(GgufArray::U32(vec![1, 2])))
+            .unwrap();
         let a = quantize_row(WeightFormat::F32, &test_values(8));
         w.add_tensor("tensor_a", WeightFormat::F32, &[4, 2], a)
             .unwrap();

@@ -3,7 +3,7 @@
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 
-use super::{GgufValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use super::{GgufArray, GgufValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::quant::WeightFormat;
 use crate::{Error, Result};
 
@@ -38,15 +38,14 @@ impl GgufWriter {
         }
     }
 
-    /// Adds a metadata entry. Arrays must hold values of one type;
-    /// `general.alignment` (a power of two) also sets the writer's alignment.
+    /// Adds a metadata entry; `general.alignment` (a power of two) also sets
+    /// the writer's alignment.
     pub fn add_metadata(&mut self, key: &str, value: GgufValue) -> Result<()> {
         if self.metadata.iter().any(|(k, _)| k == key) {
             return Err(Error::InvalidRequest(format!(
                 "GGUF metadata key '{key}' added twice"
             )));
         }
-        check_homogeneous(key, &value)?;
         if key == ALIGNMENT_KEY {
             self.alignment = match value {
                 GgufValue::U32(a) if a.is_power_of_two() => a as usize,
@@ -166,24 +165,6 @@ impl GgufWriter {
     }
 }
 
-fn check_homogeneous(key: &str, value: &GgufValue) -> Result<()> {
-    let GgufValue::Array(items) = value else {
-        return Ok(());
-    };
-    if let Some(first) = items.first() {
-        if let Some(other) = items.iter().find(|v| v.type_id() != first.type_id()) {
-            return Err(Error::InvalidRequest(format!(
-                "GGUF metadata '{key}': array mixes {} and {}",
-                first.type_name(),
-                other.type_name()
-            )));
-        }
-    }
-    items
-        .iter()
-        .try_for_each(|item| check_homogeneous(key, item))
-}
-
 fn write_string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -200,16 +181,33 @@ fn write_value(out: &mut Vec<u8>, value: &GgufValue) {
         GgufValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
         GgufValue::Bool(v) => out.push(u8::from(*v)),
         GgufValue::String(s) => write_string(out, s),
-        GgufValue::Array(items) => {
-            // An empty array's element type is never read back; u8 is as good as any.
-            let item_type = items.first().map_or(0, GgufValue::type_id);
-            out.extend_from_slice(&item_type.to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|item| write_value(out, item));
-        }
+        GgufValue::Array(items) => write_array(out, items),
         GgufValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
         GgufValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
         GgufValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+    }
+}
+
+fn write_array(out: &mut Vec<u8>, items: &GgufArray) {
+    fn each<T: Copy, const N: usize>(out: &mut Vec<u8>, items: &[T], bytes: fn(T) -> [u8; N]) {
+        items.iter().for_each(|&v| out.extend_from_slice(&bytes(v)));
+    }
+    out.extend_from_slice(&items.element_type_id().to_le_bytes());
+    out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+    match items {
+        GgufArray::U8(v) => out.extend_from_slice(v),
+        GgufArray::I8(v) => each(out, v, i8::to_le_bytes),
+        GgufArray::U16(v) => each(out, v, u16::to_le_bytes),
+        GgufArray::I16(v) => each(out, v, i16::to_le_bytes),
+        GgufArray::U32(v) => each(out, v, u32::to_le_bytes),
+        GgufArray::I32(v) => each(out, v, i32::to_le_bytes),
+        GgufArray::F32(v) => each(out, v, f32::to_le_bytes),
+        GgufArray::Bool(v) => each(out, v, |b| [u8::from(b)]),
+        GgufArray::String(strings) => strings.iter().for_each(|s| write_string(out, s)),
+        GgufArray::Array(arrays) => arrays.iter().for_each(|a| write_array(out, a)),
+        GgufArray::U64(v) => each(out, v, u64::to_le_bytes),
+        GgufArray::I64(v) => each(out, v, i64::to_le_bytes),
+        GgufArray::F64(v) => each(out, v, f64::to_le_bytes),
     }
 }
 
@@ -236,23 +234,33 @@ mod tests {
             ("t.f64", GgufValue::F64(-2.5e100)),
             (
                 "t.strings",
-                GgufValue::Array(vec![
-                    GgufValue::String("a".into()),
-                    GgufValue::String(String::new()),
-                    GgufValue::String("Ġthe".into()),
-                ]),
+                GgufValue::Array(GgufArray::String(["a", "", "Ġthe"].into_iter().collect())),
             ),
             (
                 "t.floats",
-                GgufValue::Array(vec![GgufValue::F32(1.0), GgufValue::F32(-1.0)]),
+                GgufValue::Array(GgufArray::F32(vec![1.0, -1.0])),
             ),
-            ("t.empty", GgufValue::Array(vec![])),
+            ("t.empty", GgufValue::Array(GgufArray::U64(vec![]))),
             (
                 "t.nested",
-                GgufValue::Array(vec![
-                    GgufValue::Array(vec![GgufValue::I32(1)]),
-                    GgufValue::Array(vec![GgufValue::Bool(false), GgufValue::Bool(true)]),
-                ]),
+                GgufValue::Array(GgufArray::Array(vec![
+                    GgufArray::I32(vec![1]),
+                    GgufArray::Bool(vec![false, true]),
+                ])),
+            ),
+            ("t.u8s", GgufValue::Array(GgufArray::U8(vec![0, 255]))),
+            ("t.i8s", GgufValue::Array(GgufArray::I8(vec![-128, 127]))),
+            ("t.u16s", GgufValue::Array(GgufArray::U16(vec![65535]))),
+            ("t.i16s", GgufValue::Array(GgufArray::I16(vec![-32768]))),
+            ("t.u32s", GgufValue::Array(GgufArray::U32(vec![u32::MAX]))),
+            (
+                "t.u64s",
+                GgufValue::Array(GgufArray::U64(vec![u64::MAX, 0])),
+            ),
+            ("t.i64s", GgufValue::Array(GgufArray::I64(vec![i64::MIN]))),
+            (
+                "t.f64s",
+                GgufValue::Array(GgufArray::F64(vec![0.5, -1e300])),
             ),
         ];
         let mut w = GgufWriter::new();
@@ -275,7 +283,9 @@ mod tests {
         );
         assert_eq!(file.get_f32("t.f64"), Some(-2.5e100_f64 as f32));
         assert_eq!(file.get_str("t.string"), Some("héllo wörld"));
-        assert_eq!(file.get_array("t.strings").map(<[_]>::len), Some(3));
+        assert_eq!(file.get_array("t.strings").map(GgufArray::len), Some(3));
+        let strings = file.get_array("t.strings").unwrap().as_strings().unwrap();
+        assert_eq!(strings.iter().collect::<Vec<_>>(), ["a", "", "Ġthe"]);
         assert_eq!(file.get_str("t.u8"), None);
     }
 
@@ -311,8 +321,8 @@ mod tests {
     #[test]
     fn writer_refuses_inconsistent_input() {
         let mut w = GgufWriter::new();
-        let mixed = GgufValue::Array(vec![GgufValue::U8(1), GgufValue::I8(1)]);
-        assert!(w.add_metadata("k", mixed).is_err());
+        w.add_metadata("k", GgufValue::U8(1)).unwrap();
+        assert!(w.add_metadata("k", GgufValue::U8(2)).is_err());
         assert!(w.add_metadata(ALIGNMENT_KEY, GgufValue::U32(48)).is_err());
         assert!(w
             .add_tensor("q", WeightFormat::Q4_0, &[48, 1], vec![0; 27])
