@@ -35,8 +35,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::ServeArgs),
-    /// Serving throughput: continuous vs static batching, KV use, prefix-cache hits.
-    BenchServe(commands::serve::BenchServeArgs),
+    /// Serving benchmark: continuous vs static batching under Poisson arrivals at a sweep of rates.
+    BenchServe(commands::bench_serve::BenchServeArgs),
 }
 
 fn main() {
@@ -49,7 +49,7 @@ fn main() {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
-        Command::BenchServe(a) => commands::serve::bench_serve(a),
+        Command::BenchServe(a) => commands::bench_serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -2,6 +2,7 @@
 //! construction and streaming generation.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod inspect;
 pub mod perplexity;

@@ -1,5 +1,4 @@
-//! `tandem serve`: the OpenAI-compatible server (`tandem_server`), and
-//! `tandem bench-serve`: its throughput figures on the engine.
+//! `tandem serve`: the OpenAI-compatible server (`tandem_server`).
 
 use std::net::SocketAddr;
 
@@ -8,7 +7,6 @@ use clap::Args;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_core::Backend;
-use tandem_server::bench::{self, Batching, RunReport};
 use tandem_server::{spawn_engine, ServerConfig};
 
 use super::speculate::SpeculationArgs;
@@ -16,7 +14,7 @@ use super::{context_length, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 use crate::progress::LoadProgress;
 
-/// How the engine is sized and scheduled (shared by `serve` and `bench-serve`).
+/// How the engine is sized and scheduled.
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
     /// Most tokens one engine step runs (prompt chunks and decodes together).
@@ -181,89 +179,4 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tandem_server::serve(listener, tandem_server::router(engine, server), shutdown).await?;
         Ok(())
     })
-}
-
-#[derive(Args, Debug)]
-pub struct BenchServeArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    /// Requests in the mixed-length workload.
-    #[arg(long, default_value_t = 64)]
-    pub requests: usize,
-    /// Tokens of the system prompt shared by the prefix-cache workload.
-    #[arg(long, default_value_t = 300)]
-    pub system_tokens: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-}
-
-pub fn bench_serve(args: BenchServeArgs) -> Result<()> {
-    dispatch(args.model.backend, args.model.threads, args)
-}
-
-impl WithBackend for BenchServeArgs {
-    type Output = ();
-    fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let files = self.model.load_files()?;
-        let ctx = context_length(&self.model, &files);
-        let config = self.engine.config(&files, ctx, &self.model)?;
-        let info = backend.info();
-        let mut engine = Engine::new(backend, &files, config, &mut |_, _| {})?;
-        let vocab = files.config.vocab_size;
-        let mixed = bench::mixed_workload(vocab, self.requests, self.seed);
-        let shared =
-            bench::shared_prefix_workload(vocab, self.requests, self.system_tokens, self.seed);
-        println!(
-            "{} on {} ({}), {} requests, max {} running, {} batch tokens, {} KV blocks ({}, {} bytes per token)",
-            files.path.display(),
-            info.name,
-            info.device,
-            self.requests,
-            self.engine.max_running,
-            self.engine.max_batch_tokens,
-            engine.kv_manager().num_blocks(),
-            self.model.kv_dtype,
-            engine.kv_bytes_per_token()
-        );
-        let line = |name: &str, r: &RunReport| {
-            println!(
-                "{name:<24} {:>5} tokens in {:>6.2} s = {:>6.1} tokens/s | first token {:>5.2} s, done {:>5.2} s (mean) | KV used/allocated {:>5.1}% | prefix hits {:>5.1}% | {} preemptions, {} steps",
-                r.output_tokens,
-                r.seconds,
-                r.tokens_per_second(),
-                r.mean_first_token,
-                r.mean_latency,
-                100.0 * r.kv_utilization,
-                100.0 * r.prefix_hit_rate,
-                r.preemptions,
-                r.steps
-            )
-        };
-        // Warm-up (first touches of the KV pool, thread pools), not reported.
-        bench::run(
-            &mut engine,
-            &mixed[..mixed.len().min(8)],
-            Batching::Continuous,
-        )?;
-        engine.clear_prefix_cache();
-        let continuous = bench::run(&mut engine, &mixed, Batching::Continuous)?;
-        line("continuous batching", &continuous);
-        // The static run must not profit from the first run's cached prefixes.
-        engine.clear_prefix_cache();
-        let fixed = bench::run(&mut engine, &mixed, Batching::Static)?;
-        line("static batching", &fixed);
-        println!(
-            "speed-up: {:.2}x",
-            continuous.tokens_per_second() / fixed.tokens_per_second()
-        );
-        engine.clear_prefix_cache();
-        let prefix = bench::run(&mut engine, &shared, Batching::Continuous)?;
-        line(
-            &format!("shared {}-token prefix", self.system_tokens),
-            &prefix,
-        );
-        Ok(())
-    }
 }
