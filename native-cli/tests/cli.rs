@@ -161,6 +161,54 @@ fn run_prints_the_generated_token_ids() {
 }
 
 #[test]
+fn logit_bias_and_penalties_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let ids = |extra: &[&str]| -> Vec<u32> {
+        let mut args = vec![
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "-n",
+            "4",
+            "--token-ids",
+        ];
+        args.extend_from_slice(extra);
+        args.push("hello there");
+        let out = tandem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let line = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("token ids: "))
+            .unwrap_or_else(|| panic!("no token ids in {stderr}"));
+        line.split(' ').map(|id| id.parse().unwrap()).collect()
+    };
+    let plain = ids(&[]);
+    let ban = format!("{}=-100", plain[0]);
+    let banned = ids(&["--logit-bias", &ban, "--frequency-penalty", "-0.5"]);
+    assert_ne!(banned[0], plain[0]);
+    assert_eq!(ids(&["--logit-bias", "7=100"]), vec![7; 4]);
+    let model = model.to_str().unwrap();
+    let out = tandem(&["run", "--model", model, "--logit-bias", "seven=1", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
+    assert!(
+        stderr.contains("'seven' in 'seven=1' is not a token id"),
+        "{stderr}"
+    );
+    for (bad, named) in [
+        (["--logit-bias", "7=101"], "logit_bias"),
+        (["--presence-penalty", "3"], "presence_penalty"),
+    ] {
+        let mut args = vec!["run", "--model", model];
+        args.extend_from_slice(&bad);
+        args.push("hi");
+        assert_clear_error(&tandem(&args), &[named]);
+    }
+}
+
+#[test]
 fn inspect_perplexity_and_bench_run() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());

@@ -79,8 +79,32 @@ pub struct SamplingArgs {
     pub min_p: f32,
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtracted from a token's logit per time it was generated (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token generated so far (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    pub presence_penalty: f32,
+    /// Added to a token's logit: TOKEN_ID=BIAS, e.g. 42=-100 bans token 42 (repeatable).
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    pub logit_bias: Vec<(u32, f32)>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+fn parse_logit_bias(text: &str) -> std::result::Result<(u32, f32), String> {
+    let (token, bias) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not TOKEN_ID=BIAS"))?;
+    let token = token
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{token}' in '{text}' is not a token id"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{bias}' in '{text}' is not a number"))?;
+    Ok((token, bias))
 }
 
 impl SamplingArgs {
@@ -91,6 +115,9 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: self.seed,
             ..Default::default()
         }
