@@ -1,12 +1,16 @@
 //! Shared helpers of the test suite: where the default model is, tiny random
 //! models written to disk, and an independent dense forward pass (no KV
-//! cache, no paging, no fusion) that the engine is checked against, and a
-//! CPU backend that records steps like CUDA graphs (`recording_cpu`).
+//! cache, no paging, no fusion) that the engine is checked against, a CPU
+//! backend that records steps like CUDA graphs (`recording_cpu`), and one
+//! that fails chosen calls on purpose (`faulty_cpu`); and a minimal HTTP
+//! client for the server (`http_client`).
 
 pub mod backend_e2e;
 pub mod conformance;
 pub mod decode_mix;
 pub mod dense_reference;
+pub mod faulty_cpu;
+pub mod http_client;
 pub mod recording_cpu;
 
 use std::path::PathBuf;

@@ -407,7 +407,9 @@ proptest! {
                                     generated.entry(e.seq).or_default().push(e.token);
                                 }
                             }
-                            Err(tandem_core::Error::KvCacheFull(_)) => {}
+                            Err(e) if matches!(e.error, tandem_core::Error::KvCacheFull(_)) => {
+                                assert!(e.failed.is_empty(), "{e}: nothing was in the step");
+                            }
                             Err(e) => panic!("{e}"),
                         }
                     }

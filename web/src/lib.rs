@@ -609,8 +609,10 @@ async fn step_without_blocking<B: AsyncReadback>(
     engine: &mut Engine<B>,
 ) -> tandem_core::Result<Vec<TokenEvent>> {
     let pending = engine.begin_step()?;
-    let values = engine.backend().read(pending.readback()).await?;
-    engine.finish_step(pending, values)
+    match engine.backend().read(pending.readback()).await {
+        Ok(values) => Ok(engine.finish_step(pending, values)?),
+        Err(e) => Err(engine.fail_step(pending, e).into()),
+    }
 }
 
 /// Reading a step's results back from the device the way the browser allows.

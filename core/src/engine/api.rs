@@ -1,11 +1,13 @@
 //! The engine's vocabulary: its configuration, the requests it takes, the
-//! tokens it produces and the statistics it reports.
+//! tokens it produces, how a failed step is reported and the statistics it
+//! reports.
 
 use crate::backend::KvDtype;
 use crate::kv::{SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::recorded::RecordingStats;
 use crate::sched::{Priority, SamplingParams};
 use crate::spec::SpeculationStats;
+use crate::Error;
 
 /// Up to 8 rows every CUDA matmul is a GEMV kernel: the launch-bound regime
 /// recording is for (larger batches would also record cuBLAS calls).
@@ -81,6 +83,28 @@ pub struct TokenEvent {
     pub finished: Option<FinishReason>,
     /// Present when the request asked for logprobs.
     pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A step that failed: a kernel, a lost device, a refused allocation, or
+/// the host's readback of the step. The engine has already removed the
+/// sequences in `failed` (the step's own, with the samples still waiting
+/// for their prompt) and freed their KV blocks; every other sequence is as
+/// it was before the step, so the caller reports `error` to the owners of
+/// `failed` and keeps stepping. `failed` is empty when the step stopped
+/// before touching any sequence (every waiting request is blocked: finished
+/// sequences hold the whole KV pool).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct StepError {
+    /// In increasing order, each once.
+    pub failed: Vec<SeqId>,
+    pub error: Error,
+}
+
+impl From<StepError> for Error {
+    fn from(e: StepError) -> Error {
+        e.error
+    }
 }
 
 /// A generation request: one prompt, `samples` independent continuations.

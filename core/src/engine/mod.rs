@@ -18,16 +18,21 @@
 //! On a backend that records steps (CUDA graphs), small decode batches run
 //! through `crate::model::recorded`: recorded once per shape, then replayed.
 //!
+//! A step that fails on the device ends the sequences in it and no other
+//! ([`StepError`]); the engine keeps serving the rest.
+//!
 //! `api` holds what goes in and out (configuration, requests, token
-//! events, statistics); `step` runs one iteration (scheduling, the forward
-//! pass, sampling, verifying drafts); this file holds the engine's state,
+//! events, step errors, statistics); `step` runs one iteration (scheduling,
+//! the forward pass, sampling, verifying drafts); `failure` ends the
+//! sequences of a failed step; this file holds the engine's state,
 //! admission of requests and scoring.
 
 mod api;
+mod failure;
 mod step;
 
 pub use api::{
-    EngineConfig, EngineStats, FinishReason, Request, TokenEvent, TokenLogprobs,
+    EngineConfig, EngineStats, FinishReason, Request, StepError, TokenEvent, TokenLogprobs,
     DEFAULT_MAX_RECORDED_BATCH,
 };
 pub use step::{PendingStep, ReadValues, Readback};

@@ -1,11 +1,12 @@
 //! One iteration of the engine: the scheduler's pick, one forward pass
 //! (or the replay of a recorded decode step), then sampling every sequence
-//! whose tokens are computed, verifying drafts where there were any.
+//! whose tokens are computed, verifying drafts where there were any. A step
+//! that fails ends its own sequences only (`failure`).
 
 use super::{Engine, Generation};
 use std::collections::HashSet;
 
-use super::api::{FinishReason, TokenEvent, TokenLogprobs};
+use super::api::{FinishReason, StepError, TokenEvent, TokenLogprobs};
 use crate::backend::Backend;
 use crate::kv::SeqId;
 use crate::model::forward::ForwardBatch;
@@ -17,6 +18,11 @@ use crate::{Error, Result};
 /// A step whose forward pass is queued but whose tokens are not sampled
 /// yet: made by [`Engine::begin_step`], completed by [`Engine::finish_step`].
 pub struct PendingStep<B: Backend> {
+    /// The plan that ran. Its chunks count as computed (their full blocks
+    /// enter the prefix cache) in `finish_step`, once the device's results
+    /// have come back: on an asynchronous device a failed kernel shows only
+    /// there.
+    schedule: Schedule,
     /// The sequences that sample, in the order of the readback's rows, with
     /// how many rows each has (1, or 1 + the drafts to verify).
     seqs: Vec<(SeqId, usize)>,
@@ -32,6 +38,10 @@ impl<B: Backend> PendingStep<B> {
     /// What to read back from the device before [`Engine::finish_step`].
     pub fn readback(&self) -> &Readback<B> {
         &self.readback
+    }
+
+    pub(super) fn schedule(&self) -> &Schedule {
+        &self.schedule
     }
 }
 
@@ -67,12 +77,23 @@ impl<B: Backend> Engine<B> {
     /// chunks within `max_batch_tokens` (preempting when KV blocks run
     /// out), they run as one forward pass, and every sequence whose tokens
     /// are all computed samples its next one. Returns the sampled tokens.
+    /// When the step fails, its sequences are removed and named in the
+    /// [`StepError`]; the others carry on at the next step.
     ///
     /// The same as [`Engine::begin_step`], a blocking read of its
-    /// [`Readback`], then [`Engine::finish_step`].
-    pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+    /// [`Readback`], then [`Engine::finish_step`] (or [`Engine::fail_step`]
+    /// when the read fails).
+    pub fn step(&mut self) -> Result<Vec<TokenEvent>, StepError> {
         let pending = self.begin_step()?;
-        let values = match &pending.readback {
+        match self.read_back(&pending.readback) {
+            Ok(values) => self.finish_step(pending, values),
+            Err(e) => Err(self.fail_step(pending, e)),
+        }
+    }
+
+    /// A blocking read of `readback`.
+    fn read_back(&self, readback: &Readback<B>) -> Result<ReadValues> {
+        Ok(match readback {
             Readback::Nothing => ReadValues::Nothing,
             Readback::Logits { tensor, len } => {
                 ReadValues::Logits(self.backend.download(tensor, *len)?)
@@ -80,30 +101,33 @@ impl<B: Backend> Engine<B> {
             Readback::TokenIds { ids, len } => {
                 ReadValues::TokenIds(self.backend.download_indices(ids, *len)?)
             }
-        };
-        self.finish_step(pending, values)
+        })
     }
 
     /// The first half of [`Engine::step`]: schedules the batch and queues its
     /// forward pass (and the argmax of greedy batches) without reading
     /// anything back. Read the returned step's [`PendingStep::readback`] (with
     /// an async download where blocking is not allowed, as in the browser)
-    /// and hand the values to [`Engine::finish_step`] before anything else
+    /// and hand the values to [`Engine::finish_step`] (or, if the read
+    /// fails, the step to [`Engine::fail_step`]) before anything else
     /// touches the engine.
-    pub fn begin_step(&mut self) -> Result<PendingStep<B>> {
+    pub fn begin_step(&mut self) -> Result<PendingStep<B>, StepError> {
         self.propose_drafts()?;
         let started = Stopwatch::start();
-        let schedule = self.scheduler.schedule(&mut self.kv_manager)?;
-        self.drop_unscheduled_drafts(&schedule)?;
+        let schedule = self.plan_step()?;
         if schedule.chunks.is_empty() {
             if self.scheduler.num_waiting() > 0 && self.scheduler.num_running() == 0 {
-                return Err(Error::KvCacheFull(format!(
-                    "{} requests wait but finished sequences hold all {} KV blocks",
-                    self.scheduler.num_waiting(),
-                    self.kv_manager.num_blocks()
-                )));
+                return Err(StepError {
+                    failed: Vec::new(),
+                    error: Error::KvCacheFull(format!(
+                        "{} requests wait but finished sequences hold all {} KV blocks",
+                        self.scheduler.num_waiting(),
+                        self.kv_manager.num_blocks()
+                    )),
+                });
             }
             return Ok(PendingStep {
+                schedule,
                 seqs: Vec::new(),
                 readback: Readback::Nothing,
                 rows: 0,
@@ -111,6 +135,27 @@ impl<B: Backend> Engine<B> {
                 lent_by_recorder: None,
             });
         }
+        let involved = self.step_sequences(&schedule);
+        self.launch(schedule, started)
+            .map_err(|e| self.fail_sequences(&involved, e))
+    }
+
+    /// The scheduler's plan for this step, drafts left out of it dropped.
+    /// A failure here leaves the plan unknown: every unfinished sequence ends.
+    fn plan_step(&mut self) -> Result<Schedule, StepError> {
+        let planned = self
+            .scheduler
+            .schedule(&mut self.kv_manager)
+            .and_then(|schedule| {
+                self.drop_unscheduled_drafts(&schedule)?;
+                Ok(schedule)
+            });
+        planned.map_err(|e| self.fail_unfinished(e))
+    }
+
+    /// Queues the forward pass of the non-empty `schedule` (and the argmax
+    /// of greedy batches).
+    fn launch(&mut self, schedule: Schedule, started: Stopwatch) -> Result<PendingStep<B>> {
         self.steps += 1;
         self.computed_tokens += schedule.num_tokens() as u64;
         let bs = self.kv_manager.block_size();
@@ -164,8 +209,8 @@ impl<B: Backend> Engine<B> {
                 (self.readback_for(logits, &sampled)?, None)
             }
         };
-        self.scheduler.complete(&schedule, &mut self.kv_manager)?;
         Ok(PendingStep {
+            schedule,
             seqs: sampled,
             readback,
             rows: batch.rows(),
@@ -197,10 +242,22 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Asks the proposer for drafts for every decoding sequence, as many as
-    /// the controller chooses, and appends them as provisional tokens.
-    fn propose_drafts(&mut self) -> Result<()> {
-        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
+    /// the controller chooses, and appends them as provisional tokens. If
+    /// drafting fails, the sequences it drafted for end.
+    fn propose_drafts(&mut self) -> Result<(), StepError> {
+        let wanted = self.draft_lengths();
+        if wanted.is_empty() {
             return Ok(());
+        }
+        let drafted: Vec<SeqId> = wanted.iter().map(|&(seq, _)| seq).collect();
+        self.push_drafts(wanted)
+            .map_err(|e| self.fail_sequences(&drafted, e))
+    }
+
+    /// How many tokens to draft for each decoding sequence that gets drafts.
+    fn draft_lengths(&mut self) -> Vec<(SeqId, usize)> {
+        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
+            return Vec::new();
         };
         let max_len = self
             .max_context
@@ -227,9 +284,12 @@ impl<B: Backend> Engine<B> {
                 wanted.push((id, k));
             }
         }
-        if wanted.is_empty() {
-            return Ok(());
-        }
+        wanted
+    }
+
+    /// Drafts `k` tokens for each `(sequence, k)` of `wanted` and appends them.
+    fn push_drafts(&mut self, wanted: Vec<(SeqId, usize)>) -> Result<()> {
+        let spec = self.speculation.as_mut().expect("drafting speculates");
         let requests: Vec<DraftRequest<'_>> = wanted
             .iter()
             .map(|&(seq, k)| {
@@ -336,13 +396,26 @@ impl<B: Backend> Engine<B> {
     /// sequence of `pending` from the host copy of its readback (verifying
     /// its drafts first, if it has any), forks pending samples off parents
     /// whose prompt is now computed, and applies the stop conditions.
-    /// Returns the new tokens.
+    /// Returns the new tokens. When `values` do not fit the step, or the
+    /// host's side of it fails, the step's sequences end as in
+    /// [`Engine::fail_step`].
     pub fn finish_step(
+        &mut self,
+        pending: PendingStep<B>,
+        values: ReadValues,
+    ) -> Result<Vec<TokenEvent>, StepError> {
+        let involved = self.step_sequences(&pending.schedule);
+        self.complete_step(pending, values)
+            .map_err(|e| self.fail_sequences(&involved, e))
+    }
+
+    fn complete_step(
         &mut self,
         pending: PendingStep<B>,
         values: ReadValues,
     ) -> Result<Vec<TokenEvent>> {
         let PendingStep {
+            schedule,
             seqs,
             readback,
             rows: step_rows,
@@ -351,7 +424,7 @@ impl<B: Backend> Engine<B> {
         } = pending;
         let vocab = self.model.config.vocab_size;
         let (rows, argmax) = match (&readback, values) {
-            (Readback::Nothing, ReadValues::Nothing) => return Ok(Vec::new()),
+            (Readback::Nothing, ReadValues::Nothing) => (Vec::new(), Vec::new()),
             (Readback::Logits { len, .. }, ReadValues::Logits(rows)) if rows.len() == *len => {
                 (rows, Vec::new())
             }
@@ -364,6 +437,10 @@ impl<B: Backend> Engine<B> {
                 ))
             }
         };
+        self.scheduler.complete(&schedule, &mut self.kv_manager)?;
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
         // A buffer not given back (the error above) only costs the recorder
         // its recordings: it starts over at its next run.
         if let (Some(generation), Some(recorder)) = (lent_by_recorder, &mut self.recorder) {

@@ -254,10 +254,24 @@ impl EngineInbox {
                             }
                         }
                     }
-                    Err(e) => {
-                        // A failed step leaves the batch in an unknown state: end every request.
-                        let message = format!("generation failed: {e}");
-                        for a in active.values_mut() {
+                    Err(failure) => {
+                        // The engine removed the failed step's sequences: their
+                        // requests end (with any sibling choices), the others go
+                        // on. A failure naming none blocks everyone: all end.
+                        let message = format!("generation failed: {}", failure.error);
+                        let mut ended: Vec<u64> = if failure.failed.is_empty() {
+                            active.keys().copied().collect()
+                        } else {
+                            (failure.failed.iter())
+                                .filter_map(|s| owner.get(s).map(|&(id, _)| id))
+                                .collect()
+                        };
+                        ended.sort_unstable();
+                        ended.dedup();
+                        for id in ended {
+                            let Some(a) = active.get_mut(&id) else {
+                                continue;
+                            };
                             for s in a.seqs.iter_mut().filter_map(Option::take) {
                                 engine.remove(s);
                                 owner.remove(&s);
