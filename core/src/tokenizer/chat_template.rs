@@ -2,6 +2,10 @@
 //! way Hugging Face `transformers` renders them (`trim_blocks`, `lstrip_blocks`,
 //! Python string methods, `raise_exception`), so the templates shipped in real
 //! model files produce the prompts the models were trained on.
+//!
+//! A model's template is checked when the model loads ([`check`]): it must
+//! compile and render a basic conversation, so a broken template is one
+//! error at load instead of a failure of every chat request.
 
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -89,6 +93,75 @@ pub(super) struct TemplateInputs<'a> {
 /// Renders `template` with `inputs`; a template that does not parse, or that calls
 /// `raise_exception`, is an [`Error::ChatTemplate`] carrying minijinja's message.
 pub(super) fn render(template: &str, inputs: &TemplateInputs<'_>) -> Result<String> {
+    environment()
+        .render_str(template, inputs)
+        .map_err(|e| Error::ChatTemplate(e.to_string()))
+}
+
+/// A conversation every template must render at load.
+struct Probe {
+    turns: &'static [(&'static str, &'static str)],
+    add_generation_prompt: bool,
+    /// The template may refuse it by `raise_exception` (models trained
+    /// without system turns refuse them).
+    may_refuse: bool,
+}
+
+const PROBES: [Probe; 2] = [
+    Probe {
+        turns: &[
+            ("user", "Hello."),
+            ("assistant", "Hi!"),
+            ("user", "How are you?"),
+        ],
+        add_generation_prompt: true,
+        may_refuse: false,
+    },
+    Probe {
+        turns: &[
+            ("system", "Be brief."),
+            ("user", "Hello."),
+            ("assistant", "Hi!"),
+        ],
+        add_generation_prompt: false,
+        may_refuse: true,
+    },
+];
+
+/// Refuses a `template` that does not compile, or that fails on a basic
+/// conversation other than by refusing it on purpose.
+pub(super) fn check(template: &str, bos_token: &str, eos_token: &str) -> Result<()> {
+    let env = environment();
+    let compiled = env
+        .template_from_str(template)
+        .map_err(|e| Error::ChatTemplate(format!("the model's template does not compile: {e}")))?;
+    for probe in PROBES {
+        let messages: Vec<ChatMessage> = (probe.turns.iter())
+            .map(|&(role, content)| ChatMessage::new(role, content))
+            .collect();
+        let inputs = TemplateInputs {
+            messages: &messages,
+            add_generation_prompt: probe.add_generation_prompt,
+            bos_token,
+            eos_token,
+        };
+        match compiled.render(&inputs) {
+            Ok(_) => {}
+            Err(e) if probe.may_refuse && is_refusal(&e) => {}
+            Err(e) => {
+                let roles: Vec<&str> = probe.turns.iter().map(|t| t.0).collect();
+                return Err(Error::ChatTemplate(format!(
+                    "the model's template fails on a {} conversation: {e}",
+                    roles.join("/")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An environment set up as `transformers` renders chat templates.
+fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     // transformers compiles chat templates with both options on; templates are
     // written for them (a `{% if %}` line leaves no newline behind).
@@ -96,11 +169,19 @@ pub(super) fn render(template: &str, inputs: &TemplateInputs<'_>) -> Result<Stri
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
-    env.render_str(template, inputs)
-        .map_err(|e| Error::ChatTemplate(e.to_string()))
+    env
 }
+
+/// Marks the errors of `raise_exception`: a template refusing a conversation.
+#[derive(Debug, thiserror::Error)]
+#[error("refused by the template")]
+struct Refusal;
 
 /// What templates call to refuse a conversation (`raise_exception('roles must alternate')`).
 fn raise_exception(message: String) -> std::result::Result<String, minijinja::Error> {
-    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message).with_source(Refusal))
+}
+
+fn is_refusal(e: &minijinja::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<Refusal>())
 }

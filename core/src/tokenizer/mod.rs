@@ -11,17 +11,23 @@
 //! Encoding never runs the `tokenizers` post-processor: BOS is prepended by this
 //! module from one rule per model ([`Tokenizer::encode`]), so GGUF and Hugging
 //! Face models behave alike. Special tokens written in the text (`<|im_start|>`)
-//! are always read as single special tokens, because chat templates produce them.
+//! are read as single special tokens, because chat templates produce them; in a
+//! chat, only the template's are: the messages' content is read as plain text
+//! ([`Tokenizer::encode_chat`], `chat_prompt`), so a message cannot forge turns.
 
+mod chat_prompt;
 mod chat_template;
 mod gguf_vocab;
 mod hf_files;
 mod stream;
 
 #[cfg(test)]
+mod chat_tests;
+#[cfg(test)]
 mod tests;
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 pub use chat_template::ChatMessage;
 pub use stream::StreamDecoder;
@@ -43,6 +49,11 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     /// The template used when `chat_template` is `None`.
     fallback_template: &'static chat_template::FallbackTemplate,
+    /// Chat content may write control tokens (the behaviour before content
+    /// was read as text), for clients that build turns themselves.
+    special_tokens_in_content: bool,
+    /// `inner` reading special tokens as text, made when first needed.
+    plain: OnceLock<tokenizers::Tokenizer>,
 }
 
 /// What a loader found besides the `tokenizers` tokenizer itself.
@@ -96,7 +107,7 @@ impl Tokenizer {
         }
         let fallback_template =
             chat_template::fallback(|text| inner.get_added_vocabulary().is_special_token(text));
-        Ok(Tokenizer {
+        let tokenizer = Tokenizer {
             inner,
             kind,
             bos: specials.bos,
@@ -104,7 +115,20 @@ impl Tokenizer {
             add_bos: specials.add_bos,
             chat_template,
             fallback_template,
-        })
+            special_tokens_in_content: false,
+            plain: OnceLock::new(),
+        };
+        if let Some(template) = tokenizer.chat_template() {
+            let (bos, eos) = tokenizer.template_specials();
+            chat_template::check(template, &bos, &eos)?;
+        }
+        Ok(tokenizer)
+    }
+
+    /// Lets control tokens written in chat messages through as control tokens
+    /// (off by default: [`Tokenizer::encode_chat`] reads content as text).
+    pub fn set_special_tokens_in_content(&mut self, allow: bool) {
+        self.special_tokens_in_content = allow;
     }
 
     /// The tokenizer in Hugging Face's `tokenizer.json` form, so a model
@@ -121,21 +145,30 @@ impl Tokenizer {
     /// text does not already start with it, as text rendered by a chat template
     /// that writes `bos_token` does).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
-        let ids = encoding.get_ids();
-        let bos = self.bos.filter(|_| add_special && self.add_bos);
-        match bos {
-            Some(bos) if ids.first() != Some(&bos) => {
-                let mut with_bos = Vec::with_capacity(ids.len() + 1);
-                with_bos.push(bos);
-                with_bos.extend_from_slice(ids);
-                Ok(with_bos)
+        let ids = encode_with(&self.inner, text)?;
+        Ok(if add_special { self.with_bos(ids) } else { ids })
+    }
+
+    /// Token ids of `text` with special tokens read as the text they are
+    /// made of; never BOS.
+    fn encode_as_text(&self, text: &str) -> Result<Vec<u32>> {
+        let plain = self.plain.get_or_init(|| {
+            let mut plain = self.inner.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        });
+        encode_with(plain, text)
+    }
+
+    /// `ids` with BOS in front when the model's rule asks for it and they
+    /// do not start with it already.
+    fn with_bos(&self, mut ids: Vec<u32>) -> Vec<u32> {
+        if let Some(bos) = self.bos.filter(|_| self.add_bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
             }
-            _ => Ok(ids.to_vec()),
         }
+        ids
     }
 
     /// The text of `ids` as a user reads it: control tokens (BOS, EOS, `<|im_start|>`)
@@ -188,17 +221,22 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let special_text =
-            |id: Option<u32>| id.and_then(|id| self.token_text(id)).unwrap_or_default();
+        let (bos, eos) = self.template_specials();
         chat_template::render(
             self.chat_template().unwrap_or(self.fallback_template.text),
             &chat_template::TemplateInputs {
                 messages,
                 add_generation_prompt,
-                bos_token: &special_text(self.bos),
-                eos_token: &special_text(self.eos.first().copied()),
+                bos_token: &bos,
+                eos_token: &eos,
             },
         )
+    }
+
+    /// The texts of BOS and EOS, as templates see them (`bos_token`, `eos_token`).
+    fn template_specials(&self) -> (String, String) {
+        let text = |id: Option<u32>| id.and_then(|id| self.token_text(id)).unwrap_or_default();
+        (text(self.bos), text(self.eos.first().copied()))
     }
 
     /// One line for `inspect`: kind, vocabulary size, special tokens, BOS rule, chat template.
@@ -228,4 +266,12 @@ impl Tokenizer {
             self.add_bos,
         )
     }
+}
+
+/// The ids `tokenizer` gives `text`, without its post-processor.
+fn encode_with(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode_fast(text, false)
+        .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+    Ok(encoding.get_ids().to_vec())
 }

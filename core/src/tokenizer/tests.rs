@@ -11,8 +11,8 @@ use crate::Error;
 // ---------------------------------------------------------------------------
 // Fixtures
 
-const CONTROL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-const BOS: u32 = 1;
+pub(super) const CONTROL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+pub(super) const BOS: u32 = 1;
 const EOS: u32 = 2;
 
 /// Merges of the byte-level fixture, in rank order. "ð Ł" is the first half of
@@ -20,8 +20,6 @@ const EOS: u32 = 2;
 const BYTE_LEVEL_MERGES: &[&str] = &[
     "H e", "l l", "He ll", "Hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "1 2", "ð Ł",
 ];
-
-const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// GPT-2's mapping of bytes to printable characters, the alphabet byte-level vocabularies are written in.
 fn byte_chars() -> Vec<char> {
@@ -58,7 +56,7 @@ fn gguf(metadata: Vec<(&str, GgufValue)>) -> GgufFile {
 }
 
 /// Sets `key` in `file`, replacing an existing value.
-fn set(mut file: GgufFile, key: &str, value: GgufValue) -> GgufFile {
+pub(super) fn set(mut file: GgufFile, key: &str, value: GgufValue) -> GgufFile {
     file.metadata.retain(|(k, _)| k != key);
     file.metadata.push((key.to_string(), value));
     file
@@ -71,7 +69,7 @@ fn unset(mut file: GgufFile, key: &str) -> GgufFile {
 
 /// A tiny byte-level BPE model: three control tokens, the 256 byte tokens, and
 /// one token per merge.
-fn byte_level_gguf(pre: &str) -> GgufFile {
+pub(super) fn byte_level_gguf(pre: &str) -> GgufFile {
     let mut tokens: Vec<String> = CONTROL_TOKENS.iter().map(|s| s.to_string()).collect();
     tokens.extend(byte_chars().iter().map(char::to_string));
     tokens.extend(BYTE_LEVEL_MERGES.iter().map(|m| m.replace(' ', "")));
@@ -93,12 +91,12 @@ fn byte_level_gguf(pre: &str) -> GgufFile {
     ])
 }
 
-fn smollm() -> Tokenizer {
+pub(super) fn smollm() -> Tokenizer {
     Tokenizer::from_gguf(&byte_level_gguf("smollm")).unwrap()
 }
 
 /// The id of the vocabulary entry `text`.
-fn id(tok: &Tokenizer, text: &str) -> u32 {
+pub(super) fn id(tok: &Tokenizer, text: &str) -> u32 {
     tok.inner
         .token_to_id(text)
         .unwrap_or_else(|| panic!("{text:?} not in vocabulary"))
@@ -106,7 +104,7 @@ fn id(tok: &Tokenizer, text: &str) -> u32 {
 
 /// A tiny SentencePiece model: `<unk>`, `<s>`, `</s>`, the 256 byte tokens, and
 /// pieces whose scores make "Hello world" two tokens.
-fn sentencepiece_gguf() -> GgufFile {
+pub(super) fn sentencepiece_gguf() -> GgufFile {
     let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     let mut types = vec![2, 3, 3];
     let mut scores = vec![0.0, 0.0, 0.0];
@@ -154,25 +152,6 @@ fn sentencepiece_gguf() -> GgufFile {
     ])
 }
 
-/// `file` with `extra` tokens (text, llama.cpp token type, score 0) appended to its vocabulary.
-fn append_tokens(mut file: GgufFile, extra: &[(&str, i32)]) -> GgufFile {
-    for (key, value) in &mut file.metadata {
-        match (key.as_str(), value) {
-            ("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(tokens))) => {
-                extra.iter().for_each(|(text, _)| tokens.push(text));
-            }
-            ("tokenizer.ggml.token_type", GgufValue::Array(GgufArray::I32(types))) => {
-                types.extend(extra.iter().map(|&(_, kind)| kind));
-            }
-            ("tokenizer.ggml.scores", GgufValue::Array(GgufArray::F32(scores))) => {
-                scores.extend(extra.iter().map(|_| 0.0));
-            }
-            _ => {}
-        }
-    }
-    file
-}
-
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tandem-tokenizer-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -184,7 +163,7 @@ fn write(dir: &Path, name: &str, text: &str) {
     std::fs::write(dir.join(name), text).unwrap();
 }
 
-fn messages(turns: &[(&str, &str)]) -> Vec<ChatMessage> {
+pub(super) fn messages(turns: &[(&str, &str)]) -> Vec<ChatMessage> {
     turns
         .iter()
         .map(|(role, content)| ChatMessage::new(*role, *content))
@@ -503,173 +482,6 @@ fn sentencepiece_stream_keeps_spaces() {
     }
     text.extend(stream.finish(&tok).unwrap());
     assert_eq!(text, "Hello world é");
-}
-
-// ---------------------------------------------------------------------------
-// Chat templates
-
-#[test]
-fn renders_smollm2_template() {
-    let file = set(
-        byte_level_gguf("smollm"),
-        "tokenizer.chat_template",
-        GgufValue::String(SMOLLM2_TEMPLATE.into()),
-    );
-    let tok = Tokenizer::from_gguf(&file).unwrap();
-    assert_eq!(tok.chat_template(), Some(SMOLLM2_TEMPLATE));
-
-    let prompt = tok
-        .apply_chat_template(&messages(&[("user", "What is 2+2?")]), true)
-        .unwrap();
-    assert_eq!(
-        prompt,
-        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
-         <|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
-    );
-
-    let conversation = messages(&[
-        ("system", "Be brief."),
-        ("user", "Hi"),
-        ("assistant", "Hello!"),
-    ]);
-    let prompt = tok.apply_chat_template(&conversation, false).unwrap();
-    assert_eq!(
-        prompt,
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
-         <|im_start|>assistant\nHello!<|im_end|>\n"
-    );
-    // The rendered prompt's specials encode as single tokens.
-    let ids = tok.encode(&prompt, true).unwrap();
-    assert_eq!(ids.iter().filter(|&&id| id == BOS).count(), 3);
-}
-
-#[test]
-fn renders_python_string_methods_and_raises() {
-    let template = "{{ bos_token }}\n\
-        {% for message in messages %}\n\
-        {% if message['role'] not in ['user', 'assistant'] %}\n\
-        {{ raise_exception('Only user and assistant roles are supported!') }}\n\
-        {% endif %}\n\
-        {{ message['role'].upper() }}: {{ message['content'].strip() }}{{ eos_token }}\n\
-        {% endfor %}\n";
-    let file = set(
-        byte_level_gguf("smollm"),
-        "tokenizer.chat_template",
-        GgufValue::String(template.into()),
-    );
-    let tok = Tokenizer::from_gguf(&file).unwrap();
-
-    let prompt = tok.apply_chat_template(
-        &messages(&[("user", "  Hi there \n"), ("assistant", "Yo")]),
-        true,
-    );
-    assert_eq!(
-        prompt.unwrap(),
-        "<|im_start|>\nUSER: Hi there<|im_end|>\nASSISTANT: Yo<|im_end|>\n",
-        "block tags leave no blank lines (trim_blocks, lstrip_blocks)"
-    );
-
-    let err = tok
-        .apply_chat_template(&messages(&[("system", "x")]), true)
-        .err()
-        .unwrap();
-    assert!(
-        matches!(&err, Error::ChatTemplate(m) if m.contains("Only user and assistant roles are supported!")),
-        "{err}"
-    );
-}
-
-/// The SentencePiece fixture with Gemma's turn markers and no chat template.
-fn gemma_like() -> Tokenizer {
-    let file = append_tokens(
-        sentencepiece_gguf(),
-        &[("<start_of_turn>", 3), ("<end_of_turn>", 3), ("\n", 4)],
-    );
-    Tokenizer::from_gguf(&file).unwrap()
-}
-
-#[test]
-fn gemma_turns_when_the_file_has_no_template() {
-    let tok = gemma_like();
-    assert_eq!(tok.chat_template(), None);
-    assert!(
-        tok.describe()
-            .contains("chat template none (Gemma turns fallback)"),
-        "{}",
-        tok.describe()
-    );
-    let conversation = messages(&[
-        ("system", "Be brief."),
-        ("user", " Hello world "),
-        ("assistant", "Hello\n"),
-        ("user", "world"),
-    ]);
-    let prompt = tok.apply_chat_template(&conversation, true).unwrap();
-    assert_eq!(
-        prompt,
-        "<s><start_of_turn>user\nBe brief.\n\nHello world<end_of_turn>\n\
-         <start_of_turn>model\nHello<end_of_turn>\n\
-         <start_of_turn>user\nworld<end_of_turn>\n<start_of_turn>model\n"
-    );
-    let ids = tok.encode(&prompt, true).unwrap();
-    assert_eq!(ids.iter().filter(|&&id| id == BOS).count(), 1, "{ids:?}");
-    assert_eq!(
-        tok.apply_chat_template(&messages(&[("user", "Hi")]), false)
-            .unwrap(),
-        "<s><start_of_turn>user\nHi<end_of_turn>\n"
-    );
-}
-
-#[test]
-fn gemma_turns_refuse_roles_out_of_order() {
-    let tok = gemma_like();
-    for turns in [
-        &[("assistant", "Hi"), ("user", "Hi")][..],
-        &[("user", "Hi"), ("user", "again")],
-        &[("system", "a"), ("system", "b"), ("user", "Hi")],
-        &[("user", "Hi"), ("tool", "{}")],
-    ] {
-        let err = tok
-            .apply_chat_template(&messages(turns), true)
-            .err()
-            .unwrap_or_else(|| panic!("{turns:?} rendered"));
-        assert!(
-            matches!(&err, Error::ChatTemplate(m) if m.contains("roles must alternate user/assistant")),
-            "{err}"
-        );
-    }
-}
-
-#[test]
-fn broken_template_is_a_clear_error() {
-    let broken = "{% for message in messages %}{{ message['content'] }";
-    let file = set(
-        byte_level_gguf("smollm"),
-        "tokenizer.chat_template",
-        GgufValue::String(broken.into()),
-    );
-    let tok = Tokenizer::from_gguf(&file).unwrap();
-    let err = tok
-        .apply_chat_template(&messages(&[("user", "Hi")]), true)
-        .err()
-        .unwrap();
-    assert!(
-        matches!(&err, Error::ChatTemplate(m) if m.contains("syntax error")),
-        "{err}"
-    );
-}
-
-#[test]
-fn chatml_when_the_model_has_no_template() {
-    let tok = smollm();
-    assert_eq!(tok.chat_template(), None);
-    let prompt = tok
-        .apply_chat_template(&messages(&[("user", "Hi")]), true)
-        .unwrap();
-    assert_eq!(
-        prompt,
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    );
 }
 
 // ---------------------------------------------------------------------------
