@@ -147,9 +147,41 @@ const INSTALL_HINT: &str = "no usable wgpu adapter: install a Vulkan driver \
 /// An instance of just `backends`: starting GL wakes EGL, which is slow and
 /// prints errors on headless machines, so it is started only when asked for.
 fn instance(backends: wgpu::Backends) -> wgpu::Instance {
+    #[cfg(all(unix, not(target_os = "macos"), not(target_arch = "wasm32")))]
+    quiet_device_select();
     let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
     descriptor.backends = backends;
     wgpu::Instance::new(descriptor)
+}
+
+/// Keeps Mesa's Vulkan device-select layer from printing a false alarm.
+///
+/// The layer (implicit, so on wherever Mesa's Vulkan drivers are installed)
+/// asks the Wayland compositor for the default GPU when devices are
+/// enumerated, because wgpu enables the Wayland surface extension (always:
+/// wgpu has no option to leave it out). Without a usable `XDG_RUNTIME_DIR`,
+/// libwayland then prints `error: XDG_RUNTIME_DIR is invalid or not set in
+/// the environment.` before a command that works. The layer only puts the
+/// default GPU first, and adapters are ranked here anyway, so where it can
+/// only fail that way (no Wayland display and no `XDG_RUNTIME_DIR`) and was
+/// not asked to choose (`MESA_VK_DEVICE_SELECT`, `DRI_PRIME`), its own
+/// switch `NODEVICE_SELECT` turns it off for this process. Done once, before
+/// any Vulkan instance exists, so no other thread reads the environment
+/// meanwhile.
+#[cfg(all(unix, not(target_os = "macos"), not(target_arch = "wasm32")))]
+fn quiet_device_select() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
+            .is_some_and(|dir| std::path::Path::new(&dir).is_absolute());
+        let asked = ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT", "DRI_PRIME"]
+            .into_iter()
+            .any(set);
+        if !runtime_dir && !set("WAYLAND_DISPLAY") && !asked {
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    });
 }
 
 /// Every adapter wgpu finds, best first.

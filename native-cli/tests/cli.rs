@@ -368,3 +368,27 @@ fn bad_speculation_options() {
         &["vocabulary"],
     );
 }
+
+/// Probing for a GPU under `--backend auto` prints no false alarm: on a
+/// machine without a display session (no `XDG_RUNTIME_DIR`), Mesa's Vulkan
+/// device-select layer made libwayland print `error: XDG_RUNTIME_DIR is
+/// invalid or not set` before a run that worked.
+#[test]
+fn probing_for_a_gpu_prints_no_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["run", "--backend", "auto", "--model"])
+        .arg(&model)
+        .args(["-n", "2", "hello"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("NODEVICE_SELECT")
+        .env("TANDEM_OFFLINE", "1")
+        .output()
+        .expect("run tandem");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+}

@@ -18,12 +18,7 @@ pub fn assert_clear_error(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    // Mesa's Vulkan driver complains about XDG_RUNTIME_DIR on headless machines
-    // when `--backend auto` probes for a GPU; that line is not ours.
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("error:") && !l.contains("XDG_RUNTIME_DIR"))
-        .collect();
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     for n in needles {
         assert!(
