@@ -4,9 +4,10 @@
 //! completes with the right token counts and leaves every KV block free; and
 //! the official `openai` Python client passes its checks
 //! (tests/serving/openai_client.py, installed by scripts/install-test-deps.sh).
-//!
-//! The HTTP client here is a few lines over `TcpStream` (HTTP/1.1,
-//! `Connection: close`), enough for JSON and server-sent events.
+//! Chat messages are checked turn by turn; completions take a batch of one
+//! prompt; the API key's scheme is case-insensitive.
+
+mod serving_support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,145 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tandem_core::engine::{Engine, EngineConfig};
-use tandem_core::model::ModelFiles;
-use tandem_core::quant::WeightFormat;
-use tandem_cpu::CpuBackend;
-use tandem_server::{spawn_engine, BackgroundServer, ServerConfig};
-use tandem_tests::{tiny, tiny_gguf};
 
-const MODEL: &str = "tiny";
-const KEY: &str = "sk-test";
-const MAX_BODY: usize = 64 << 10;
-
-struct TestServer {
-    server: BackgroundServer,
-    _dir: tempfile::TempDir,
-}
-
-/// A server with `num_blocks` KV blocks and room for `max_queue` waiting requests.
-fn start(num_blocks: usize, max_queue: usize) -> TestServer {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    let engine = spawn_engine(move |inbox| {
-        let files = tiny_gguf(&path, &tiny(WeightFormat::Q8_0, 21));
-        let config = EngineConfig {
-            num_blocks,
-            max_batch_tokens: 256,
-            max_waiting: max_queue,
-            ..EngineConfig::default()
-        };
-        let engine = Engine::new(CpuBackend::new(2), &files, config, &mut |_, _| {})?;
-        let ModelFiles { tokenizer, .. } = files;
-        inbox.run(engine, tokenizer)
-    })
-    .unwrap();
-    let config = ServerConfig {
-        model_id: MODEL.into(),
-        api_key: Some(KEY.into()),
-        max_body_bytes: MAX_BODY,
-    };
-    let server = BackgroundServer::start(engine, config, "127.0.0.1:0".parse().unwrap()).unwrap();
-    TestServer { server, _dir: dir }
-}
-
-/// Status and body of one request (the body de-chunked).
-fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-    body: &[u8],
-) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    // The server may answer (413) before reading a large body: a failed write is fine.
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
-
-fn parse_response(raw: &[u8]) -> (u16, String) {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .expect("a complete response head");
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    (
-        status,
-        if chunked {
-            dechunk(body)
-        } else {
-            body.to_string()
-        },
-    )
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = &rest[n + 2..];
-    }
-    out
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = http(addr, "POST", path, Some(KEY), body.to_string().as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// The `data:` payloads of a server-sent event stream.
-fn events(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
-        .map(str::to_string)
-        .collect()
-}
-
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let (_, text) = http(addr, "GET", "/metrics", None, b"");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
-        .parse()
-        .unwrap()
-}
-
-/// Waits (boundedly) until the engine holds no sequence and no KV block.
-fn assert_drains(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let busy = metric(addr, "tandem_kv_blocks_used")
-            + metric(addr, "tandem_requests_running")
-            + metric(addr, "tandem_requests_waiting");
-        if busy == 0.0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "KV blocks or sequences still held"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use serving_support::{
+    assert_drains, events, http, http_with_head, metric, post, start, KEY, MAX_BODY, MODEL,
+};
 
 #[test]
 fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
@@ -213,7 +79,45 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
                 .to_string()
                 .into(),
             400,
-            "maximum context length",
+            "the prompt has 600 tokens",
+        ),
+        (
+            "text that cannot fit the context by its length alone",
+            completion(json!({"prompt": "a".repeat(MAX_BODY - 1000)}))
+                .to_string()
+                .into(),
+            400,
+            "the prompt has at least",
+        ),
+        (
+            "a batch of two prompts",
+            completion(json!({"prompt": ["one", "two"]}))
+                .to_string()
+                .into(),
+            400,
+            "'prompt' holds 2 prompts",
+        ),
+        (
+            "a batch of two token lists",
+            completion(json!({"prompt": [[1, 2], [3]]}))
+                .to_string()
+                .into(),
+            400,
+            "'prompt' holds 2 prompts",
+        ),
+        (
+            "a token id outside the vocabulary",
+            completion(json!({"prompt": [[1, 100000]]}))
+                .to_string()
+                .into(),
+            400,
+            "'prompt'",
+        ),
+        (
+            "a timeout of zero",
+            completion(json!({"timeout": 0})).to_string().into(),
+            400,
+            "'timeout'",
         ),
         (
             "n = 0",
@@ -261,22 +165,91 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         let msg = err["error"]["message"].as_str().unwrap();
         assert!(msg.contains(message), "{what}: {msg}");
     }
+    let user = json!({"role": "user", "content": "hi"});
     let chat_cases = [
-        (json!({"model": MODEL, "messages": "hi"}), "'messages'"),
-        (json!({"model": MODEL, "messages": []}), "empty"),
+        (json!("hi"), "'messages' must be a list", "messages"),
+        (json!([]), "empty", "messages"),
         (
-            json!({"model": MODEL, "messages": [{"content": "x"}]}),
-            "'role'",
+            json!([{"content": "x"}]),
+            "'messages[0].role' is required",
+            "messages[0].role",
+        ),
+        (
+            json!([user, {"role": "wizard", "content": "x"}]),
+            "'messages[1].role' must be system, developer, user or assistant, not 'wizard'",
+            "messages[1].role",
+        ),
+        (
+            json!([{"role": "user", "content": null}]),
+            "'messages[0].content' is required",
+            "messages[0].content",
+        ),
+        (
+            json!([{"role": "user"}]),
+            "'messages[0].content' is required",
+            "messages[0].content",
+        ),
+        (
+            json!([{"role": "user", "content": 7}]),
+            "'messages[0].content' must be a string or a list of text parts",
+            "messages[0].content",
+        ),
+        (
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+            "'messages[0].content[0]' must be a text part",
+            "messages[0].content[0]",
+        ),
+        (
+            json!([{"role": "assistant", "content": "I am here."}]),
+            "has no 'user' message",
+            "messages",
+        ),
+        (
+            json!([{"role": "system", "content": "Be brief."}]),
+            "has no 'user' message",
+            "messages",
+        ),
+        (
+            json!([user, {"role": "tool", "content": "42", "tool_call_id": "c1"}]),
+            "'messages[1].role' is 'tool': this server does not support tool calling",
+            "messages[1].role",
+        ),
+        (
+            json!([user, {"role": "assistant", "content": null,
+                          "tool_calls": [{"id": "c1", "type": "function",
+                                          "function": {"name": "f", "arguments": "{}"}}]}]),
+            "'messages[1].tool_calls' is not supported",
+            "messages[1].tool_calls",
+        ),
+        (
+            json!(["hi"]),
+            "'messages[0]' must be an object",
+            "messages[0]",
+        ),
+        (
+            json!([{"role": "user", "content": "a".repeat(MAX_BODY - 1000)}]),
+            "the prompt has at least",
+            "messages",
         ),
     ];
-    for (body, message) in chat_cases {
+    for (messages, message, param) in chat_cases {
+        let body = json!({"model": MODEL, "messages": messages});
         let (status, err) = post(addr, "/v1/chat/completions", &body);
         assert_eq!(status, 400, "{body}: {err}");
         assert!(
             err["error"]["message"].as_str().unwrap().contains(message),
-            "{err}"
+            "{body}: {err}"
         );
+        assert_eq!(err["error"]["param"], param, "{body}: {err}");
     }
+    let with_tools = json!({"model": MODEL, "messages": [user],
+        "tools": [{"type": "function", "function": {"name": "f"}}]});
+    let (status, err) = post(addr, "/v1/chat/completions", &with_tools);
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("tools")),
+        "{err}"
+    );
     let (status, text) = http(addr, "POST", "/v1/completions", Some("wrong"), b"{}");
     assert_eq!(status, 401, "{text}");
     let (status, _) = http(addr, "GET", "/v1/nothing", Some(KEY), b"");
@@ -290,17 +263,96 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
 }
 
 #[test]
-fn a_full_queue_is_503_with_an_openai_error() {
+fn what_openai_accepts_is_accepted() {
+    let t = start(128, 64);
+    let addr = t.server.addr;
+    let ok = |path: &str, body: Value| {
+        let (status, v) = post(addr, path, &body);
+        assert_eq!(status, 200, "{body}: {v}");
+        v
+    };
+    let one = |prompt: Value| {
+        ok(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0}),
+        )
+    };
+    // A batch of one token list is the token list; a batch of one text, the text.
+    let ids = one(json!([[9, 69, 28]]));
+    assert_eq!(ids["usage"]["prompt_tokens"], 3, "{ids}");
+    assert_eq!(
+        ids["choices"][0]["text"],
+        one(json!([9, 69, 28]))["choices"][0]["text"]
+    );
+    let text = one(json!(["hello there"]));
+    assert_eq!(
+        text["choices"][0]["text"],
+        one(json!("hello there"))["choices"][0]["text"]
+    );
+    // `developer` is a system turn; content may be a list of text parts.
+    let chat = |messages: Value| {
+        ok(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": messages, "max_tokens": 3, "temperature": 0}),
+        )
+    };
+    let parts = chat(json!([
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]},
+    ]));
+    let plain = chat(json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+    ]));
+    assert_eq!(parts["usage"], plain["usage"]);
+    assert_eq!(
+        parts["choices"][0]["message"],
+        plain["choices"][0]["message"]
+    );
+    // RFC 7235: the scheme is case-insensitive; the key is not.
+    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}).to_string();
+    for (authorization, status) in [
+        (format!("bearer {KEY}"), 200),
+        (format!("BEARER {KEY}"), 200),
+        (format!("Bearer {}", KEY.to_uppercase()), 401),
+        (format!("Bearer {KEY}x"), 401),
+        (format!("Basic {KEY}"), 401),
+    ] {
+        let (got, _, text) = http_with_head(
+            addr,
+            "POST",
+            "/v1/completions",
+            Some(&authorization),
+            body.as_bytes(),
+        );
+        assert_eq!(got, status, "{authorization}: {text}");
+    }
+    assert_drains(addr);
+}
+
+#[test]
+fn a_full_queue_is_503_with_retry_after() {
     let t = start(32, 0);
     let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2});
-    let (status, err) = post(t.server.addr, "/v1/completions", &body);
-    assert_eq!(status, 503, "{err}");
+    let (status, head, text) = http_with_head(
+        t.server.addr,
+        "POST",
+        "/v1/completions",
+        Some(&format!("Bearer {KEY}")),
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 503, "{text}");
+    let err: Value = serde_json::from_str(&text).unwrap();
     assert!(
         err["error"]["message"]
             .as_str()
             .unwrap()
             .contains("queue is full"),
         "{err}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+        "{head}"
     );
 }
 

@@ -1,12 +1,14 @@
 //! `tandem serve`: the OpenAI-compatible server (`tandem_server`).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_core::Backend;
+use tandem_server::connections::connection_cap;
 use tandem_server::{spawn_engine, ServerConfig};
 
 use super::speculate::SpeculationArgs;
@@ -105,6 +107,34 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a connection has to send a whole request head (also how long
+    /// an idle keep-alive connection stays open).
+    #[arg(long, default_value = "10", value_parser = seconds)]
+    pub header_read_timeout: Duration,
+    /// Seconds a request has to send its body once its head is in; later: 408.
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    pub body_read_timeout: Duration,
+    /// Most connections open at once; more wait in the accept backlog. The
+    /// open-file limit is raised to fit where the hard limit allows.
+    #[arg(long, default_value_t = 2048)]
+    pub max_connections: usize,
+    /// Seconds running requests get to finish after SIGTERM or SIGINT; then
+    /// they end with finish_reason "abort".
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    pub shutdown_grace: Duration,
+    /// Seconds from arrival after which a request ends with finish_reason
+    /// "timeout" (its `timeout` field may ask for less). Default: no limit.
+    #[arg(long, value_parser = seconds)]
+    pub request_timeout: Option<Duration>,
+}
+
+/// A duration given in seconds (`10`, `0.5`).
+fn seconds(text: &str) -> std::result::Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("'{text}' is not a number of seconds greater than 0"))
 }
 
 /// Builds the engine on the engine thread and serves it.
@@ -161,6 +191,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_id: model_id.clone(),
         api_key: args.api_key,
         max_body_bytes: args.max_body_bytes,
+        header_read_timeout: args.header_read_timeout,
+        body_read_timeout: args.body_read_timeout,
+        max_connections: connection_cap(args.max_connections),
+        shutdown_grace: args.shutdown_grace,
+        request_timeout: args.request_timeout,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -169,14 +204,41 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        let signal = shutdown_signal()?;
         eprintln!(
-            "serving '{model_id}' on http://{} (context {ctx}, {blocks} KV blocks); Ctrl-C stops",
-            listener.local_addr()?
+            "serving '{model_id}' on http://{} (context {ctx}, {blocks} KV blocks, up to {} connections); SIGTERM or Ctrl-C stops",
+            listener.local_addr()?,
+            server.max_connections
         );
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+        let grace = server.shutdown_grace;
+        let shutdown = async move {
+            signal.await;
+            eprintln!(
+                "shutting down: no new connections, {} s for the requests in flight",
+                grace.as_secs_f64()
+            );
         };
-        tandem_server::serve(listener, tandem_server::router(engine, server), shutdown).await?;
+        tandem_server::serve(listener, engine, server, shutdown).await;
         Ok(())
+    })
+}
+
+/// Completes on the first SIGTERM or SIGINT (Ctrl-C).
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
     })
 }

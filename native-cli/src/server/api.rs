@@ -2,12 +2,19 @@
 //! [`Request`], error bodies, and response bodies.
 //!
 //! Bodies are parsed as JSON values and read field by field, so every
-//! mistake gets a message naming the field and what it should be.
+//! mistake gets a message naming the field and what it should be. Besides
+//! OpenAI's fields, `priority` (higher first) and `timeout` (seconds from
+//! arrival; the request then ends with `finish_reason: "timeout"`).
+
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 use tandem_core::engine::Request;
 use tandem_core::sched::SamplingParams;
-use tandem_core::tokenizer::{ChatMessage, Tokenizer};
+use tandem_core::tokenizer::Tokenizer;
+
+use crate::prompt;
+use crate::token_floor::TokenFloor;
 
 /// Most samples one request may ask for.
 pub const MAX_SAMPLES: i64 = 16;
@@ -77,6 +84,8 @@ pub struct Job {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The request's own deadline, from its `timeout` field.
+    pub timeout: Option<Duration>,
 }
 
 impl Job {
@@ -143,6 +152,8 @@ pub struct Limits<'a> {
     pub model_id: &'a str,
     pub max_context: usize,
     pub tokenizer: &'a Tokenizer,
+    /// Refuses text too long for the context before tokenizing it.
+    pub token_floor: &'a TokenFloor,
     /// Seed of requests that give none.
     pub default_seed: u64,
 }
@@ -170,16 +181,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         )
         .with_code("model_not_found"));
     }
-    let prompt = match endpoint {
-        Endpoint::Completions => completion_prompt(&f, limits.tokenizer)?,
-        Endpoint::ChatCompletions => chat_prompt(&f, limits.tokenizer)?,
+    if endpoint == Endpoint::ChatCompletions && f.get("tools").is_some_and(|t| t != &json!([])) {
+        return Err(ApiError::bad_request(
+            "'tools' is not supported: this server does not support tool calling",
+            Some("tools"),
+        ));
+    }
+    let (prompt, param) = match endpoint {
+        Endpoint::Completions => (prompt::completion(f.get("prompt"), limits)?, "prompt"),
+        Endpoint::ChatCompletions => (prompt::chat(f.get("messages"), limits)?, "messages"),
     };
     if prompt.is_empty() {
-        let param = if endpoint == Endpoint::Completions {
-            "prompt"
-        } else {
-            "messages"
-        };
         return Err(ApiError::bad_request(
             format!("'{param}' is empty"),
             Some(param),
@@ -193,7 +205,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
                 limits.max_context,
                 prompt.len()
             ),
-            Some("messages"),
+            Some(param),
         )
         .with_code("context_length_exceeded"));
     }
@@ -260,6 +272,15 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         None => false,
     };
     let stops = stop_strings(&f)?;
+    let timeout = f
+        .number("timeout", 0.0, f64::MAX)?
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| Fields::wrong("timeout", "a number of seconds greater than 0"))
+        })
+        .transpose()?;
     let params = SamplingParams {
         temperature,
         top_p,
@@ -280,101 +301,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         stops,
         stream,
         include_usage,
+        timeout,
     })
-}
-
-fn completion_prompt(f: &Fields<'_>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let wrong = || {
-        Fields::wrong(
-            "prompt",
-            "a string, a list of one string, or a list of token ids",
-        )
-    };
-    let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
-        if text.is_empty() {
-            return Ok(Vec::new());
-        }
-        tok.encode(text, true)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))
-    };
-    match f.get("prompt") {
-        None => Err(ApiError::bad_request(
-            "'prompt' is required",
-            Some("prompt"),
-        )),
-        Some(Value::String(s)) => encode(s),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [] => Ok(Vec::new()),
-            [Value::String(s)] => encode(s),
-            [Value::String(_), ..] => Err(ApiError::bad_request(
-                "one prompt per request: send several requests (or use 'n' for several samples)",
-                Some("prompt"),
-            )),
-            ids => ids
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .filter(|&id| id < tok.vocab_size() as u64)
-                        .map(|id| id as u32)
-                        .ok_or_else(wrong)
-                })
-                .collect(),
-        },
-        Some(_) => Err(wrong()),
-    }
-}
-
-fn chat_prompt(f: &Fields<'_>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let wrong = |what: &str| Fields::wrong("messages", what);
-    let Some(messages) = f.get("messages") else {
-        return Err(ApiError::bad_request(
-            "'messages' is required",
-            Some("messages"),
-        ));
-    };
-    let messages = messages
-        .as_array()
-        .ok_or_else(|| wrong("a list of {role, content} objects"))?;
-    if messages.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut chat = Vec::with_capacity(messages.len());
-    for m in messages {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| wrong("a list of objects with a string 'role'"))?;
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .map(|p| {
-                    match (
-                        p.get("type").and_then(Value::as_str),
-                        p.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(t)) => Ok(t),
-                        _ => Err(wrong(
-                            "text only: content parts must be {\"type\": \"text\", \"text\": ...}",
-                        )),
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .concat(),
-            Some(_) => {
-                return Err(wrong(
-                    "a list of messages whose 'content' is a string or a list of text parts",
-                ))
-            }
-        };
-        chat.push(ChatMessage::new(role, content));
-    }
-    let text = tok
-        .apply_chat_template(&chat, true)
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-    tok.encode(&text, true)
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))
 }
 
 fn stop_strings(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {

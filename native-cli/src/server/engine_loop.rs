@@ -6,12 +6,18 @@
 //! whatever does not fit waits in the request's backlog for the next
 //! iteration. Before every step, requests whose receiver is gone are removed
 //! from the engine, which frees their KV blocks at once.
+//!
+//! The loop also ends requests early, removing them from the engine the same
+//! way and sending [`Update::Ended`]: a request whose deadline has passed
+//! ([`EndReason::Timeout`]), and every request when the server shuts down
+//! ([`Command::EndAll`], [`EndReason::Shutdown`]), after which it refuses
+//! new ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use tandem_core::engine::{Engine, FinishReason, Request, TokenLogprobs};
@@ -22,6 +28,7 @@ use tandem_core::Backend;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
+use crate::token_floor::TokenFloor;
 
 /// Updates one request's channel holds before the loop keeps them in its backlog.
 const UPDATE_CHANNEL_CAPACITY: usize = 64;
@@ -46,14 +53,48 @@ pub enum Update {
     Tokens(Vec<ChoiceToken>),
     /// The engine failed; the request ends.
     Failed(String),
+    /// The server ended the request: every choice not finished yet ends for this reason.
+    Ended(EndReason),
+}
+
+/// Why the server ended a request before its choices finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// Its deadline passed.
+    Timeout,
+    /// The server is shutting down and the grace period is over.
+    Shutdown,
+}
+
+impl EndReason {
+    /// The `finish_reason` of the choices it ends.
+    pub fn finish_reason(self) -> &'static str {
+        match self {
+            EndReason::Timeout => "timeout",
+            EndReason::Shutdown => "abort",
+        }
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error(transparent)]
+    Engine(#[from] SubmitError),
+    #[error("the server is shutting down")]
+    ShuttingDown,
 }
 
 pub enum Command {
     Submit {
         request: Request,
+        /// When the loop ends the request if it has not finished.
+        deadline: Option<Instant>,
         updates: mpsc::Sender<Update>,
-        admitted: oneshot::Sender<Result<(), SubmitError>>,
+        admitted: oneshot::Sender<Result<(), Refused>>,
     },
+    /// Ends every request ([`EndReason::Shutdown`]) and refuses new ones.
+    EndAll,
 }
 
 /// What the HTTP side holds: the way in, the tokenizer and the model's limits.
@@ -61,29 +102,36 @@ pub enum Command {
 pub struct EngineHandle {
     commands: std_mpsc::Sender<Command>,
     pub tokenizer: Arc<Tokenizer>,
+    pub token_floor: TokenFloor,
     pub max_context: usize,
     pub metrics: Arc<Metrics>,
 }
 
 impl EngineHandle {
-    /// Queues `request`; on admission returns the receiver of its updates.
-    pub async fn submit(&self, request: Request) -> Result<mpsc::Receiver<Update>, SubmitError> {
+    /// Queues `request`, to be ended at `deadline` if it has not finished;
+    /// on admission returns the receiver of its updates.
+    pub async fn submit(
+        &self,
+        request: Request,
+        deadline: Option<Instant>,
+    ) -> Result<mpsc::Receiver<Update>, Refused> {
         let (updates, receiver) = mpsc::channel(UPDATE_CHANNEL_CAPACITY);
         let (admitted, answer) = oneshot::channel();
-        let gone = || {
-            SubmitError::Rejected(tandem_core::Error::InvalidRequest(
-                "the engine has stopped".into(),
-            ))
-        };
         self.commands
             .send(Command::Submit {
                 request,
+                deadline,
                 updates,
                 admitted,
             })
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())??;
+            .map_err(|_| Refused::ShuttingDown)?;
+        answer.await.map_err(|_| Refused::ShuttingDown)??;
         Ok(receiver)
+    }
+
+    /// Ends every request now (`finish_reason: "abort"`) and refuses new ones.
+    pub fn end_all(&self) {
+        let _ = self.commands.send(Command::EndAll);
     }
 }
 
@@ -125,6 +173,7 @@ where
             max_context,
         }) => Ok(EngineHandle {
             commands: commands_tx,
+            token_floor: TokenFloor::of(&tokenizer),
             tokenizer: Arc::new(tokenizer),
             max_context,
             metrics,
@@ -144,11 +193,29 @@ struct Active {
     updates: mpsc::Sender<Update>,
     /// Updates the client has not taken yet.
     backlog: VecDeque<Update>,
+    deadline: Option<Instant>,
 }
 
 impl Active {
     fn is_done(&self) -> bool {
         self.seqs.iter().all(Option::is_none)
+    }
+
+    /// Removes the unfinished choices from the engine and tells the client why.
+    fn end<B: Backend>(
+        &mut self,
+        reason: EndReason,
+        engine: &mut Engine<B>,
+        owner: &mut HashMap<SeqId, (u64, usize)>,
+    ) {
+        if self.is_done() {
+            return;
+        }
+        for s in self.seqs.iter_mut().filter_map(Option::take) {
+            engine.remove(s);
+            owner.remove(&s);
+        }
+        self.backlog.push_back(Update::Ended(reason));
     }
 }
 
@@ -166,6 +233,7 @@ impl EngineInbox {
         // Which request and choice each sequence belongs to.
         let mut owner: HashMap<SeqId, (u64, usize)> = HashMap::new();
         let mut next_request = 0u64;
+        let mut shutting_down = false;
         let total_blocks = engine.kv_manager().num_blocks();
         loop {
             // Wait for work when idle; otherwise take what has arrived and step.
@@ -184,11 +252,25 @@ impl EngineInbox {
                 .into_iter()
                 .chain(std::iter::from_fn(|| self.commands.try_recv().ok()))
             {
-                let Command::Submit {
-                    request,
-                    updates,
-                    admitted,
-                } = command;
+                let (request, deadline, updates, admitted) = match command {
+                    Command::Submit {
+                        request,
+                        deadline,
+                        updates,
+                        admitted,
+                    } => (request, deadline, updates, admitted),
+                    Command::EndAll => {
+                        shutting_down = true;
+                        for a in active.values_mut() {
+                            a.end(EndReason::Shutdown, &mut engine, &mut owner);
+                        }
+                        continue;
+                    }
+                };
+                if shutting_down {
+                    let _ = admitted.send(Err(Refused::ShuttingDown));
+                    continue;
+                }
                 match engine.submit(request) {
                     Ok(ids) => {
                         if admitted.send(Ok(())).is_err() {
@@ -207,12 +289,20 @@ impl EngineInbox {
                                 seqs: ids.into_iter().map(Some).collect(),
                                 updates,
                                 backlog: VecDeque::new(),
+                                deadline,
                             },
                         );
                     }
                     Err(e) => {
-                        let _ = admitted.send(Err(e));
+                        let _ = admitted.send(Err(e.into()));
                     }
+                }
+            }
+            // End requests whose deadline has passed.
+            let now = Instant::now();
+            for a in active.values_mut() {
+                if a.deadline.is_some_and(|d| d <= now) {
+                    a.end(EndReason::Timeout, &mut engine, &mut owner);
                 }
             }
             // Cancel requests nobody listens to any more.

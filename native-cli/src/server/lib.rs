@@ -1,28 +1,48 @@
 //! `tandem serve`: an OpenAI-compatible HTTP server over the engine.
 //!
 //! Layers, top-down:
+//! - [`serve`] here: connections until the shutdown signal, then a graceful
+//!   stop (below);
+//! - [`connections`]: the accept loop, the connection cap, the request-head
+//!   timeout;
 //! - [`http`]: axum routes (`/v1/completions`, `/v1/chat/completions`,
-//!   `/v1/models`, `/health`, `/metrics`), authentication, OpenAI error JSON
-//!   and server-sent events;
+//!   `/v1/models`, `/health`, `/metrics`), the body timeout, parsing off the
+//!   async runtime, OpenAI error JSON; [`auth`]: the API key;
 //! - [`api`]: the OpenAI request fields, parsed and validated into engine
-//!   requests, and the response bodies;
+//!   requests; [`prompt`]: the prompt or chat messages as token ids, a
+//!   prompt that cannot fit refused before tokenizing ([`token_floor`]);
+//! - [`response`]: JSON bodies and server-sent events;
 //! - [`text`]: generated tokens to text per choice, with stop strings;
 //! - [`engine_loop`]: the engine on its own thread, fed over channels. It
 //!   never waits for a client: each request has a bounded channel, and
 //!   tokens a slow client has not taken yet wait in the loop's per-request
 //!   backlog (bounded by the request's own `max_tokens`), so the batch keeps
 //!   stepping. A request whose receiver is gone (client disconnected, or a
-//!   stop string ended it) is removed before the next step, freeing its KV.
+//!   stop string ended it) is removed before the next step, freeing its KV;
+//!   so is a request whose deadline has passed.
 //! - [`metrics`]: Prometheus text.
+//!
+//! Shutdown (SIGTERM or SIGINT for `tandem serve`): the listener closes, so
+//! new connections are refused; idle connections close; requests in flight
+//! have `shutdown_grace` to finish. Any still running then end: each
+//! unfinished choice gets `finish_reason: "abort"` with the text it had, a
+//! stream its `usage` (when asked) and `[DONE]`, a non-streaming request its
+//! complete JSON body (503 if it had no token yet). After a few seconds for
+//! those last writes, [`serve`] returns.
 //!
 //! [`bench`] drives the engine directly for `tandem bench-serve`.
 
 pub mod api;
+pub mod auth;
 pub mod bench;
+pub mod connections;
 pub mod engine_loop;
 pub mod http;
 pub mod metrics;
+pub mod prompt;
+pub mod response;
 pub mod text;
+pub mod token_floor;
 
 pub use engine_loop::{spawn_engine, EngineHandle, EngineInbox};
 pub use http::{router, ServerConfig};
@@ -30,19 +50,35 @@ pub use http::{router, ServerConfig};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::thread;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 
-/// Serves `app` on `listener` until `shutdown` completes.
+use connections::Connections;
+
+/// How long ended requests get to write their last events after the grace period.
+const FINAL_WRITES: Duration = Duration::from_secs(5);
+
+/// Serves the engine on `listener` until `shutdown` completes, then stops
+/// gracefully (see the module documentation).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    app: axum::Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    engine: EngineHandle,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    let connections = Connections::new(config.max_connections);
+    let (header_read_timeout, grace) = (config.header_read_timeout, config.shutdown_grace);
+    let app = router(engine.clone(), config);
+    connections
+        .accept(listener, app, header_read_timeout, shutdown)
+        .await;
+    connections.stop();
+    if !connections.all_closed_within(grace).await {
+        engine.end_all();
+        connections.all_closed_within(FINAL_WRITES).await;
+    }
 }
 
 /// A server on its own runtime thread (tests, embedding); stops when dropped.
@@ -65,16 +101,13 @@ impl BackgroundServer {
             .with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let app = router(engine, config);
         let thread = thread::Builder::new()
             .name("tandem-http".into())
             .spawn(move || {
                 let shutdown = async {
                     let _ = stopped.await;
                 };
-                if let Err(e) = runtime.block_on(serve(listener, app, shutdown)) {
-                    eprintln!("server error: {e}");
-                }
+                runtime.block_on(serve(listener, engine, config, shutdown));
             })
             .context("starting the server thread")?;
         Ok(Self {

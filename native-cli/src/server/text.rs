@@ -2,7 +2,9 @@
 //!
 //! Text is handed out as soon as it cannot be part of a stop string: a tail
 //! that could still grow into one is held back until the next tokens decide.
-//! A stop string ends the choice and is not included.
+//! A stop string ends the choice and is not included. A choice the server
+//! cuts short ([`ChoiceText::end`]) hands out what it held back and ends
+//! with the server's reason.
 
 use tandem_core::engine::FinishReason;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
@@ -16,7 +18,8 @@ pub struct ChoiceText {
     stops: Vec<String>,
     /// Tokens consumed (the one that completed a stop string included).
     pub completion_tokens: usize,
-    /// Set when the choice ended: `"stop"` or `"length"`.
+    /// Set when the choice ended: `"stop"`, `"length"`, or the reason the
+    /// server ended it (`"timeout"`, `"abort"`).
     pub finish_reason: Option<&'static str>,
 }
 
@@ -57,14 +60,7 @@ impl ChoiceText {
                 self.pending.push_str(&rest);
             }
         }
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
-        {
-            self.pending.truncate(at);
-            self.finish_reason = Some("stop");
+        if self.cut_at_stop() {
             return Ok(std::mem::take(&mut self.pending));
         }
         match finished {
@@ -81,6 +77,34 @@ impl ChoiceText {
                 Ok(std::mem::replace(&mut self.pending, rest))
             }
         }
+    }
+
+    /// Ends the choice early for `reason`; returns the text still held.
+    pub fn end(&mut self, tok: &Tokenizer, reason: &'static str) -> Result<String> {
+        if self.is_done() {
+            return Ok(String::new());
+        }
+        if let Some(rest) = self.decoder.finish(tok)? {
+            self.pending.push_str(&rest);
+        }
+        if !self.cut_at_stop() {
+            self.finish_reason = Some(reason);
+        }
+        Ok(std::mem::take(&mut self.pending))
+    }
+
+    /// Ends the choice at the first stop string in `pending`, if there is one.
+    fn cut_at_stop(&mut self) -> bool {
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            self.pending.truncate(at);
+            self.finish_reason = Some("stop");
+        }
+        first.is_some()
     }
 
     /// Length of the longest tail of `pending` that starts some stop string.
