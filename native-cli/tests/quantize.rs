@@ -1,9 +1,11 @@
 //! `tandem quantize` as a user meets it: every method writes a model that
-//! `perplexity` and `inspect` load with `--model OUT`, and bad options or
-//! calibration files give one clear error line.
+//! `perplexity` and `inspect` load with `--model OUT`, bad options or
+//! calibration files give one clear error line, and a run that fails or is
+//! killed while writing leaves no half-written model at `OUT`.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::quant::WeightFormat;
@@ -166,4 +168,102 @@ fn bad_options_and_calibration_files_give_clear_errors() {
         assert_clear_error(&tandem(&args), needles);
         assert!(!Path::new(&out).exists(), "{extra:?} wrote a model");
     }
+}
+
+/// Every file of the directory `dir`, by name.
+fn files(dir: &str) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+/// The hidden directories runs left in `dir` (beside their `--out`).
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('.'))
+        .collect()
+}
+
+/// `tandem quantize --method f16` of `model` into `out`, allowed to write
+/// files of at most 4 KiB: the weights do not fit. With `interrupt` the
+/// process is killed there (SIGXFSZ), otherwise the write fails (EFBIG).
+fn quantize_without_room(model: &str, out: &str, interrupt: bool) -> Output {
+    let ignore = if interrupt { "" } else { "trap '' XFSZ; " };
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("{ignore}ulimit -f 8; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "quantize", "--model", model, "--out", out, "--method", "f16",
+        ])
+        .env("TANDEM_OFFLINE", "1")
+        .output()
+        .expect("run tandem under sh")
+}
+
+#[test]
+fn a_run_that_fails_or_dies_while_writing_leaves_no_half_written_model() {
+    let f = Fixture::new("staged");
+    let out = f.path("out");
+    // A write that fails: nothing at --out, nothing left beside it.
+    assert_clear_error(
+        &quantize_without_room(&f.model, &out, false),
+        &["File too large"],
+    );
+    assert!(!Path::new(&out).exists(), "a half-written model at --out");
+    assert_eq!(leftovers(&f.dir), Vec::<String>::new());
+    // A run killed mid-write: nothing at --out either.
+    let killed = quantize_without_room(&f.model, &out, true);
+    assert_eq!(killed.status.signal(), Some(25), "{killed:?}");
+    assert!(!Path::new(&out).exists(), "a half-written model at --out");
+    for partial in leftovers(&f.dir) {
+        std::fs::remove_dir_all(f.dir.join(partial)).unwrap();
+    }
+
+    // A model already at --out stays as it was through both.
+    let quantize = |method: &str| {
+        tandem(&[
+            "quantize", "--model", &f.model, "--out", &out, "--method", method,
+        ])
+    };
+    stdout(&quantize("f16"));
+    let before = files(&out);
+    assert!(before.contains_key("config.json"), "{:?}", before.keys());
+    assert_clear_error(
+        &quantize_without_room(&f.model, &out, false),
+        &["File too large"],
+    );
+    assert!(quantize_without_room(&f.model, &out, true)
+        .status
+        .signal()
+        .is_some());
+    assert!(files(&out) == before, "the model at --out changed");
+
+    // A run that completes replaces it, and leaves nothing beside it.
+    stdout(&quantize("int8"));
+    assert!(files(&out) != before);
+    assert!(stdout(&tandem(&["inspect", &out])).contains("INT8"));
+    assert_eq!(
+        leftovers(&f.dir).len(),
+        1,
+        "the killed run's directory only"
+    );
+
+    // A directory that holds no model is never replaced.
+    let notes = f.dir.join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("todo.txt"), "keep me").unwrap();
+    let notes = notes.display().to_string();
+    let refused = tandem(&[
+        "quantize", "--model", &f.model, "--out", &notes, "--method", "f16",
+    ]);
+    assert_clear_error(&refused, &["holds no model"]);
+    assert_eq!(files(&notes).len(), 1);
 }

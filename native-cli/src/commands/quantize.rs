@@ -2,8 +2,15 @@
 //! one of the `tandem-quantize` methods, loadable by every other command
 //! with `--model OUT`. Calibration text (`--calib`) feeds the methods that
 //! look at activations (SmoothQuant, GPTQ, AWQ, mixed precision).
+//!
+//! The model is written into a hidden directory beside `--out` and renamed
+//! into place only when complete, so a failed or interrupted run never
+//! leaves a half-written model where a model is expected: a failed run
+//! removes its directory; an interrupted one leaves it beside `--out`
+//! (`.NAME.partial-PID`), never at it.
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -79,6 +86,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         bail!("--act-order applies to gptq and mixed only");
     }
     let path = model_path::resolve(args.model.as_deref())?;
+    check_destination(&args.out, &path)?;
     let files = tandem_core::model::load(&path)?;
     let start = Instant::now();
     let mut log = |line: String| eprintln!("[{:6.1}s] {line}", start.elapsed().as_secs_f64());
@@ -113,8 +121,10 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         ));
     }
     let bytes: usize = quantized.tensors.iter().map(|t| t.data.len()).sum();
-    write_model_dir(&files, quantized.tensors, &metadata, &args.out)
+    let staged = StagedDir::beside(&args.out)?;
+    write_model_dir(&files, quantized.tensors, &metadata, staged.path())
         .with_context(|| format!("writing {}", args.out.display()))?;
+    staged.commit()?;
     for line in &quantized.report {
         println!("{line}");
     }
@@ -126,4 +136,109 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Refuses, before any work, an `--out` that is not a model directory this
+/// run may replace: a file, a directory holding something else, or the
+/// source model itself.
+fn check_destination(out: &Path, source: &Path) -> Result<()> {
+    if !out.exists() {
+        return Ok(());
+    }
+    if !out.is_dir() {
+        bail!("--out {} exists and is not a directory", out.display());
+    }
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    if same(out, source) {
+        bail!(
+            "--out {} is the source model; write the quantized model elsewhere",
+            out.display()
+        );
+    }
+    let empty = fs::read_dir(out)
+        .with_context(|| format!("reading {}", out.display()))?
+        .next()
+        .is_none();
+    if !empty && !out.join("config.json").is_file() {
+        bail!(
+            "--out {} exists and holds no model (no config.json): refusing to replace it",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// A directory written beside its destination, renamed there by
+/// [`StagedDir::commit`] once complete and removed if dropped before.
+struct StagedDir {
+    path: PathBuf,
+    destination: PathBuf,
+    committed: bool,
+}
+
+impl StagedDir {
+    /// A fresh, empty `.NAME.partial-PID` beside `destination` (whose
+    /// parents are created).
+    fn beside(destination: &Path) -> Result<StagedDir> {
+        let path = sibling(destination, "partial")?;
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        if path.exists() {
+            // Left by an interrupted run of a process that had this id.
+            fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(StagedDir {
+            path,
+            destination: destination.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the directory to its destination, replacing the model there:
+    /// the old one is renamed aside first and removed once the new one is in
+    /// place (and put back if that fails).
+    fn commit(mut self) -> Result<()> {
+        let destination = &self.destination;
+        let into_place = |from: &Path| {
+            fs::rename(from, destination)
+                .with_context(|| format!("moving {} to {}", from.display(), destination.display()))
+        };
+        if destination.exists() {
+            let old = sibling(destination, "old")?;
+            fs::rename(destination, &old)
+                .with_context(|| format!("moving {} aside", destination.display()))?;
+            if let Err(e) = into_place(&self.path) {
+                let _ = fs::rename(&old, destination);
+                return Err(e);
+            }
+            fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+        } else {
+            into_place(&self.path)?;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// `.NAME.WHAT-PID` in the directory of `destination`.
+fn sibling(destination: &Path, what: &str) -> Result<PathBuf> {
+    let name = destination
+        .file_name()
+        .with_context(|| format!("--out {} names no directory", destination.display()))?;
+    let hidden = format!(".{}.{what}-{}", name.to_string_lossy(), std::process::id());
+    Ok(destination.with_file_name(hidden))
 }
