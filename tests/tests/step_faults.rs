@@ -3,18 +3,24 @@
 //! `tandem_tests::faulty_cpu`, ends the requests of that step only: the
 //! engine removes them once, with the error, and frees their KV; every
 //! other request finishes with exactly the tokens a run without the fault
-//! gives, and every KV block comes back.
+//! gives, and every KV block comes back. Over HTTP, the failed request gets
+//! an error (500, or an error event in its stream) and the server goes on
+//! serving.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use serde_json::{json, Value};
 use tandem_core::engine::{Engine, EngineConfig, Request};
 use tandem_core::kv::SeqId;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
 use tandem_core::spec::{DraftLength, DraftModel, DraftModelConfig};
+use tandem_server::{spawn_engine, BackgroundServer, ServerConfig};
 use tandem_tests::faulty_cpu::{Faults, FaultyCpu};
+use tandem_tests::http_client::{events, request};
 use tandem_tests::{cpu_engine, tiny, tiny_gguf};
 
 /// One request of the workload: its prompt, its new tokens and its samples.
@@ -231,4 +237,131 @@ fn a_failure_while_speculating_settles_the_drafts() {
         };
         check(fault, &run_with(&files, &work, fault, true), &want);
     }
+}
+
+const KEY: &str = "sk-test";
+
+/// A server on the faulty backend that runs one request at a time (the
+/// next waits), and its faults.
+fn start_server(dir: &std::path::Path) -> (BackgroundServer, Arc<Faults>) {
+    let faults = Faults::new();
+    let path = dir.to_path_buf();
+    let engine_faults = Arc::clone(&faults);
+    let engine = spawn_engine(move |inbox| {
+        let files = tiny_gguf(&path, &tiny(WeightFormat::Q8_0, 43));
+        let backend = FaultyCpu::new(2, engine_faults);
+        let config = EngineConfig {
+            max_running: 1,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(backend, &files, config, &mut |_, _| {})?;
+        let ModelFiles { tokenizer, .. } = files;
+        inbox.run(engine, tokenizer)
+    })
+    .unwrap();
+    let config = ServerConfig {
+        model_id: "tiny".into(),
+        api_key: Some(KEY.into()),
+        ..ServerConfig::default()
+    };
+    let server = BackgroundServer::start(engine, config, "127.0.0.1:0".parse().unwrap()).unwrap();
+    (server, faults)
+}
+
+/// A greedy completion of `prompt`.
+fn complete(addr: SocketAddr, prompt: &str, max_tokens: usize, stream: bool) -> (u16, String) {
+    let body = json!({
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    });
+    request(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(KEY),
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The completion's text, from a 200 JSON answer.
+fn text(answer: &(u16, String)) -> String {
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let v: Value = serde_json::from_str(&answer.1).unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// The error message of the last event of a stream that failed.
+fn stream_error(answer: &(u16, String)) -> String {
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let events = events(&answer.1);
+    assert!(
+        events.len() > 1,
+        "tokens came before the failure: {}",
+        answer.1
+    );
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    last["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn waiting(addr: SocketAddr) -> f64 {
+    let (_, text) = request(addr, "GET", "/metrics", None, b"");
+    text.lines()
+        .find_map(|l| l.strip_prefix("tandem_requests_waiting "))
+        .expect("tandem_requests_waiting in /metrics")
+        .parse()
+        .unwrap()
+}
+
+const FIRST: &str = "the light through the prism";
+const SECOND: &str = "colours of a rainbow after rain";
+
+#[test]
+fn the_server_fails_the_request_of_a_failed_step_and_serves_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, faults) = start_server(dir.path());
+    let addr = server.addr;
+    let clean = [FIRST, SECOND].map(|prompt| text(&complete(addr, prompt, 12, false)));
+
+    // A kernel fails in the prompt's step: the request gets a 500.
+    faults.arm("paged_attention", 1);
+    let (status, body) = complete(addr, FIRST, 12, false);
+    assert_eq!(status, 500, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("injected fault"), "{message}");
+    assert_eq!(text(&complete(addr, FIRST, 12, false)), clean[0]);
+
+    // The first request streams while the second waits behind it; a
+    // readback of the first's fails: its stream ends with the error, the
+    // second is answered in full.
+    faults.hold("download_indices");
+    let first = std::thread::spawn(move || complete(addr, FIRST, 60, true));
+    faults.wait_until_holding();
+    let second = std::thread::spawn(move || complete(addr, SECOND, 12, false));
+    // Step the first request until the engine has taken the second in.
+    while waiting(addr) < 1.0 {
+        assert!(
+            !first.is_finished(),
+            "the first request ended before the second came"
+        );
+        faults.hold("download_indices");
+        faults.release();
+        faults.wait_until_holding();
+    }
+    faults.arm("download_indices", 1);
+    faults.release();
+    let message = stream_error(&first.join().unwrap());
+    assert!(message.contains("injected fault"), "{message}");
+    assert_eq!(text(&second.join().unwrap()), clean[1]);
+    assert_eq!(faults.fired(), ["paged_attention", "download_indices"]);
+
+    assert_eq!(text(&complete(addr, SECOND, 12, false)), clean[1]);
+    let (status, _) = request(addr, "GET", "/health", None, b"");
+    assert_eq!(status, 200);
 }
