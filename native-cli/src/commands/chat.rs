@@ -27,6 +27,10 @@ pub struct ChatArgs {
     /// A system message to start the conversation with.
     #[arg(long)]
     pub system: Option<String>,
+    /// Read control tokens typed in messages (`<|im_start|>`) as control
+    /// tokens; by default they are plain text, like the rest of a message.
+    #[arg(long)]
+    pub allow_special_tokens_in_content: bool,
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
@@ -37,7 +41,9 @@ impl WithBackend for ChatArgs {
     type Output = ();
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let files = self.model.load_files()?;
+        let mut files = self.model.load_files()?;
+        let allow = self.allow_special_tokens_in_content;
+        files.tokenizer.set_special_tokens_in_content(allow);
         let ctx = context_length(&self.model, &files);
         let tokenizer = &files.tokenizer;
         let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
@@ -68,8 +74,7 @@ impl WithBackend for ChatArgs {
                 role: "user".into(),
                 content: line.trim_end().to_string(),
             });
-            let text = tokenizer.apply_chat_template(&messages, true)?;
-            let all = tokenizer.encode(&text, true)?;
+            let all = tokenizer.encode_chat(&messages, true)?;
             // Only the tokens after the longest prefix the sequence already holds are new.
             let (id, new_tokens) = match seq {
                 None => {

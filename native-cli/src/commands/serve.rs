@@ -126,6 +126,11 @@ pub struct ServeArgs {
     /// "timeout" (its `timeout` field may ask for less). Default: no limit.
     #[arg(long, value_parser = seconds)]
     pub request_timeout: Option<Duration>,
+    /// Read control tokens written in chat messages (`<|im_start|>`) as
+    /// control tokens, as the template's own. By default they are plain
+    /// text, so a message cannot forge turns of the chat template.
+    #[arg(long)]
+    pub allow_special_tokens_in_content: bool,
 }
 
 /// A duration given in seconds (`10`, `0.5`).
@@ -160,7 +165,9 @@ impl WithBackend for EngineThread {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let files = args.model.load_files()?;
+    let mut files = args.model.load_files()?;
+    let allow = args.allow_special_tokens_in_content;
+    files.tokenizer.set_special_tokens_in_content(allow);
     let ctx = context_length(&args.model, &files);
     let config = args.engine.config(&files, ctx, &args.model)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
