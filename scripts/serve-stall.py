@@ -111,7 +111,7 @@ def measure(port, model, count, prompt):
     def send(i):
         t0 = time.monotonic()
         status, data = request(port, "POST", "/v1/completions", body=body)
-        message = json.loads(data).get("error", {}).get("message", "")[:60] if status != 200 else ""
+        message = json.loads(data).get("error", {}).get("message", "")[:110] if status != 200 else ""
         results[i] = (status, time.monotonic() - t0, message)
 
     senders = [threading.Thread(target=send, args=(i,)) for i in range(count)]

@@ -86,6 +86,13 @@ check(len(chat_lp.choices[0].logprobs.content) == chat_lp.usage.completion_token
 chat_n = client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2, temperature=0.7, seed=3)
 check(len(chat_n.choices) == 2, "chat n=2")
 
+# A batch of one token list (the client's own type for token prompts), and a developer turn.
+ids = client.completions.create(model=model, prompt=[[9, 69, 28]], max_tokens=3, temperature=0)
+check(ids.usage.prompt_tokens == 3 and len(ids.choices) == 1, "a batch of one token list")
+dev = [{"role": "developer", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+check(client.chat.completions.create(model=model, messages=dev, max_tokens=10, temperature=0).choices[0].message.content
+      == chat.choices[0].message.content, "developer is the system turn")
+
 # Errors map to the client's exception classes.
 def raises(kind, call):
     try:
@@ -103,6 +110,10 @@ raises(openai.BadRequestError, lambda: client.completions.create(model=model, pr
 checks += 1
 e = raises(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=10**9))
 check("context length" in str(e), "huge max_tokens is 400")
+e = raises(openai.BadRequestError, lambda: client.chat.completions.create(model=model, messages=[{"role": "wizard", "content": "x"}]))
+check("messages[0].role" in str(e), "an unknown role is 400 naming the field")
+e = raises(openai.BadRequestError, lambda: client.completions.create(model=model, prompt=["a", "b"], max_tokens=2))
+check("2 prompts" in str(e), "a batch of two prompts is 400")
 bad_key = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
 raises(openai.AuthenticationError, lambda: bad_key.completions.create(model=model, prompt="x", max_tokens=2))
 checks += 1
