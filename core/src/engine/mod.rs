@@ -23,11 +23,13 @@
 //!
 //! `api` holds what goes in and out (configuration, requests, token
 //! events, step errors, statistics); `step` runs one iteration (scheduling,
-//! the forward pass, sampling, verifying drafts); `failure` ends the
+//! the forward pass, sampling); `drafts` the speculation inside it
+//! (proposing, dropping and verifying drafts); `failure` ends the
 //! sequences of a failed step; this file holds the engine's state,
 //! admission of requests and scoring.
 
 mod api;
+mod drafts;
 mod failure;
 mod step;
 

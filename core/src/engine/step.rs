@@ -1,10 +1,9 @@
 //! One iteration of the engine: the scheduler's pick, one forward pass
 //! (or the replay of a recorded decode step), then sampling every sequence
-//! whose tokens are computed, verifying drafts where there were any. A step
-//! that fails ends its own sequences only (`failure`).
+//! whose tokens are computed, verifying drafts where there were any
+//! (`drafts`). A step that fails ends its own sequences only (`failure`).
 
 use super::{Engine, Generation};
-use std::collections::HashSet;
 
 use super::api::{FinishReason, StepError, TokenEvent, TokenLogprobs};
 use crate::backend::Backend;
@@ -12,7 +11,7 @@ use crate::kv::SeqId;
 use crate::model::forward::ForwardBatch;
 use crate::model::recorded::DecodeOutputs;
 use crate::sched::Schedule;
-use crate::spec::{verify::verify, Draft, DraftRequest, Stopwatch};
+use crate::spec::Stopwatch;
 use crate::{Error, Result};
 
 /// A step whose forward pass is queued but whose tokens are not sampled
@@ -65,7 +64,7 @@ pub enum ReadValues {
 
 /// Where a sampled sequence's next token comes from.
 #[derive(Clone, Copy)]
-enum Pick<'a> {
+pub(super) enum Pick<'a> {
     /// Its logits row, read back to the host.
     Logits(&'a [f32]),
     /// The device's argmax (greedy, no logprobs).
@@ -241,128 +240,6 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Asks the proposer for drafts for every decoding sequence, as many as
-    /// the controller chooses, and appends them as provisional tokens. If
-    /// drafting fails, the sequences it drafted for end.
-    fn propose_drafts(&mut self) -> Result<(), StepError> {
-        let wanted = self.draft_lengths();
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let drafted: Vec<SeqId> = wanted.iter().map(|&(seq, _)| seq).collect();
-        self.push_drafts(wanted)
-            .map_err(|e| self.fail_sequences(&drafted, e))
-    }
-
-    /// How many tokens to draft for each decoding sequence that gets drafts.
-    fn draft_lengths(&mut self) -> Vec<(SeqId, usize)> {
-        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
-            return Vec::new();
-        };
-        let max_len = self
-            .max_context
-            .min(self.kv_manager.num_blocks() * self.kv_manager.block_size());
-        let candidates: Vec<SeqId> = self
-            .scheduler
-            .sequences()
-            .filter(|(_, s)| {
-                s.is_decoding() && s.data.logprobs.is_none() && s.data.forks.is_empty()
-            })
-            .map(|(id, _)| id)
-            .collect();
-        let mut wanted = Vec::new();
-        for &id in &candidates {
-            let s = self.scheduler.get_mut(id).expect("listed above");
-            let g = &mut s.data;
-            // After k accepted drafts and one more token the sequence must still fit.
-            let limit = (g.max_new_tokens.saturating_sub(g.n_generated + 1))
-                .min(max_len.saturating_sub(s.tokens.len() + 1));
-            let k = spec
-                .control
-                .choose(&mut g.acceptance, candidates.len(), limit);
-            if k > 0 {
-                wanted.push((id, k));
-            }
-        }
-        wanted
-    }
-
-    /// Drafts `k` tokens for each `(sequence, k)` of `wanted` and appends them.
-    fn push_drafts(&mut self, wanted: Vec<(SeqId, usize)>) -> Result<()> {
-        let spec = self.speculation.as_mut().expect("drafting speculates");
-        let requests: Vec<DraftRequest<'_>> = wanted
-            .iter()
-            .map(|&(seq, k)| {
-                let s = self.scheduler.get(seq).expect("listed above");
-                DraftRequest {
-                    seq,
-                    context: &s.tokens,
-                    k,
-                    params: s.data.sampler.params(),
-                }
-            })
-            .collect();
-        let clock = Stopwatch::start();
-        let drafts = spec.proposer.propose(&self.backend, &requests)?;
-        let secs = clock.seconds();
-        let vocab = self.model.config.vocab_size;
-        let mut proposed = 0;
-        for ((seq, k), mut draft) in wanted.into_iter().zip(drafts) {
-            // A draft model with a larger vocabulary must not reach the embedding.
-            let valid = draft
-                .tokens
-                .iter()
-                .take(k)
-                .take_while(|&&t| (t as usize) < vocab)
-                .count();
-            draft.tokens.truncate(valid);
-            if let Some(d) = &mut draft.dists {
-                d.truncate(valid);
-            }
-            if draft.tokens.is_empty() {
-                continue;
-            }
-            proposed += valid;
-            self.scheduler.push_drafts(seq, &draft.tokens)?;
-            self.scheduler
-                .get_mut(seq)
-                .expect("listed above")
-                .data
-                .drafts = Some(draft);
-        }
-        spec.control.observe_drafting(proposed, secs);
-        spec.stats.draft_seconds += secs;
-        Ok(())
-    }
-
-    /// Drafts of sequences the scheduler preempted (it dropped their tokens)
-    /// or left out of this step are forgotten.
-    fn drop_unscheduled_drafts(&mut self, schedule: &Schedule) -> Result<()> {
-        if self.speculation.is_none() {
-            return Ok(());
-        }
-        let scheduled: HashSet<SeqId> = schedule.chunks.iter().map(|c| c.seq).collect();
-        let drafted: Vec<SeqId> = self
-            .scheduler
-            .sequences()
-            .filter(|(_, s)| s.data.drafts.is_some())
-            .map(|(id, _)| id)
-            .collect();
-        for id in drafted {
-            if !scheduled.contains(&id) {
-                self.scheduler
-                    .get_mut(id)
-                    .expect("listed above")
-                    .data
-                    .drafts = None;
-                if self.scheduler.get(id).is_some_and(|s| s.num_drafts() > 0) {
-                    self.scheduler.settle_drafts(id, 0, &mut self.kv_manager)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// What the host needs to sample the sequences `seqs` (`rows` logits
     /// rows each): greedy batches take the device's argmax, so only token
     /// ids come back; any other batch reads its logits.
@@ -492,77 +369,6 @@ impl<B: Backend> Engine<B> {
         Ok(events)
     }
 
-    /// Verifies the drafts of `seq` against its logits rows `picks` (one per
-    /// covered draft, plus one), keeps the accepted ones and appends the
-    /// verifier's next token, stopping early at a stop condition.
-    fn finish_speculative(
-        &mut self,
-        seq: SeqId,
-        draft: Draft,
-        picks: &[Pick<'_>],
-        events: &mut Vec<TokenEvent>,
-    ) -> Result<()> {
-        let max_len = self.max_context.min(self.kv_capacity());
-        let covered = picks.len() - 1;
-        let s = self.scheduler.get_mut(seq).expect("sampled");
-        let mut context = s.accepted_tokens().to_vec();
-        let history_len = context.len();
-        let g = &mut s.data;
-        let shaper = g.sampler.clone();
-        let dists = draft.dists.as_deref().map(|d| &d[..covered]);
-        let verdict = verify(
-            &mut g.sampler,
-            &draft.tokens[..covered],
-            dists,
-            |i, accepted| match picks[i] {
-                Pick::Logits(row) => {
-                    context.truncate(history_len);
-                    context.extend_from_slice(accepted);
-                    shaper.distribution(&mut row.to_vec(), &context)
-                }
-                Pick::Argmax(t) => vec![(t, 1.0)],
-            },
-        );
-        g.acceptance.observe(covered, verdict.accepted);
-        // Cut the emitted tokens at the first stop condition.
-        let emitted: Vec<u32> = draft.tokens[..verdict.accepted]
-            .iter()
-            .copied()
-            .chain([verdict.next])
-            .collect();
-        let stop = emitted
-            .iter()
-            .enumerate()
-            .position(|(j, t)| {
-                g.stop_tokens.contains(t)
-                    || g.n_generated + j + 1 >= g.max_new_tokens
-                    || history_len + j + 1 >= max_len
-            })
-            .unwrap_or(emitted.len() - 1);
-        let emitted = &emitted[..=stop];
-        let kept_drafts = emitted.len().min(verdict.accepted);
-        if let Some(spec) = &mut self.speculation {
-            spec.stats.verified_sequences += 1;
-            spec.stats.proposed_tokens += covered as u64;
-            spec.stats.accepted_tokens += verdict.accepted as u64;
-            spec.stats.emitted_tokens += emitted.len() as u64;
-        }
-        self.scheduler
-            .settle_drafts(seq, kept_drafts, &mut self.kv_manager)?;
-        for (j, &token) in emitted.iter().enumerate() {
-            let len_after = history_len + j + 1;
-            if j >= kept_drafts {
-                self.scheduler
-                    .get_mut(seq)
-                    .expect("sampled")
-                    .tokens
-                    .push(token);
-            }
-            events.push(self.record_token(seq, token, None, len_after));
-        }
-        Ok(())
-    }
-
     /// Appends the next token of `seq`, from its logits row or the device's argmax.
     fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> TokenEvent {
         let s = self.scheduler.get_mut(seq).expect("sampled");
@@ -581,7 +387,7 @@ impl<B: Backend> Engine<B> {
 
     /// Counts `token`, already in `seq`'s tokens with `len_after` tokens up
     /// to and including it, and applies the stop conditions.
-    fn record_token(
+    pub(super) fn record_token(
         &mut self,
         seq: SeqId,
         token: u32,
