@@ -134,7 +134,7 @@ fn sigterm_ends_every_started_response_and_exits_0() {
             "--kv-blocks",
             "600",
             "--shutdown-grace",
-            "1",
+            "0.5",
         ],
     );
     let (first, started) = mpsc::channel();
@@ -142,7 +142,8 @@ fn sigterm_ends_every_started_response_and_exits_0() {
         json!({"model": "m", "prompt": "once upon a time", "max_tokens": 4000,
                "temperature": 0, "stream": stream})
     };
-    let streams: Vec<_> = (0..3)
+    // Six times 4,000 tokens, one request at a time: far more than the grace period.
+    let streams: Vec<_> = (0..6)
         .map(|_| {
             let s = send(server.addr, "/v1/completions", &request(true));
             let first = first.clone();
@@ -188,14 +189,18 @@ fn sigterm_ends_every_started_response_and_exits_0() {
         assert_eq!(ends.len(), 1, "{events:?}");
         reasons.extend(ends);
     }
-    // 4,000 tokens each take far longer than the 1 s grace.
-    assert!(reasons.iter().all(|r| r == "abort"), "{reasons:?}");
+    assert!(
+        reasons.iter().all(|r| r == "abort" || r == "length"),
+        "{reasons:?}"
+    );
+    assert!(reasons.iter().any(|r| r == "abort"), "{reasons:?}");
     let mut raw = String::new();
     single.read_to_string(&mut raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").expect("a response head");
     let body: Value = serde_json::from_str(body).expect("a complete JSON body");
     if head.starts_with("HTTP/1.1 200") {
-        assert_eq!(body["choices"][0]["finish_reason"], "abort", "{body}");
+        let reason = &body["choices"][0]["finish_reason"];
+        assert!(reason == "abort" || reason == "length", "{body}");
     } else {
         assert!(head.starts_with("HTTP/1.1 503"), "{head}");
         assert!(

@@ -18,8 +18,8 @@ use tandem_server::ServerConfig;
 use tandem_tests::tiny;
 
 use serving_support::{
-    assert_drains_within, http, http_with_head, metric, post, server_config, slow_model,
-    start_with, ModelFormat, Stream, MODEL,
+    assert_drains_within, http, metric, post, server_config, slow_model, start_with, ModelFormat,
+    Stream, MODEL,
 };
 
 fn engine_config() -> EngineConfig {
@@ -68,7 +68,7 @@ fn megabyte_prompts_do_not_stall_health_or_a_live_stream() {
     let mut live = Stream::post(
         addr,
         "/v1/completions",
-        &json!({"model": MODEL, "prompt": "once", "max_tokens": 3000, "temperature": 0, "stream": true}),
+        &json!({"model": MODEL, "prompt": "once", "max_tokens": 4000, "temperature": 0, "stream": true}),
     );
     live.next_event().expect("the stream started");
     let live = std::thread::spawn(move || {
@@ -264,55 +264,77 @@ fn stream_end(events: &[String]) -> (Vec<String>, Value) {
     (reasons, chunks.last().unwrap()["usage"].clone())
 }
 
+/// A completion request for [`slow_model`] with `extra` fields.
+fn long_request(extra: Value) -> Value {
+    let mut body =
+        json!({"model": MODEL, "prompt": "once upon", "max_tokens": 4000, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
 #[test]
 fn requests_past_their_deadline_end_with_timeout_and_free_their_blocks() {
-    // The server's own limit applies to requests that give none, and caps those that do.
-    let config = ServerConfig {
-        request_timeout: Some(Duration::from_millis(1500)),
-        ..server_config()
-    };
     let t = start_with(
         slow_model(),
         ModelFormat::HfWithoutEos,
         engine_config(),
-        config,
+        server_config(),
     );
     let addr = t.server.addr;
-    let body = |extra: Value| {
-        let mut body =
-            json!({"model": MODEL, "prompt": "once upon", "max_tokens": 3000, "temperature": 0});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body
-    };
-    // Streaming, the request's own deadline: tokens, then the end.
+    // A deadline a quarter of the way through 4,000 tokens on this machine.
+    let started = Instant::now();
+    let (status, v) = post(
+        addr,
+        "/v1/completions",
+        &long_request(json!({"max_tokens": 200})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let quarter = started.elapsed() * 5;
+    let timeout = json!(quarter.as_secs_f64());
+    let freed_within = quarter.min(Duration::from_millis(500));
+
+    // Streaming: tokens, then the end.
     let mut stream = Stream::post(
         addr,
         "/v1/completions",
-        &body(json!({"timeout": 0.5, "stream": true, "stream_options": {"include_usage": true}})),
+        &long_request(
+            json!({"timeout": timeout, "stream": true, "stream_options": {"include_usage": true}}),
+        ),
     );
     let events = stream.rest();
     let (reasons, usage) = stream_end(&events);
     assert_eq!(reasons, ["timeout"], "{events:?}");
     let generated = usage["completion_tokens"].as_u64().unwrap();
-    assert!((1..3000).contains(&generated), "{usage}");
-    // Its blocks are free now, not when 3,000 tokens would have been generated.
-    assert_drains_within(addr, Duration::from_millis(500));
+    assert!((1..4000).contains(&generated), "{usage}");
+    // Its blocks are free now, not when 4,000 tokens would have been generated.
+    assert_drains_within(addr, freed_within);
 
-    // Non-streaming, the server's deadline (asking for more changes nothing).
+    // Non-streaming: the text so far.
     let started = Instant::now();
-    let (status, v) = post(addr, "/v1/completions", &body(json!({"timeout": 1000})));
-    let waited = started.elapsed().as_secs_f64();
+    let (status, v) = post(
+        addr,
+        "/v1/completions",
+        &long_request(json!({"timeout": timeout})),
+    );
+    let waited = started.elapsed();
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "timeout", "{v}");
     let generated = v["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!((1..3000).contains(&generated), "{v}");
-    assert!((1.4..10.0).contains(&waited), "ended after {waited:.2} s");
-    assert_drains_within(addr, Duration::from_millis(500));
+    assert!((1..4000).contains(&generated), "{v}");
+    assert!(
+        waited >= quarter,
+        "ended after {waited:?}, before {quarter:?}"
+    );
+    assert_drains_within(addr, freed_within);
 
     // A deadline that passes before the first token: 504 for a single answer...
-    let (status, v) = post(addr, "/v1/completions", &body(json!({"timeout": 1e-6})));
+    let (status, v) = post(
+        addr,
+        "/v1/completions",
+        &long_request(json!({"timeout": 1e-6})),
+    );
     assert_eq!(
         (status, &v["error"]["code"]),
         (504, &json!("timeout")),
@@ -330,7 +352,27 @@ fn requests_past_their_deadline_end_with_timeout_and_free_their_blocks() {
     assert_eq!(reasons, ["timeout"], "{events:?}");
     assert_eq!(events.len(), 3, "role chunk, end chunk, [DONE]: {events:?}");
     assert_drains_within(addr, Duration::from_millis(500));
-    assert_eq!(metric(addr, "tandem_kv_blocks_used"), 0.0);
-    let (status, _, _) = http_with_head(addr, "GET", "/health", None, b"");
-    assert_eq!(status, 200);
+}
+
+#[test]
+fn the_server_deadline_applies_to_every_request_and_caps_theirs() {
+    let config = ServerConfig {
+        request_timeout: Some(Duration::from_micros(1)),
+        ..server_config()
+    };
+    let t = start_with(
+        slow_model(),
+        ModelFormat::HfWithoutEos,
+        engine_config(),
+        config,
+    );
+    for extra in [json!({}), json!({"timeout": 1000})] {
+        let (status, v) = post(t.server.addr, "/v1/completions", &long_request(extra));
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (504, &json!("timeout")),
+            "{v}"
+        );
+    }
+    assert_eq!(metric(t.server.addr, "tandem_kv_blocks_used"), 0.0);
 }
