@@ -109,7 +109,7 @@ pub fn router(engine: EngineHandle, config: ServerConfig) -> Router {
         .with_state(state)
 }
 
-pub(crate) fn unix_time() -> u64 {
+fn unix_time() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
