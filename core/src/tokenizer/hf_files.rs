@@ -3,7 +3,10 @@
 //! `tokenizer.json` holds the tokenizer itself. Beside it, `tokenizer_config.json`
 //! names the BOS/EOS tokens, says whether prompts start with BOS and carries the
 //! chat template (newer exports put the template in `chat_template.jinja`), and
-//! `generation_config.json` lists the ids that end generation.
+//! `generation_config.json` lists the ids that end generation (else
+//! `config.json` does, as `transformers` falls back to it). Ids written there
+//! are checked, never dropped: each must be a token of `tokenizer.json`, and
+//! every token must have a row in the embedding (`config.json`'s `vocab_size`).
 
 use std::path::Path;
 
@@ -22,19 +25,26 @@ pub(super) fn tokenizer_from_hf_dir(dir: &Path) -> Result<Tokenizer> {
     let inner = tokenizers::Tokenizer::from_bytes(&json)
         .map_err(|e| Error::bad_file(&json_path, format!("not a tokenizer: {e}")))?;
     let config = read_json(&dir.join("tokenizer_config.json"))?;
-    let generation_config = read_json(&dir.join("generation_config.json"))?;
+    let generation_path = dir.join("generation_config.json");
+    let generation_config = read_json(&generation_path)?;
+    let model_path = dir.join("config.json");
+    let model_config = read_json(&model_path)?;
     let config = config.as_ref();
+    if let Some(rows) = model_config
+        .as_ref()
+        .and_then(|c| c.get("vocab_size"))
+        .and_then(Value::as_u64)
+    {
+        check_ids_have_rows(&inner, rows, &json_path)?;
+    }
 
     let bos = config_token(&inner, config, "bos_token")?;
     let mut eos: Vec<u32> = config_token(&inner, config, "eos_token")?
         .into_iter()
         .collect();
-    if let Some(ids) = generation_config
-        .as_ref()
-        .and_then(|c| c.get("eos_token_id"))
-    {
-        eos.extend(token_ids(ids));
-    }
+    let generation_eos = eos_token_ids(&inner, generation_config.as_ref(), &generation_path)?;
+    let model_eos = eos_token_ids(&inner, model_config.as_ref(), &model_path)?;
+    eos.extend(generation_eos.or(model_eos).unwrap_or_default());
     let add_bos = match config
         .and_then(|c| c.get("add_bos_token"))
         .and_then(Value::as_bool)
@@ -100,13 +110,61 @@ fn config_token(
     })
 }
 
-/// `eos_token_id` of `generation_config.json`: one id or a list of them.
-fn token_ids(value: &Value) -> Vec<u32> {
-    let as_id = |v: &Value| v.as_u64().and_then(|id| u32::try_from(id).ok());
-    match value {
-        Value::Array(ids) => ids.iter().filter_map(as_id).collect(),
-        single => as_id(single).into_iter().collect(),
+/// `eos_token_id` of `generation_config.json` or `config.json` (`file`, at
+/// `path`): one id or a list of them, each a token of the vocabulary. `None`
+/// when the file or the key is absent (or `null`).
+fn eos_token_ids(
+    inner: &tokenizers::Tokenizer,
+    file: Option<&Value>,
+    path: &Path,
+) -> Result<Option<Vec<u32>>> {
+    let Some(value) = file.and_then(|c| c.get("eos_token_id")) else {
+        return Ok(None);
+    };
+    let single = std::slice::from_ref(value);
+    let ids = match value {
+        Value::Null => return Ok(None),
+        Value::Array(ids) => ids.as_slice(),
+        _ => single,
+    };
+    ids.iter()
+        .map(|id| {
+            id.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .filter(|&id| inner.id_to_token(id).is_some())
+                .ok_or_else(|| {
+                    Error::bad_file(
+                        path,
+                        format!(
+                            "'eos_token_id' holds {id}, which is not a token id of \
+                             tokenizer.json ({} tokens)",
+                            inner.get_vocab_size(true)
+                        ),
+                    )
+                })
+        })
+        .collect::<Result<_>>()
+        .map(Some)
+}
+
+/// Every id of the tokenizer must index a row of the embedding, which has
+/// `rows` rows (`config.json`'s `vocab_size`); fewer tokens than rows is
+/// normal (Qwen pads its embedding).
+fn check_ids_have_rows(inner: &tokenizers::Tokenizer, rows: u64, json_path: &Path) -> Result<()> {
+    let vocab = inner.get_vocab(true);
+    let Some((token, &id)) = vocab.iter().max_by_key(|(_, &id)| id) else {
+        return Ok(());
+    };
+    if u64::from(id) >= rows {
+        return Err(Error::bad_file(
+            json_path,
+            format!(
+                "token {token:?} has id {id}, but the embedding has {rows} rows \
+                 (config.json's vocab_size): every token needs a row"
+            ),
+        ));
     }
+    Ok(())
 }
 
 /// Whether the tokenizer's own post-processor starts every text with `bos`, the
@@ -145,5 +203,113 @@ fn model_kind(model: &ModelWrapper) -> &'static str {
         ModelWrapper::WordPiece(_) => "WordPiece",
         ModelWrapper::WordLevel(_) => "WordLevel",
         ModelWrapper::Unigram(_) => "Unigram",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// A byte-level BPE of four tokens; `<|endoftext|>` is 0.
+    const TOKENIZER_JSON: &str = r#"{
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "post_processor": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}, "merges": ["a b"]}
+    }"#;
+
+    /// A directory with `tokenizer.json` and `files`, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str, files: &[(&str, &str)]) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("tandem-hf-files-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("tokenizer.json"), TOKENIZER_JSON).unwrap();
+            for (file, contents) in files {
+                std::fs::write(dir.join(file), contents).unwrap();
+            }
+            Dir(dir)
+        }
+
+        fn error(&self) -> String {
+            match tokenizer_from_hf_dir(&self.0) {
+                Ok(_) => panic!("loaded a bad tokenizer"),
+                Err(e) => e.to_string(),
+            }
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn bad_eos_token_ids_are_refused_naming_the_file() {
+        for file in ["generation_config.json", "config.json"] {
+            let cases = [
+                ("-1", "holds -1"),
+                (r#""x""#, r#"holds "x""#),
+                ("1.5", "holds 1.5"),
+                ("[0, 4]", "holds 4"),
+                ("[0, [1]]", "holds [1]"),
+                ("4294967296", "holds 4294967296"),
+            ];
+            for (ids, held) in cases {
+                let dir = Dir::new("eos", &[(file, &format!(r#"{{"eos_token_id": {ids}}}"#))]);
+                let message = dir.error();
+                assert!(
+                    message.starts_with(&dir.0.join(file).display().to_string()),
+                    "{message}"
+                );
+                assert!(
+                    message.contains(&format!(
+                        "'eos_token_id' {held}, which is not a token id of tokenizer.json (4 tokens)"
+                    )),
+                    "{message}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn eos_token_ids_come_from_generation_config_else_config() {
+        let generation = ("generation_config.json", r#"{"eos_token_id": [3, 0]}"#);
+        let model = ("config.json", r#"{"eos_token_id": 2, "vocab_size": 4}"#);
+        let eos = |files: &[(&str, &str)]| {
+            let dir = Dir::new("eos-source", files);
+            tokenizer_from_hf_dir(&dir.0).unwrap().eos_tokens().to_vec()
+        };
+        assert_eq!(eos(&[generation, model]), [3, 0]);
+        assert_eq!(eos(&[model]), [2]);
+        assert_eq!(
+            eos(&[("config.json", r#"{"eos_token_id": null}"#)]),
+            [] as [u32; 0]
+        );
+    }
+
+    #[test]
+    fn every_token_needs_an_embedding_row() {
+        // Fewer tokens than rows is a padded embedding, as Qwen's.
+        let padded = Dir::new("rows-padded", &[("config.json", r#"{"vocab_size": 6}"#)]);
+        assert!(tokenizer_from_hf_dir(&padded.0).is_ok());
+        let short = Dir::new("rows-short", &[("config.json", r#"{"vocab_size": 3}"#)]);
+        let message = short.error();
+        assert!(
+            message.contains(
+                "tokenizer.json: token \"ab\" has id 3, but the embedding has 3 rows \
+                 (config.json's vocab_size): every token needs a row"
+            ),
+            "{message}"
+        );
     }
 }

@@ -113,6 +113,7 @@ impl SafetensorsFile {
             let format = quantized.remove(&name);
             tensors.push(check_entry(name, entry, format, data_start, data_len).map_err(&bad)?);
         }
+        check_coverage(&tensors, data_start, data_len).map_err(&bad)?;
         Ok(SafetensorsFile {
             tensors,
             metadata,
@@ -210,6 +211,59 @@ fn check_range(
         return Err(format!(
             "tensor '{name}' data_offsets [{begin}, {end}] run past the end of the data \
              ({data_len} bytes): the file is truncated or corrupt"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that the tensors' ranges cover the data section exactly, as the
+/// format requires (the reference implementation's `Metadata::validate` and
+/// `read_metadata`): sorted by offset, each starts where the one before ends
+/// (the first at 0), and the last ends at the end of the file. A tensor
+/// shifted, overlapping another or leaving a hole is a corrupt file, whose
+/// weights would be read from the wrong bytes.
+fn check_coverage(
+    tensors: &[TensorInfo],
+    data_start: usize,
+    data_len: u64,
+) -> std::result::Result<(), String> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|t| {
+            let begin = (t.offset - data_start) as u64;
+            (begin, begin + t.len as u64, t.name.as_str())
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut covered: u64 = 0;
+    let mut previous: Option<(u64, u64, &str)> = None;
+    for &(begin, end, name) in &spans {
+        match previous {
+            Some((p_begin, p_end, p_name)) if begin < covered => {
+                return Err(format!(
+                    "tensor '{name}' data_offsets [{begin}, {end}] overlap tensor '{p_name}' \
+                     ([{p_begin}, {p_end}]): the file is corrupt"
+                ))
+            }
+            _ if begin > covered => {
+                let after = previous.map_or(String::new(), |(_, _, p_name)| {
+                    format!(" (after tensor '{p_name}')")
+                });
+                return Err(format!(
+                    "tensor '{name}' data_offsets [{begin}, {end}] leave bytes {covered}..{begin} \
+                     of the data to no tensor{after}: the offsets must cover the data exactly"
+                ));
+            }
+            _ => {}
+        }
+        covered = end;
+        previous = Some((begin, end, name));
+    }
+    if covered != data_len {
+        return Err(format!(
+            "the tensors end at byte {covered} of the data, which has {data_len}: \
+             {} bytes at the end belong to no tensor",
+            data_len - covered
         ));
     }
     Ok(())
@@ -431,7 +485,6 @@ mod tests {
     #[test]
     fn offsets_past_the_end_are_named() {
         let header = r#"{"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}}"#;
-        assert!(parse(raw_file(header, 32)).is_ok());
         let message = parse_error(raw_file(header, 31));
         assert!(
             message.contains(
@@ -448,6 +501,65 @@ mod tests {
         let header = r#"{"w": {"dtype": "F32", "shape": [1099511627776, 1099511627776, 1099511627776], "data_offsets": [0, 8]}}"#;
         let message = parse_error(raw_file(header, 8));
         assert!(message.contains("absurd shape"), "{message}");
+    }
+
+    #[test]
+    fn tensors_must_cover_the_data_exactly() {
+        let header = |a: [u64; 2], b: [u64; 2]| {
+            format!(
+                r#"{{"a": {{"dtype": "F32", "shape": [4], "data_offsets": [{}, {}]}},
+                    "b": {{"dtype": "F32", "shape": [2], "data_offsets": [{}, {}]}}}}"#,
+                a[0], a[1], b[0], b[1]
+            )
+        };
+        let file = parse(raw_file(&header([8, 24], [0, 8]), 24)).unwrap();
+        assert_eq!(
+            file.tensors.len(),
+            2,
+            "in any order, as long as they tile the data"
+        );
+        let cases = [
+            // b shifted by 4 bytes: it overlaps a.
+            (
+                header([0, 16], [12, 20]),
+                20,
+                "tensor 'b' data_offsets [12, 20] overlap tensor 'a' ([0, 16])",
+            ),
+            // b shifted the other way: a hole between them.
+            (
+                header([0, 16], [20, 28]),
+                28,
+                "tensor 'b' data_offsets [20, 28] leave bytes 16..20 of the data to no tensor \
+                 (after tensor 'a')",
+            ),
+            // Both shifted: a hole at the start.
+            (
+                header([4, 20], [20, 28]),
+                28,
+                "tensor 'a' data_offsets [4, 20] leave bytes 0..4 of the data to no tensor:",
+            ),
+            // Both at the same place.
+            (
+                header([0, 16], [0, 8]),
+                16,
+                "tensor 'a' data_offsets [0, 16] overlap tensor 'b' ([0, 8])",
+            ),
+            // Bytes past the last tensor.
+            (
+                header([0, 16], [16, 24]),
+                40,
+                "the tensors end at byte 24 of the data, which has 40: 16 bytes at the end",
+            ),
+        ];
+        for (header, data_len, expected) in cases {
+            let message = parse_error(raw_file(&header, data_len));
+            assert!(message.contains(expected), "{message}");
+        }
+        let message = parse_error(raw_file("{}", 8));
+        assert!(
+            message.contains("8 bytes at the end belong to no tensor"),
+            "{message}"
+        );
     }
 
     #[test]

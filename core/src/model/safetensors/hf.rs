@@ -40,8 +40,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<ModelFiles> {
         path: config_path.clone(),
         source,
     })?;
-    let hf_config: HfConfig = serde_json::from_str(&config_text)
-        .map_err(|e| Error::bad_file(&config_path, e.to_string()))?;
+    let hf_config = HfConfig::from_json(&config_text, &config_path)?;
     let family = hf_config.family(&config_path)?;
 
     let mut tensors = TensorStore::default();
@@ -307,6 +306,77 @@ mod tests {
         assert!(model
             .metadata
             .contains(&("architectures".to_string(), "LlamaForCausalLM".to_string())));
+    }
+
+    /// `bytes` (a safetensors file) with the data offsets of `tensor` moved by `shift` bytes.
+    fn shifted(bytes: &[u8], tensor: &str, shift: i64) -> Vec<u8> {
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+        for offset in header[tensor]["data_offsets"].as_array_mut().unwrap() {
+            *offset = (offset.as_i64().unwrap() + shift).into();
+        }
+        let mut json = header.to_string().into_bytes();
+        json.resize(json.len().next_multiple_of(8), b' ');
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend(json);
+        out.extend_from_slice(&bytes[8 + header_len..]);
+        out
+    }
+
+    #[test]
+    fn inconsistent_directories_are_refused_at_load() {
+        let dir = TempDir::new("hf-refused");
+        dir.write(TOKENIZER_FILE, TOKENIZER_JSON);
+        let weights = safetensors_bytes(&hf_tensors());
+        let error = |dir: &TempDir| load_hf_dir(&dir.0).err().unwrap().to_string();
+
+        dir.write(CONFIG_FILE, config_json(r#", "sliding_window": 0"#));
+        dir.write(SINGLE_FILE, &weights);
+        let message = error(&dir);
+        assert!(
+            message.contains(
+                "config.json: 'sliding_window' is 0; a window must hold at least 1 token"
+            ),
+            "{message}"
+        );
+
+        dir.write(CONFIG_FILE, config_json(""));
+        let last = &hf_tensors().last().unwrap().0.clone();
+        dir.write(SINGLE_FILE, shifted(&weights, last, 2));
+        let message = error(&dir);
+        assert!(
+            message.contains(&format!("model.safetensors: tensor '{last}' data_offsets"))
+                && message.contains("past the end of the data"),
+            "{message}"
+        );
+        let first = &hf_tensors()[0].0.clone();
+        dir.write(SINGLE_FILE, shifted(&weights, first, 2));
+        let message = error(&dir);
+        assert!(
+            message.contains(&format!("tensor '{first}' data_offsets [2, "))
+                && message.contains("leave bytes 0..2 of the data to no tensor"),
+            "{message}"
+        );
+        let second = &hf_tensors()[1].0.clone();
+        dir.write(SINGLE_FILE, shifted(&weights, second, -2));
+        let message = error(&dir);
+        assert!(
+            message.contains(&format!("tensor '{second}' data_offsets"))
+                && message.contains(&format!("overlap tensor '{first}'")),
+            "{message}"
+        );
+
+        dir.write(SINGLE_FILE, &weights);
+        dir.write("generation_config.json", r#"{"eos_token_id": -1}"#);
+        let message = error(&dir);
+        assert!(
+            message.contains(
+                "generation_config.json: 'eos_token_id' holds -1, which is not a token id"
+            ),
+            "{message}"
+        );
+        dir.write("generation_config.json", r#"{"eos_token_id": 0}"#);
+        assert!(load_hf_dir(&dir.0).is_ok());
     }
 
     #[test]

@@ -15,8 +15,9 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use super::json_fields::Fields;
 
 use crate::backend::RopeStyle;
 use crate::model::arch::{self, Activation, Family, LayerSpec, Rope};
@@ -25,9 +26,7 @@ use crate::model::TensorStore;
 use crate::{Error, Result};
 
 /// The fields of `config.json` Tandem reads.
-#[derive(Deserialize)]
 pub(super) struct HfConfig {
-    #[serde(default)]
     architectures: Vec<String>,
     vocab_size: usize,
     hidden_size: usize,
@@ -61,16 +60,81 @@ pub(super) struct HfConfig {
     attn_logit_softcapping: Option<f32>,
 }
 
-#[derive(Deserialize)]
 struct HfRopeScaling {
-    rope_type: Option<String>,
-    /// Older configs name the kind `type`.
-    #[serde(rename = "type")]
+    /// `rope_type`, or `type` in older configs.
     kind: Option<String>,
     factor: Option<f32>,
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+}
+
+impl HfConfig {
+    /// Reads `config.json`'s text; `path` names it in errors.
+    pub(super) fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
+        let object = value
+            .as_object()
+            .ok_or_else(|| Error::bad_file(path, "not a JSON object"))?;
+        let f = Fields {
+            object,
+            prefix: "",
+            path,
+        };
+        let rope_scaling = f
+            .optional::<Map<String, Value>>("rope_scaling", "an object")?
+            .map(|scaling| HfRopeScaling::read(&scaling, path))
+            .transpose()?;
+        Ok(HfConfig {
+            architectures: f
+                .optional("architectures", "a list of strings")?
+                .unwrap_or_default(),
+            vocab_size: f.size("vocab_size")?,
+            hidden_size: f.size("hidden_size")?,
+            intermediate_size: f.size("intermediate_size")?,
+            num_hidden_layers: f.size("num_hidden_layers")?,
+            num_attention_heads: f.size("num_attention_heads")?,
+            num_key_value_heads: f.optional_size("num_key_value_heads")?,
+            head_dim: f.optional_size("head_dim")?,
+            rms_norm_eps: f.positive_where("rms_norm_eps", "between 0 and 1", |eps| {
+                eps > 0.0 && eps < 1.0
+            })?,
+            rope_theta: f.positive("rope_theta")?,
+            rope_scaling,
+            max_position_embeddings: f.size("max_position_embeddings")?,
+            tie_word_embeddings: f.flag("tie_word_embeddings")?,
+            sliding_window: f.optional_size("sliding_window")?,
+            use_sliding_window: f.flag("use_sliding_window")?,
+            hidden_act: f.text("hidden_act")?,
+            hidden_activation: f.text("hidden_activation")?,
+            layer_types: f.optional("layer_types", "a list of strings")?,
+            sliding_window_pattern: f.nonzero_size("sliding_window_pattern")?,
+            rope_local_base_freq: f.positive("rope_local_base_freq")?,
+            query_pre_attn_scalar: f.positive("query_pre_attn_scalar")?,
+            final_logit_softcapping: f.number("final_logit_softcapping")?,
+            attn_logit_softcapping: f.number("attn_logit_softcapping")?,
+        })
+    }
+}
+
+impl HfRopeScaling {
+    fn read(object: &Map<String, Value>, path: &Path) -> Result<Self> {
+        let f = Fields {
+            object,
+            prefix: "rope_scaling.",
+            path,
+        };
+        Ok(HfRopeScaling {
+            kind: f
+                .text("rope_type")?
+                .map_or_else(|| f.text("type"), |t| Ok(Some(t)))?,
+            factor: f.positive("factor")?,
+            low_freq_factor: f.positive("low_freq_factor")?,
+            high_freq_factor: f.positive("high_freq_factor")?,
+            original_max_position_embeddings: f.nonzero_size("original_max_position_embeddings")?,
+        })
+    }
 }
 
 /// Hugging Face's `model_type` of each family.
@@ -132,12 +196,17 @@ impl HfConfig {
                 config_path.display()
             )));
         }
+        let heads = self.num_attention_heads;
         let head_dim = match self.head_dim {
             Some(d) => d,
-            None => self
-                .hidden_size
-                .checked_div(self.num_attention_heads)
-                .unwrap_or(0),
+            None if heads > 0 && !self.hidden_size.is_multiple_of(heads) => {
+                return bad(format!(
+                    "'hidden_size' {} is not a multiple of 'num_attention_heads' {heads}, \
+                     and no 'head_dim' gives the head size",
+                    self.hidden_size
+                ));
+            }
+            None => self.hidden_size.checked_div(heads).unwrap_or(0),
         };
         let n = self.num_hidden_layers;
         let layers = if family.is_gemma3() {
@@ -164,6 +233,9 @@ impl HfConfig {
             };
             LayerSpec::uniform(n, window, rope)
         };
+        if layers.iter().any(|layer| layer.sliding_window == Some(0)) {
+            return bad("'sliding_window' is 0; a window must hold at least 1 token".into());
+        }
         let query_scalar = match self.query_pre_attn_scalar {
             Some(s) if family.is_gemma3() => s,
             _ => head_dim as f32,
@@ -228,33 +300,42 @@ fn rope_scaling(scaling: Option<&HfRopeScaling>, config_path: &Path) -> Result<R
     let Some(scaling) = scaling else {
         return Ok(RopeScaling::None);
     };
-    let field = |name: &str, value: Option<f32>| {
-        value.filter(|v| *v > 0.0).ok_or_else(|| {
-            Error::bad_file(
-                config_path,
-                format!("rope_scaling.{name} is missing or not positive"),
-            )
-        })
+    // `HfRopeScaling::read` checked that the values given are finite and positive.
+    let required = |name: &str, value: Option<f32>| {
+        value.ok_or_else(|| Error::bad_file(config_path, format!("missing 'rope_scaling.{name}'")))
     };
-    match scaling.rope_type.as_deref().or(scaling.kind.as_deref()) {
+    match scaling.kind.as_deref() {
         None | Some("default") => Ok(RopeScaling::None),
         Some("linear") => Ok(RopeScaling::Linear {
-            factor: field("factor", scaling.factor)?,
+            factor: required("factor", scaling.factor)?,
         }),
-        Some("llama3") => Ok(RopeScaling::Llama3 {
-            factor: field("factor", scaling.factor)?,
-            low_freq_factor: field("low_freq_factor", scaling.low_freq_factor)?,
-            high_freq_factor: field("high_freq_factor", scaling.high_freq_factor)?,
-            original_max_position: scaling
-                .original_max_position_embeddings
-                .filter(|&p| p > 0)
-                .ok_or_else(|| {
-                    Error::bad_file(
-                        config_path,
-                        "rope_scaling.original_max_position_embeddings is missing or zero",
-                    )
-                })?,
-        }),
+        Some("llama3") => {
+            let low_freq_factor = required("low_freq_factor", scaling.low_freq_factor)?;
+            let high_freq_factor = required("high_freq_factor", scaling.high_freq_factor)?;
+            // Frequencies between the two are interpolated over their difference.
+            if high_freq_factor <= low_freq_factor {
+                return Err(Error::bad_file(
+                    config_path,
+                    format!(
+                        "'rope_scaling.high_freq_factor' {high_freq_factor} must be above \
+                         'rope_scaling.low_freq_factor' {low_freq_factor}"
+                    ),
+                ));
+            }
+            Ok(RopeScaling::Llama3 {
+                factor: required("factor", scaling.factor)?,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position: scaling.original_max_position_embeddings.ok_or_else(
+                    || {
+                        Error::bad_file(
+                            config_path,
+                            "missing 'rope_scaling.original_max_position_embeddings'",
+                        )
+                    },
+                )?,
+            })
+        }
         Some(other) => Err(Error::Unsupported(format!(
             "{}: rope_scaling type '{other}' (Tandem supports linear and llama3)",
             config_path.display()
@@ -361,8 +442,8 @@ mod tests {
     }
 
     fn parse(json: &str) -> Result<ModelConfig> {
-        let hf: HfConfig = serde_json::from_str(json).unwrap();
-        hf.to_model_config(&TensorStore::default(), Path::new("config.json"))
+        let path = Path::new("config.json");
+        HfConfig::from_json(json, path)?.to_model_config(&TensorStore::default(), path)
     }
 
     #[test]
@@ -407,6 +488,87 @@ mod tests {
         let gelu = config_json(r#", "hidden_act": "gelu""#);
         let message = parse(&gelu).unwrap_err().to_string();
         assert!(message.contains("activation 'gelu'"), "{message}");
+    }
+
+    #[test]
+    fn degenerate_values_are_refused_naming_the_key() {
+        let llama3 = |low: f32, high: f32, original: usize| {
+            format!(
+                r#", "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": {low},
+                    "high_freq_factor": {high}, "original_max_position_embeddings": {original}}}"#
+            )
+        };
+        let cases = [
+            (
+                config_json(r#", "sliding_window": 0"#).replace("Llama", "Mistral"),
+                "'sliding_window' is 0; a window must hold at least 1 token",
+            ),
+            (
+                config_json(r#", "sliding_window": -1"#),
+                "'sliding_window' is -1, expected a non-negative integer",
+            ),
+            (
+                config_json(r#", "rope_scaling": {"rope_type": "linear", "factor": 1e39}"#),
+                "'rope_scaling.factor' is inf; it must be finite and above 0",
+            ),
+            (
+                config_json(r#", "rope_scaling": {"type": "linear", "factor": -2}"#),
+                "'rope_scaling.factor' is -2; it must be finite and above 0",
+            ),
+            (
+                config_json(r#", "rope_scaling": {"type": "linear"}"#),
+                "missing 'rope_scaling.factor'",
+            ),
+            (
+                config_json(&llama3(1.0, 1.0, 8192)),
+                "'rope_scaling.high_freq_factor' 1 must be above 'rope_scaling.low_freq_factor' 1",
+            ),
+            (
+                config_json(&llama3(1.0, 4.0, 0)),
+                "'rope_scaling.original_max_position_embeddings' is 0; it must be at least 1",
+            ),
+            (
+                config_json("").replace(r#""rope_theta": 500000"#, r#""rope_theta": 0"#),
+                "'rope_theta' is 0; it must be finite and above 0",
+            ),
+            (
+                config_json("").replace(r#""rms_norm_eps": 1e-5"#, r#""rms_norm_eps": 2"#),
+                "'rms_norm_eps' is 2; it must be between 0 and 1",
+            ),
+            (
+                config_json("").replace(r#""vocab_size": 4"#, r#""vocab_size": "4""#),
+                r#"'vocab_size' is "4", expected a non-negative integer"#,
+            ),
+            (
+                config_json("")
+                    .replace(r#""num_attention_heads": 2"#, r#""num_attention_heads": 3"#),
+                "'hidden_size' 64 is not a multiple of 'num_attention_heads' 3",
+            ),
+            (
+                gemma3_json(r#", "query_pre_attn_scalar": 0"#),
+                "'query_pre_attn_scalar' is 0; it must be finite and above 0",
+            ),
+            (
+                gemma3_json("").replace(r#""sliding_window": 16"#, r#""sliding_window": 0"#),
+                "'sliding_window' is 0; a window must hold at least 1 token",
+            ),
+            (
+                gemma3_json("").replace(
+                    r#""rope_local_base_freq": 10000.0"#,
+                    r#""rope_local_base_freq": 1e40"#,
+                ),
+                "'rope_local_base_freq' is inf; it must be finite and above 0",
+            ),
+        ];
+        for (json, expected) in cases {
+            let message = parse(&json).unwrap_err().to_string();
+            assert!(message.starts_with("config.json: "), "{message}");
+            assert!(message.contains(expected), "{message}");
+        }
+        // Qwen2's window is not used unless use_sliding_window says so.
+        let unused = config_json(r#", "sliding_window": 0, "use_sliding_window": false"#)
+            .replace("LlamaForCausalLM", "Qwen2ForCausalLM");
+        assert_eq!(parse(&unused).unwrap().sliding_window(), None);
     }
 
     fn gemma3_json(extra: &str) -> String {

@@ -27,6 +27,7 @@
 pub mod file;
 pub mod hf;
 pub mod hf_config;
+mod json_fields;
 pub mod model_dir;
 pub mod names;
 pub mod writer;
