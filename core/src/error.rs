@@ -33,6 +33,11 @@ pub enum Error {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 
+    /// A sequence's output constraint (grammar, JSON schema) failed or
+    /// left nothing to sample.
+    #[error("output constraint: {0}")]
+    Constraint(String),
+
     /// The KV cache has no room left for the request, even after preemption.
     #[error("out of KV cache blocks: {0}")]
     KvCacheFull(String),

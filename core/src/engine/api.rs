@@ -5,7 +5,7 @@
 use crate::backend::KvDtype;
 use crate::kv::{SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::recorded::RecordingStats;
-use crate::sched::{Priority, SamplingParams};
+use crate::sched::{Priority, SamplingParams, SharedConstraintFactory};
 use crate::spec::SpeculationStats;
 use crate::Error;
 
@@ -121,6 +121,11 @@ pub struct Request {
     pub samples: usize,
     /// Report each token's logprob and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// The grammar every sample's output must follow (structured output);
+    /// each sample starts its own state. Sampling, greedy included, then
+    /// happens on the host among the allowed tokens; once the grammar is
+    /// complete only `stop_tokens` may follow.
+    pub constraint: Option<SharedConstraintFactory>,
 }
 
 impl Request {
@@ -133,6 +138,7 @@ impl Request {
             priority: 0,
             samples: 1,
             logprobs: None,
+            constraint: None,
         }
     }
 }

@@ -10,8 +10,8 @@ use super::Engine;
 use crate::backend::Backend;
 use crate::kv::SeqId;
 use crate::sched::Schedule;
-use crate::spec::{verify::verify, Draft, DraftRequest, Stopwatch};
-use crate::Result;
+use crate::spec::{verify::try_verify, Draft, DraftRequest, Stopwatch};
+use crate::{Error, Result};
 
 impl<B: Backend> Engine<B> {
     /// Asks the proposer for drafts for every decoding sequence, as many as
@@ -139,6 +139,12 @@ impl<B: Backend> Engine<B> {
     /// Verifies the drafts of `seq` against its logits rows `picks` (one per
     /// covered draft, plus one), keeps the accepted ones and appends the
     /// verifier's next token, stopping early at a stop condition.
+    ///
+    /// A constrained sequence's target at draft position i is masked by its
+    /// grammar after the drafts before it: the constraint advances through
+    /// the drafts tentatively, then is settled to the emitted tokens. When
+    /// the constraint fails, the drafts are dropped and the sequence takes
+    /// no token (it ends at the next step).
     pub(super) fn finish_speculative(
         &mut self,
         seq: SeqId,
@@ -147,6 +153,7 @@ impl<B: Backend> Engine<B> {
         events: &mut Vec<TokenEvent>,
     ) -> Result<()> {
         let max_len = self.max_context.min(self.kv_capacity());
+        let vocab = self.model.config.vocab_size;
         let covered = picks.len() - 1;
         let s = self.scheduler.get_mut(seq).expect("sampled");
         let mut context = s.accepted_tokens().to_vec();
@@ -154,19 +161,53 @@ impl<B: Backend> Engine<B> {
         let g = &mut s.data;
         let shaper = g.sampler.clone();
         let dists = draft.dists.as_deref().map(|d| &d[..covered]);
-        let verdict = verify(
+        // Drafts the constraint has advanced through, and whether the output
+        // ends before position i (a stop token, or a complete grammar with no
+        // stop token to follow): later positions do not matter.
+        let mut reached = 0;
+        let mut past_stop = false;
+        let verdict = try_verify(
             &mut g.sampler,
             &draft.tokens[..covered],
             dists,
-            |i, accepted| match picks[i] {
-                Pick::Logits(row) => {
-                    context.truncate(history_len);
-                    context.extend_from_slice(accepted);
-                    shaper.distribution(&mut row.to_vec(), &context)
-                }
-                Pick::Argmax(t) => vec![(t, 1.0)],
+            |i, accepted| {
+                let allowed = match &mut g.constraint {
+                    Some(c) if !past_stop => {
+                        for &t in &accepted[reached..] {
+                            if g.stop_tokens.contains(&t) {
+                                past_stop = true;
+                                break;
+                            }
+                            c.advance_tentatively(t)?;
+                        }
+                        reached = i;
+                        past_stop |= c.is_finished() && g.stop_tokens.is_empty();
+                        match past_stop {
+                            true => None,
+                            false => Some(c.allowed(vocab, &g.stop_tokens)?),
+                        }
+                    }
+                    _ => None,
+                };
+                Ok::<_, Error>(match picks[i] {
+                    Pick::Logits(row) => {
+                        context.truncate(history_len);
+                        context.extend_from_slice(accepted);
+                        shaper.distribution_allowed(&mut row.to_vec(), &context, allowed.as_ref())
+                    }
+                    Pick::Argmax(t) => vec![(t, 1.0)],
+                })
             },
         );
+        let verdict = match verdict {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                if let Some(c) = &mut g.constraint {
+                    c.fail(e);
+                }
+                return self.scheduler.settle_drafts(seq, 0, &mut self.kv_manager);
+            }
+        };
         g.acceptance.observe(covered, verdict.accepted);
         // Cut the emitted tokens at the first stop condition.
         let emitted: Vec<u32> = draft.tokens[..verdict.accepted]
@@ -183,7 +224,31 @@ impl<B: Backend> Engine<B> {
                     || history_len + j + 1 >= max_len
             })
             .unwrap_or(emitted.len() - 1);
-        let emitted = &emitted[..=stop];
+        let mut emitted = &emitted[..=stop];
+        if let Some(c) = &mut g.constraint {
+            // Back to the accepted tokens, then on through the emitted ones;
+            // a grammar complete with no stop token to follow ends the output.
+            let mut complete_at = None;
+            let followed = c.settle(0).and_then(|()| {
+                for (j, &t) in emitted.iter().enumerate() {
+                    if g.stop_tokens.contains(&t) {
+                        break;
+                    }
+                    c.advance(t)?;
+                    if c.is_finished() && g.stop_tokens.is_empty() {
+                        complete_at = Some(j);
+                        break;
+                    }
+                }
+                Ok(())
+            });
+            if let Err(e) = followed {
+                c.fail(e);
+            }
+            if let Some(j) = complete_at {
+                emitted = &emitted[..=j];
+            }
+        }
         let kept_drafts = emitted.len().min(verdict.accepted);
         if let Some(spec) = &mut self.speculation {
             spec.stats.verified_sequences += 1;

@@ -70,6 +70,22 @@ impl<B: Backend> Engine<B> {
         StepError { failed, error }
     }
 
+    /// Ends a sequence whose constraint failed in an earlier step (its mask
+    /// or its advance by a token): it took no token since, and now ends with
+    /// the constraint's error, alone, before anything else of the step runs.
+    /// One per call; the next step ends the next one.
+    pub(super) fn end_failed_constraints(&mut self) -> Result<(), StepError> {
+        let failed = self.scheduler.sequences().find_map(|(id, s)| {
+            let c = s.data.constraint.as_ref()?;
+            let message = c.failure()?;
+            (s.status() != SeqStatus::Finished).then(|| (id, message.to_string()))
+        });
+        match failed {
+            Some((id, message)) => Err(self.fail_sequences(&[id], Error::Constraint(message))),
+            None => Ok(()),
+        }
+    }
+
     /// Removes every sequence still generating, after an `error` that left
     /// the scheduler's plan unknown (a failure while planning the step).
     /// Finished sequences keep their blocks: planning never touches them.

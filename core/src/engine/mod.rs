@@ -47,7 +47,8 @@ use crate::model::forward::{ForwardBatch, Model, Progress};
 use crate::model::recorded::DecodeRecorder;
 use crate::model::ModelFiles;
 use crate::sched::{
-    Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SubmitError,
+    Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SequenceConstraint,
+    SubmitError,
 };
 use crate::spec::{
     Draft, DraftLength, DraftLengthController, Proposer, SequenceAcceptance, SpeculationStats,
@@ -65,28 +66,38 @@ struct Generation {
     stop_tokens: Vec<u32>,
     finished: Option<FinishReason>,
     logprobs: Option<usize>,
+    /// The grammar its output follows, advanced by every emitted token.
+    constraint: Option<SequenceConstraint>,
     /// Further samples of this prompt, forked from it (sharing its blocks)
-    /// when its prompt is computed, each with its own sampler.
-    forks: Vec<(SeqId, Sampler)>,
+    /// when its prompt is computed, each with its own sampler and constraint.
+    forks: Vec<(SeqId, Sample)>,
     /// The drafts riding in the current step, if any.
     drafts: Option<Draft>,
     acceptance: SequenceAcceptance,
 }
 
+/// What is each sample's own: its random stream and its grammar state.
+#[derive(Debug)]
+struct Sample {
+    sampler: Sampler,
+    constraint: Option<SequenceConstraint>,
+}
+
 impl Generation {
     fn new(
-        sampler: Sampler,
+        sample: Sample,
         max_new_tokens: usize,
         stop_tokens: Vec<u32>,
         logprobs: Option<usize>,
     ) -> Self {
         Self {
-            sampler,
+            sampler: sample.sampler,
             max_new_tokens,
             n_generated: 0,
             stop_tokens,
             finished: None,
             logprobs,
+            constraint: sample.constraint,
             forks: Vec::new(),
             drafts: None,
             acceptance: SequenceAcceptance::default(),
@@ -344,6 +355,7 @@ impl<B: Backend> Engine<B> {
             priority,
             samples,
             logprobs,
+            constraint,
         } = request;
         params.validate()?;
         if prompt.is_empty() {
@@ -360,22 +372,29 @@ impl<B: Backend> Engine<B> {
         if self.scheduler.queue_full(1) {
             return Err(SubmitError::QueueFull(self.scheduler.num_waiting()));
         }
-        let ids: Vec<SeqId> = (0..samples as u64).map(|i| self.next_id + i).collect();
-        self.next_id += samples as u64;
-        let sampler = |i: usize| {
-            Sampler::new(SamplingParams {
+        let mut started = Vec::with_capacity(samples);
+        for i in 0..samples {
+            let sampler = Sampler::new(SamplingParams {
                 seed: params.seed.wrapping_add(i as u64),
                 ..params.clone()
             })
-            .with_prompt_len(prompt.len())
-        };
+            .with_prompt_len(prompt.len());
+            let constraint = match &constraint {
+                Some(factory) => Some(SequenceConstraint::new(factory.start()?)),
+                None => None,
+            };
+            started.push(Sample {
+                sampler,
+                constraint,
+            });
+        }
+        let ids: Vec<SeqId> = (0..samples as u64).map(|i| self.next_id + i).collect();
+        self.next_id += samples as u64;
+        let mut samples = started.into_iter();
+        let first = samples.next().expect("at least one sample");
         let generation = Generation {
-            forks: ids[1..]
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| (id, sampler(i + 1)))
-                .collect(),
-            ..Generation::new(sampler(0), max_new_tokens, stop_tokens, logprobs)
+            forks: ids[1..].iter().copied().zip(samples).collect(),
+            ..Generation::new(first, max_new_tokens, stop_tokens, logprobs)
         };
         for &child in &ids[1..] {
             self.awaiting_fork.insert(child, ids[0]);
@@ -385,7 +404,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Continues a finished sequence with more input (the next chat turn),
-    /// reusing the K/V of everything before it.
+    /// reusing the K/V of everything before it. The continuation is not
+    /// constrained: the request's grammar described its own output only.
     pub fn extend(&mut self, seq: SeqId, tokens: &[u32], max_new_tokens: usize) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::InvalidRequest("nothing to continue with".into()));
@@ -399,6 +419,7 @@ impl<B: Backend> Engine<B> {
         s.data.finished = None;
         s.data.n_generated = 0;
         s.data.max_new_tokens = max_new_tokens;
+        s.data.constraint = None;
         Ok(())
     }
 
@@ -489,10 +510,10 @@ impl<B: Backend> Engine<B> {
             spec.proposer.forget(seq);
         }
         let priority = s.priority();
-        for (child, sampler) in s.data.forks {
+        for (child, sample) in s.data.forks {
             self.awaiting_fork.remove(&child);
             let generation = Generation::new(
-                sampler,
+                sample,
                 s.data.max_new_tokens,
                 s.data.stop_tokens.clone(),
                 s.data.logprobs,

@@ -111,6 +111,7 @@ impl<B: Backend> Engine<B> {
     /// fails, the step to [`Engine::fail_step`]) before anything else
     /// touches the engine.
     pub fn begin_step(&mut self) -> Result<PendingStep<B>, StepError> {
+        self.end_failed_constraints()?;
         self.propose_drafts()?;
         let started = Stopwatch::start();
         let schedule = self.plan_step()?;
@@ -260,12 +261,12 @@ impl<B: Backend> Engine<B> {
         Ok(Readback::TokenIds { ids, len: rows })
     }
 
-    /// Whether any of `seqs` samples on the host (or reports logprobs)
-    /// rather than taking the device's argmax.
+    /// Whether any of `seqs` samples on the host (or reports logprobs, or
+    /// follows a constraint) rather than taking the device's argmax.
     fn needs_host_logits(&self, seqs: &[(SeqId, usize)]) -> bool {
         seqs.iter().any(|&(id, _)| {
             let g = &self.scheduler.get(id).expect("sampled").data;
-            !g.sampler.params().is_greedy() || g.logprobs.is_some()
+            !g.sampler.params().is_greedy() || g.logprobs.is_some() || g.constraint.is_some()
         })
     }
 
@@ -344,20 +345,20 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             let forks = std::mem::take(&mut data.forks);
-            for (child, sampler) in forks {
+            for (child, sample) in forks {
                 self.awaiting_fork.remove(&child);
                 self.kv_manager.fork(id, child)?;
                 let parent = &self.scheduler.get(id).expect("sampled").data;
                 let generation = Generation::new(
-                    sampler,
+                    sample,
                     parent.max_new_tokens,
                     parent.stop_tokens.clone(),
                     parent.logprobs,
                 );
                 self.scheduler.fork(id, child, generation)?;
-                events.push(self.take_token(child, picks[0]));
+                events.extend(self.take_token(child, picks[0]));
             }
-            events.push(self.take_token(id, picks[0]));
+            events.extend(self.take_token(id, picks[0]));
         }
         if let Some(spec) = &mut self.speculation {
             let secs = started.seconds();
@@ -369,20 +370,43 @@ impl<B: Backend> Engine<B> {
         Ok(events)
     }
 
-    /// Appends the next token of `seq`, from its logits row or the device's argmax.
-    fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> TokenEvent {
+    /// Appends the next token of `seq`, from its logits row or the device's
+    /// argmax, among the tokens its constraint allows. `None` when the
+    /// constraint failed: the sequence takes no token and ends at the next step.
+    fn take_token(&mut self, seq: SeqId, pick: Pick<'_>) -> Option<TokenEvent> {
+        let vocab = self.model.config.vocab_size;
         let s = self.scheduler.get_mut(seq).expect("sampled");
         let g = &mut s.data;
+        let allowed = match &mut g.constraint {
+            Some(c) => match c.allowed(vocab, &g.stop_tokens) {
+                Ok(mask) => Some(mask),
+                Err(e) => {
+                    c.fail(e);
+                    return None;
+                }
+            },
+            None => None,
+        };
         let (token, logprobs) = match pick {
             Pick::Logits(row) => {
-                let token = g.sampler.sample(&mut row.to_vec(), &s.tokens);
+                let token =
+                    g.sampler
+                        .sample_allowed(&mut row.to_vec(), &s.tokens, allowed.as_ref());
                 (token, g.logprobs.map(|top| token_logprobs(row, token, top)))
             }
+            // Constrained sequences read their logits back (`needs_host_logits`).
             Pick::Argmax(token) => (token, None),
         };
+        if let Some(c) = &mut g.constraint {
+            if !g.stop_tokens.contains(&token) {
+                if let Err(e) = c.advance(token) {
+                    c.fail(e);
+                }
+            }
+        }
         s.tokens.push(token);
         let len = s.tokens.len();
-        self.record_token(seq, token, logprobs, len)
+        Some(self.record_token(seq, token, logprobs, len))
     }
 
     /// Counts `token`, already in `seq`'s tokens with `len_after` tokens up
@@ -397,7 +421,10 @@ impl<B: Backend> Engine<B> {
         let max_len = self.max_context.min(self.kv_capacity());
         let g = &mut self.scheduler.get_mut(seq).expect("sampled").data;
         g.n_generated += 1;
-        if g.stop_tokens.contains(&token) {
+        // A complete grammar allows only stop tokens; without any, it ends here.
+        let complete =
+            g.stop_tokens.is_empty() && g.constraint.as_ref().is_some_and(|c| c.is_finished());
+        if g.stop_tokens.contains(&token) || complete {
             g.finished = Some(FinishReason::Stop);
         } else if g.n_generated >= g.max_new_tokens || len_after >= max_len {
             g.finished = Some(FinishReason::Length);

@@ -4,10 +4,13 @@
 //!
 //! The order follows llama.cpp's default chain: logit bias, penalties,
 //! top-k, top-p, min-p, then temperature, then a draw from what is left.
+//! A constraint's mask of allowed tokens comes before all of them: the
+//! other tokens get -inf and are never candidates.
 //! The repetition penalty looks at the last `repeat_last_n` tokens, prompt
 //! included (llama.cpp); the frequency and presence penalties count the
 //! generated tokens only, as OpenAI defines them and vLLM applies them.
 
+use super::constraint::TokenMask;
 use crate::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -169,7 +172,17 @@ impl Sampler {
     /// Draws the next token from `logits` (modified in place) given the
     /// tokens so far, prompt included.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let dist = self.distribution(logits, history);
+        self.sample_allowed(logits, history, None)
+    }
+
+    /// [`Sampler::sample`] among the tokens of `allowed` only.
+    pub fn sample_allowed(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        allowed: Option<&TokenMask>,
+    ) -> u32 {
+        let dist = self.distribution_allowed(logits, history, allowed);
         self.draw(&dist)
     }
 
@@ -178,6 +191,20 @@ impl Sampler {
     /// to 1. Greedy parameters give the argmax with probability 1.
     /// Speculative decoding compares these distributions to accept drafts.
     pub fn distribution(&self, logits: &mut [f32], history: &[u32]) -> Vec<(u32, f64)> {
+        self.distribution_allowed(logits, history, None)
+    }
+
+    /// [`Sampler::distribution`] among the tokens of `allowed` only (the
+    /// others are set to -inf before anything else).
+    pub fn distribution_allowed(
+        &self,
+        logits: &mut [f32],
+        history: &[u32],
+        allowed: Option<&TokenMask>,
+    ) -> Vec<(u32, f64)> {
+        if let Some(mask) = allowed {
+            mask.restrict(logits);
+        }
         let p = &self.params;
         for &(token, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(token as usize) {
@@ -264,12 +291,13 @@ fn apply_occurrence_penalties(
     }
 }
 
-/// `(token, logit)` sorted by logit descending, at most `top_k` of them.
+/// `(token, logit)` sorted by logit descending, at most `top_k` of them;
+/// masked (-inf) and NaN logits are never candidates.
 fn candidates(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
     let mut c: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
-        .filter(|(_, l)| !l.is_nan())
+        .filter(|(_, &l)| l > f32::NEG_INFINITY)
         .map(|(i, &l)| (i as u32, l))
         .collect();
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -462,6 +490,32 @@ mod tests {
             "the device argmax would ignore the bias"
         );
         assert_eq!(greedy.sample(&mut [10.0, 1.0, 0.0], &[]), 1);
+    }
+
+    #[test]
+    fn the_mask_comes_before_everything_else() {
+        let mut allowed = TokenMask::none(4);
+        allowed.allow(1);
+        allowed.allow(3);
+        // The bias would make token 0 the argmax; the mask forbids it.
+        let mut greedy = Sampler::new(SamplingParams {
+            logit_bias: vec![(0, 50.0)],
+            ..params(0.0)
+        });
+        let logits = [5.0f32, 1.0, 9.0, 2.0];
+        assert_eq!(
+            greedy.sample_allowed(&mut logits.clone(), &[], Some(&allowed)),
+            3
+        );
+        let s = Sampler::new(params(1.0));
+        let dist = s.distribution_allowed(&mut logits.clone(), &[], Some(&allowed));
+        let expected = softmax_of(&[2.0, 1.0]);
+        assert_eq!(dist.iter().map(|d| d.0).collect::<Vec<_>>(), vec![3, 1]);
+        assert!((dist[0].1 - expected[0]).abs() < 1e-12);
+        let mut s = Sampler::new(params(2.0));
+        for _ in 0..500 {
+            assert!(allowed.allows(s.sample_allowed(&mut logits.clone(), &[], Some(&allowed))));
+        }
     }
 
     #[test]

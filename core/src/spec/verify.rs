@@ -6,6 +6,9 @@
 //! one more token is drawn from `p` at the next position. Every emitted
 //! token is then distributed exactly as the target alone would sample it.
 //! Greedy decoding is the special case where `p` is one-hot at the argmax.
+//! A constrained sequence's `p` is its distribution among the tokens its
+//! grammar allows after the drafts before it: a draft outside that mask has
+//! `p(x) = 0` and is rejected.
 
 use crate::sched::Sampler;
 
@@ -39,8 +42,25 @@ pub fn verify(
     draft_dists: Option<&[Distribution]>,
     mut target: impl FnMut(usize, &[u32]) -> Distribution,
 ) -> Verdict {
+    let infallible = try_verify(sampler, drafts, draft_dists, |i, accepted| {
+        Ok::<_, std::convert::Infallible>(target(i, accepted))
+    });
+    match infallible {
+        Ok(verdict) => verdict,
+        Err(never) => match never {},
+    }
+}
+
+/// [`verify`] with a target that can fail (a constraint's mask at a
+/// draft position): the first error ends the verification.
+pub fn try_verify<E>(
+    sampler: &mut Sampler,
+    drafts: &[u32],
+    draft_dists: Option<&[Distribution]>,
+    mut target: impl FnMut(usize, &[u32]) -> Result<Distribution, E>,
+) -> Result<Verdict, E> {
     for (i, &x) in drafts.iter().enumerate() {
-        let p = target(i, &drafts[..i]);
+        let p = target(i, &drafts[..i])?;
         let q_x = draft_dists.map_or(1.0, |d| prob(&d[i], x));
         let p_x = prob(&p, x);
         // Deterministic drafts under a one-hot target need no random draw.
@@ -55,16 +75,16 @@ pub fn verify(
             continue;
         }
         let residual = residual(&p, draft_dists.map(|d| d[i].as_slice()), x);
-        return Verdict {
+        return Ok(Verdict {
             accepted: i,
             next: sampler.draw(&residual),
-        };
+        });
     }
-    let p = target(drafts.len(), drafts);
-    Verdict {
+    let p = target(drafts.len(), drafts)?;
+    Ok(Verdict {
         accepted: drafts.len(),
         next: sampler.draw(&p),
-    }
+    })
 }
 
 /// `max(p - q, 0)` renormalised; `q = None` is one-hot at `rejected`. When

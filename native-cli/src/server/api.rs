@@ -297,6 +297,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             priority,
             samples,
             logprobs,
+            constraint: None,
         },
         stops,
         stream,
