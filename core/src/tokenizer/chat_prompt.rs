@@ -4,8 +4,8 @@
 //! a message cannot forge turns of the template. Control tokens come only
 //! from the template itself.
 //!
-//! Each span of a message that the tokenizer would read as a special token
-//! is replaced, before rendering, by a placeholder: a private-use character
+//! Each span of a message (its role, content, tool calls) or of the tools'
+//! definitions that the tokenizer would read as a special token is replaced, before rendering, by a placeholder: a private-use character
 //! found nowhere in the conversation or the template, the span's number, and
 //! the character again. The rendered text is tokenized as usual between the
 //! placeholders (the template's control tokens are read as such), and each
@@ -13,9 +13,10 @@
 //! renders and tokenizes exactly as [`Tokenizer::apply_chat_template`] and
 //! [`Tokenizer::encode`] do.
 
+use serde_json::Value;
 use tokenizers::{OffsetReferential, OffsetType};
 
-use super::{ChatMessage, Tokenizer};
+use super::{Chat, ChatMessage, FunctionCall, Tokenizer, ToolCall};
 use crate::{Error, Result};
 
 /// Where placeholder characters are drawn from: Unicode's Supplementary
@@ -33,20 +34,44 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
+        self.encode_chat_prompt(&Chat::new(messages, add_generation_prompt))
+    }
+
+    /// [`Tokenizer::encode_chat`] for a [`Chat`]: the tools' definitions and
+    /// the tool calls' names and arguments are read as text too.
+    pub fn encode_chat_prompt(&self, chat: &Chat<'_>) -> Result<Vec<u32>> {
         if self.special_tokens_in_content {
-            let text = self.apply_chat_template(messages, add_generation_prompt)?;
+            let text = self.render_chat(chat)?;
             return self.encode(&text, true);
         }
-        let marker = self.placeholder_char(messages)?;
+        let marker = self.placeholder_char(chat)?;
         let mut spans = Vec::new();
-        let escaped: Vec<ChatMessage> = messages
-            .iter()
+        let mut escape = |text: &str| self.escape_specials(text, marker, &mut spans);
+        let messages: Vec<ChatMessage> = (chat.messages.iter())
             .map(|m| ChatMessage {
-                role: self.escape_specials(&m.role, marker, &mut spans),
-                content: self.escape_specials(&m.content, marker, &mut spans),
+                role: escape(&m.role),
+                content: escape(&m.content),
+                tool_calls: (m.tool_calls.iter())
+                    .map(|call| ToolCall {
+                        id: escape(&call.id),
+                        kind: escape(&call.kind),
+                        function: FunctionCall {
+                            name: escape(&call.function.name),
+                            arguments: escape_json(&call.function.arguments, &mut escape),
+                        },
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id.as_deref().map(&mut escape),
             })
             .collect();
-        let text = self.apply_chat_template(&escaped, add_generation_prompt)?;
+        let tools: Vec<Value> = (chat.tools.iter())
+            .map(|tool| escape_json(tool, &mut escape))
+            .collect();
+        let text = self.render_chat(&Chat {
+            messages: &messages,
+            tools: &tools,
+            add_generation_prompt: chat.add_generation_prompt,
+        })?;
         if spans.is_empty() {
             return self.encode(&text, true);
         }
@@ -69,13 +94,12 @@ impl Tokenizer {
         Ok(self.with_bos(ids))
     }
 
-    /// A character that appears in no message and not in the template.
-    fn placeholder_char(&self, messages: &[ChatMessage]) -> Result<char> {
-        let template = self.chat_template().unwrap_or(self.fallback_template.text);
-        let used = |c: char| {
-            template.contains(c)
-                || (messages.iter()).any(|m| m.role.contains(c) || m.content.contains(c))
-        };
+    /// A character that appears nowhere in the chat and not in the template.
+    fn placeholder_char(&self, chat: &Chat<'_>) -> Result<char> {
+        let template = self.template_text();
+        let messages = serde_json::to_string(chat.messages).unwrap_or_default();
+        let tools = serde_json::to_string(chat.tools).unwrap_or_default();
+        let used = |c: char| template.contains(c) || messages.contains(c) || tools.contains(c);
         PLACEHOLDER_CHARS
             .filter_map(char::from_u32)
             .find(|&c| !used(c))
@@ -113,5 +137,19 @@ impl Tokenizer {
         (self.inner.get_added_vocabulary().get_added_tokens_decoder())
             .get(&id)
             .is_some_and(|t| t.special)
+    }
+}
+
+/// `value` with every string in it, keys included, passed through `escape`.
+fn escape_json(value: &Value, escape: &mut impl FnMut(&str) -> String) -> Value {
+    match value {
+        Value::String(text) => Value::String(escape(text)),
+        Value::Array(items) => Value::Array(items.iter().map(|v| escape_json(v, escape)).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (escape(k), escape_json(v, escape)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }

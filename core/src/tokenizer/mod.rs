@@ -25,11 +25,13 @@ mod stream;
 mod chat_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tools_tests;
 
 use std::path::Path;
 use std::sync::OnceLock;
 
-pub use chat_template::ChatMessage;
+pub use chat_template::{ChatMessage, FunctionCall, ToolCall};
 pub use stream::StreamDecoder;
 
 use crate::model::gguf::GgufFile;
@@ -54,6 +56,29 @@ pub struct Tokenizer {
     special_tokens_in_content: bool,
     /// `inner` reading special tokens as text, made when first needed.
     plain: OnceLock<tokenizers::Tokenizer>,
+    /// Whether the chat template reads `tools`, found when first asked.
+    reads_tools: OnceLock<bool>,
+}
+
+/// What a chat template renders: the conversation, the tools the model may
+/// call (OpenAI function definitions, `{"type": "function", "function":
+/// {...}}`), and whether to open the assistant's turn.
+#[derive(Clone, Copy, Debug)]
+pub struct Chat<'a> {
+    pub messages: &'a [ChatMessage],
+    pub tools: &'a [serde_json::Value],
+    pub add_generation_prompt: bool,
+}
+
+impl<'a> Chat<'a> {
+    /// A conversation without tools.
+    pub fn new(messages: &'a [ChatMessage], add_generation_prompt: bool) -> Self {
+        Chat {
+            messages,
+            tools: &[],
+            add_generation_prompt,
+        }
+    }
 }
 
 /// What a loader found besides the `tokenizers` tokenizer itself.
@@ -117,6 +142,7 @@ impl Tokenizer {
             fallback_template,
             special_tokens_in_content: false,
             plain: OnceLock::new(),
+            reads_tools: OnceLock::new(),
         };
         if let Some(template) = tokenizer.chat_template() {
             let (bos, eos) = tokenizer.template_specials();
@@ -221,16 +247,35 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat(&Chat::new(messages, add_generation_prompt))
+    }
+
+    /// [`Tokenizer::apply_chat_template`] for a [`Chat`], tools included.
+    pub fn render_chat(&self, chat: &Chat<'_>) -> Result<String> {
         let (bos, eos) = self.template_specials();
         chat_template::render(
-            self.chat_template().unwrap_or(self.fallback_template.text),
+            self.template_text(),
             &chat_template::TemplateInputs {
-                messages,
-                add_generation_prompt,
+                messages: chat.messages,
+                tools: (!chat.tools.is_empty()).then_some(chat.tools),
+                add_generation_prompt: chat.add_generation_prompt,
                 bos_token: &bos,
                 eos_token: &eos,
             },
         )
+    }
+
+    /// Whether the chat template shows `tools` to the model (Qwen2.5's does;
+    /// SmolLM2's and the fallbacks do not).
+    pub fn chat_template_reads_tools(&self) -> bool {
+        *self
+            .reads_tools
+            .get_or_init(|| chat_template::reads_variable(self.template_text(), "tools"))
+    }
+
+    /// The template chats are rendered with.
+    fn template_text(&self) -> &str {
+        self.chat_template().unwrap_or(self.fallback_template.text)
     }
 
     /// The texts of BOS and EOS, as templates see them (`bos_token`, `eos_token`).

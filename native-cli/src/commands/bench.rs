@@ -278,10 +278,7 @@ impl BenchArgs {
         self.speculation.attach(engine, files)?;
         let tokenizer = &files.tokenizer;
         for (name, text) in SPEC_PROMPTS {
-            let msg = tandem_core::tokenizer::ChatMessage {
-                role: "user".into(),
-                content: text.into(),
-            };
+            let msg = tandem_core::tokenizer::ChatMessage::new("user", text);
             let rendered = tokenizer
                 .apply_chat_template(&[msg], true)
                 .unwrap_or_else(|_| text.to_string());

@@ -51,10 +51,7 @@ impl WithBackend for ChatArgs {
         let mut messages: Vec<ChatMessage> = self
             .system
             .iter()
-            .map(|s| ChatMessage {
-                role: "system".into(),
-                content: s.clone(),
-            })
+            .map(|s| ChatMessage::new("system", s.clone()))
             .collect();
         let mut seq = None;
         let stdin = std::io::stdin();
@@ -70,10 +67,7 @@ impl WithBackend for ChatArgs {
             if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
                 break;
             }
-            messages.push(ChatMessage {
-                role: "user".into(),
-                content: line.trim_end().to_string(),
-            });
+            messages.push(ChatMessage::new("user", line.trim_end()));
             let all = tokenizer.encode_chat(&messages, true)?;
             // Only the tokens after the longest prefix the sequence already holds are new.
             let (id, new_tokens) = match seq {
@@ -108,10 +102,7 @@ impl WithBackend for ChatArgs {
                     .filter(|&t| !tokenizer.is_eos(t))
                     .collect::<Vec<_>>(),
             )?;
-            messages.push(ChatMessage {
-                role: "assistant".into(),
-                content,
-            });
+            messages.push(ChatMessage::new("assistant", content));
         }
         Ok(())
     }

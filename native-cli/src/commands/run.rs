@@ -46,10 +46,7 @@ impl WithBackend for RunArgs {
         let ctx = context_length(&self.model, &files);
         let tokenizer = &files.tokenizer;
         let text = if self.chat_template {
-            let msg = tandem_core::tokenizer::ChatMessage {
-                role: "user".into(),
-                content: self.prompt.clone(),
-            };
+            let msg = tandem_core::tokenizer::ChatMessage::new("user", self.prompt.clone());
             tokenizer.apply_chat_template(&[msg], true)?
         } else {
             self.prompt.clone()
