@@ -27,8 +27,9 @@ pub struct BenchServeArgs {
     #[arg(long, default_value_t = 32)]
     pub requests: usize,
     /// Request rates to sweep (requests per second, Poisson arrivals); inf
-    /// sends every request at once.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,inf")]
+    /// sends every request at once. The default straddles what either mode
+    /// sustains with the default model on a 2-core CPU; scale it to the device.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,1,2,inf")]
     pub rates: Vec<Rate>,
     /// Batching modes to run at each rate.
     #[arg(
@@ -39,13 +40,13 @@ pub struct BenchServeArgs {
     )]
     pub modes: Vec<Batching>,
     /// Median of each request's own prompt tokens (log-normal).
-    #[arg(long, default_value_t = 64.0)]
+    #[arg(long, default_value_t = 32.0)]
     pub prompt_median: f64,
     /// Standard deviation of the logarithm of the prompt tokens.
     #[arg(long, default_value_t = 0.8)]
     pub prompt_sigma: f64,
     /// Median of each request's output tokens (log-normal).
-    #[arg(long, default_value_t = 32.0)]
+    #[arg(long, default_value_t = 64.0)]
     pub output_median: f64,
     /// Standard deviation of the logarithm of the output tokens.
     #[arg(long, default_value_t = 1.0)]
@@ -59,8 +60,8 @@ pub struct BenchServeArgs {
     /// Most tokens one engine step runs (prompt chunks and decodes together).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
-    /// KV blocks of 16 tokens. Default: what --max-running requests of median
-    /// lengths hold, so a full batch of the long-tailed workload does not fit.
+    /// KV blocks of 16 tokens. Default: what --max-running requests of mean
+    /// lengths hold, so the long tail of a full batch does not fit.
     #[arg(long)]
     pub kv_blocks: Option<usize>,
     #[arg(long, default_value_t = 1)]
@@ -104,15 +105,30 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
 }
 
 impl BenchServeArgs {
-    /// The default pool: `max_running` requests of median prompt and output
-    /// length. Log-normal lengths have a mean above the median, so a full
-    /// batch outgrows it, and static batches padded to their longest member
-    /// outgrow it much sooner.
+    fn prompt_lengths(&self) -> LogNormal {
+        LogNormal {
+            median: self.prompt_median,
+            sigma: self.prompt_sigma,
+        }
+    }
+
+    fn output_lengths(&self) -> LogNormal {
+        LogNormal {
+            median: self.output_median,
+            sigma: self.output_sigma,
+        }
+    }
+
+    /// The default pool holds `max_running` requests of mean prompt and
+    /// output length: a full batch fits on average, but the long tail
+    /// overflows it (continuous batching preempts), and static batches,
+    /// padded to their longest member, fit far fewer members.
     fn pool_blocks(&self) -> usize {
         self.kv_blocks.unwrap_or_else(|| {
-            let tokens =
-                self.system_tokens as f64 + self.prompt_median.round() + self.output_median.round();
-            (self.max_running * tokens as usize)
+            let tokens = self.system_tokens as f64
+                + self.prompt_lengths().mean()
+                + self.output_lengths().mean();
+            ((self.max_running as f64 * tokens).ceil() as usize)
                 .div_ceil(DEFAULT_BLOCK_SIZE)
                 .max(1)
         })
@@ -141,14 +157,8 @@ impl WithBackend for BenchServeArgs {
         let (pool_blocks, block_size) = (kv.num_blocks(), kv.block_size());
         let spec = WorkloadSpec {
             requests: self.requests,
-            prompt_tokens: LogNormal {
-                median: self.prompt_median,
-                sigma: self.prompt_sigma,
-            },
-            output_tokens: LogNormal {
-                median: self.output_median,
-                sigma: self.output_sigma,
-            },
+            prompt_tokens: self.prompt_lengths(),
+            output_tokens: self.output_lengths(),
             system_tokens: self.system_tokens,
             max_len: engine.max_context().min(pool_blocks * block_size),
             vocab: files.config.vocab_size,
@@ -191,8 +201,25 @@ impl WithBackend for BenchServeArgs {
             "kv_dtype": self.model.kv_dtype.to_string(),
         });
         if !self.json {
+            let drawn = |v: &serde_json::Value| {
+                format!(
+                    "mean {:.0}, p50 {:.0}, p99 {:.0}, max {:.0}",
+                    v["mean"].as_f64().unwrap_or(f64::NAN),
+                    v["p50"].as_f64().unwrap_or(f64::NAN),
+                    v["p99"].as_f64().unwrap_or(f64::NAN),
+                    v["max"].as_f64().unwrap_or(f64::NAN)
+                )
+            };
+            let system = if self.system_tokens > 0 {
+                format!(" after a shared {}-token system prompt", self.system_tokens)
+            } else {
+                String::new()
+            };
             println!(
-                "{} on {} ({}): {} requests (seed {}), prompts log-normal median {} sigma {}{}, outputs log-normal median {} sigma {}, clipped to {} tokens; drawn: prompts {}, outputs {}; max {} running, {} batch tokens, KV pool {} blocks of {} ({})\n",
+                "{} on {} ({}), {} requests (seed {}).\n\
+                 Prompts: log-normal, median {}, sigma {}{system}; drawn {}.\n\
+                 Outputs: log-normal, median {}, sigma {}; drawn {}. Requests clipped to {} tokens.\n\
+                 Engine: at most {} running (the static batch size), {} tokens per step, KV pool of {} blocks of {} tokens ({}).\n",
                 files.path.display(),
                 info.name,
                 info.device,
@@ -200,16 +227,11 @@ impl WithBackend for BenchServeArgs {
                 self.seed,
                 self.prompt_median,
                 self.prompt_sigma,
-                if self.system_tokens > 0 {
-                    format!(" after a shared {}-token system prompt", self.system_tokens)
-                } else {
-                    String::new()
-                },
+                drawn(&setup["prompt_tokens"]["drawn"]),
                 self.output_median,
                 self.output_sigma,
+                drawn(&setup["output_tokens"]["drawn"]),
                 spec.max_len,
-                setup["prompt_tokens"]["drawn"],
-                setup["output_tokens"]["drawn"],
                 self.max_running,
                 self.max_batch_tokens,
                 pool_blocks,
@@ -260,7 +282,7 @@ impl WithBackend for BenchServeArgs {
                 .file_name()
                 .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
             let title = format!(
-                "{name} on {} ({}), {} requests: throughput against p99 latency",
+                "{name} on {} ({}), {} requests",
                 info.name, info.device, self.requests
             );
             std::fs::write(path, bench::plot::svg(&summaries, &title))
