@@ -4,8 +4,9 @@
 //! completes with the right token counts and leaves every KV block free; and
 //! the official `openai` Python client passes its checks
 //! (tests/serving/openai_client.py, installed by scripts/install-test-deps.sh).
-//! Chat messages are checked turn by turn; completions take a batch of one
-//! prompt; the API key's scheme is case-insensitive.
+//! Chat messages are checked turn by turn (tool turns and assistant turns
+//! with tool calls included); completions take a batch of one prompt; the
+//! API key's scheme is case-insensitive.
 
 mod serving_support;
 
@@ -176,7 +177,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         ),
         (
             json!([user, {"role": "wizard", "content": "x"}]),
-            "'messages[1].role' must be system, developer, user or assistant, not 'wizard'",
+            "'messages[1].role' must be system, developer, user, assistant or tool, not 'wizard'",
             "messages[1].role",
         ),
         (
@@ -210,15 +211,25 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
             "messages",
         ),
         (
-            json!([user, {"role": "tool", "content": "42", "tool_call_id": "c1"}]),
-            "'messages[1].role' is 'tool': this server does not support tool calling",
+            json!([user, {"role": "tool", "content": "42"}]),
+            "'messages[1].tool_call_id' is required in a tool message",
+            "messages[1].tool_call_id",
+        ),
+        (
+            json!([user, {"role": "function", "content": "42", "name": "f"}]),
+            "'messages[1].role' is 'function', which OpenAI has deprecated",
             "messages[1].role",
         ),
         (
-            json!([user, {"role": "assistant", "content": null,
+            json!([user, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}]}]),
+            "'messages[1].tool_calls[0]' must be {\"id\"",
+            "messages[1].tool_calls[0]",
+        ),
+        (
+            json!([user, {"role": "user", "content": "x",
                           "tool_calls": [{"id": "c1", "type": "function",
                                           "function": {"name": "f", "arguments": "{}"}}]}]),
-            "'messages[1].tool_calls' is not supported",
+            "'messages[1].tool_calls' is only for assistant messages",
             "messages[1].tool_calls",
         ),
         (
@@ -242,6 +253,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         );
         assert_eq!(err["error"]["param"], param, "{body}: {err}");
     }
+    // The tiny model's template (the ChatML fallback) cannot show tools.
     let with_tools = json!({"model": MODEL, "messages": [user],
         "tools": [{"type": "function", "function": {"name": "f"}}]});
     let (status, err) = post(addr, "/v1/chat/completions", &with_tools);
@@ -250,6 +262,22 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         (400, &json!("tools")),
         "{err}"
     );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this model's chat template does not support tools"),
+        "{err}"
+    );
+    // A conversation with calls and their answers renders without tools.
+    let answered = json!({"model": MODEL, "max_tokens": 2, "messages": [
+        user,
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]});
+    let (status, ok) = post(addr, "/v1/chat/completions", &answered);
+    assert_eq!(status, 200, "{ok}");
     let (status, text) = http(addr, "POST", "/v1/completions", Some("wrong"), b"{}");
     assert_eq!(status, 401, "{text}");
     let (status, _) = http(addr, "GET", "/v1/nothing", Some(KEY), b"");
@@ -363,10 +391,13 @@ fn load_request(addr: SocketAddr, i: usize) -> Option<(u64, u64, String)> {
         .map(|t| ((i * 31 + t * 7) % 250) as u32 + 1)
         .collect();
     let stream = i.is_multiple_of(2);
-    let body = json!({
+    let mut body = json!({
         "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": stream, "stream_options": {"include_usage": true},
+        "stream": stream,
     });
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
     if i % 10 == 3 {
         // Cancel mid-stream: read the first event, then hang up.
         let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 200, "stream": true});

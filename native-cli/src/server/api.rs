@@ -2,21 +2,28 @@
 //! [`Request`], error bodies, and response bodies.
 //!
 //! Bodies are parsed as JSON values and read field by field, so every
-//! mistake gets a message naming the field and what it should be. Besides
-//! OpenAI's fields, `priority` (higher first) and `timeout` (seconds from
+//! mistake gets a message naming the field and what it should be; a field
+//! the endpoint does not know is refused by name ([`fields`]). Besides
+//! OpenAI's fields, vLLM's `top_k`, `min_p`, `repetition_penalty`,
+//! `priority` (lower runs first, as in vLLM) and
+//! `return_tokens_as_token_ids`, and `timeout` (seconds from
 //! arrival; the request then ends with `finish_reason: "timeout"`).
+//!
+//! [`fields`]: crate::fields
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tandem_core::engine::Request;
-use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::Tokenizer;
 
+use crate::fields::{self, Fields};
 use crate::prompt;
+use crate::sampling;
 use crate::token_floor::TokenFloor;
+use crate::tools::{self, ToolUse, CALL_CLOSE};
 
-/// Most samples one request may ask for.
+/// Most samples one request may ask for (`n`, `best_of`).
 pub const MAX_SAMPLES: i64 = 16;
 /// Most alternatives per token in logprobs.
 pub const MAX_TOP_LOGPROBS: i64 = 20;
@@ -76,11 +83,31 @@ pub enum Endpoint {
     ChatCompletions,
 }
 
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+        }
+    }
+}
+
 /// A checked request, ready for the engine.
 #[derive(Debug)]
 pub struct Job {
     pub endpoint: Endpoint,
+    /// `samples` is what is generated: `best_of` when it is larger than `n`.
     pub request: Request,
+    /// How many choices the response has (`n`).
+    pub choices: usize,
+    /// The alternatives per token the client asked logprobs with.
+    pub logprobs: Option<usize>,
+    /// Logprobs name tokens `token_id:ID` (vLLM's `return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
+    /// The prompt's text, put before each choice's (completions' `echo`).
+    pub echo: Option<String>,
+    /// A chat's tools.
+    pub tools: Option<ToolUse>,
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -93,57 +120,9 @@ impl Job {
         self.request.prompt.len()
     }
 
+    /// The samples generated.
     pub fn samples(&self) -> usize {
         self.request.samples
-    }
-}
-
-/// Field access with errors that name the field.
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    /// The field's value; absent and `null` are the same.
-    fn get(&self, name: &str) -> Option<&'a Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(name: &str, what: &str) -> ApiError {
-        ApiError::bad_request(format!("'{name}' must be {what}"), Some(name))
-    }
-
-    fn string(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
-        self.get(name)
-            .map(|v| v.as_str().ok_or_else(|| Self::wrong(name, "a string")))
-            .transpose()
-    }
-
-    fn boolean(&self, name: &str) -> Result<Option<bool>, ApiError> {
-        self.get(name)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| Self::wrong(name, "true or false"))
-            })
-            .transpose()
-    }
-
-    fn integer(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        let what = format!("an integer from {min} to {max}");
-        self.get(name)
-            .map(|v| match v.as_i64() {
-                Some(n) if (min..=max).contains(&n) => Ok(n),
-                _ => Err(Self::wrong(name, &what)),
-            })
-            .transpose()
-    }
-
-    fn number(&self, name: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
-        let what = format!("a number from {min} to {max}");
-        self.get(name)
-            .map(|v| match v.as_f64() {
-                Some(x) if (min..=max).contains(&x) => Ok(x),
-                _ => Err(Self::wrong(name, &what)),
-            })
-            .transpose()
     }
 }
 
@@ -167,29 +146,18 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         .as_object()
         .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
     let f = Fields(obj);
-    let model = f
-        .string("model")?
-        .ok_or_else(|| ApiError::bad_request("'model' is required", Some("model")))?;
-    if model != limits.model_id {
-        return Err(ApiError::new(
-            404,
-            "invalid_request_error",
-            format!(
-                "The model '{model}' does not exist; this server serves '{}'",
-                limits.model_id
-            ),
-        )
-        .with_code("model_not_found"));
-    }
-    if endpoint == Endpoint::ChatCompletions && f.get("tools").is_some_and(|t| t != &json!([])) {
-        return Err(ApiError::bad_request(
-            "'tools' is not supported: this server does not support tool calling",
-            Some("tools"),
-        ));
-    }
+    check_model(&f, limits)?;
+    fields::check_known(&f, endpoint)?;
+    let tools = match endpoint {
+        Endpoint::Completions => None,
+        Endpoint::ChatCompletions => tools::parse(&f, limits.tokenizer)?,
+    };
     let (prompt, param) = match endpoint {
         Endpoint::Completions => (prompt::completion(f.get("prompt"), limits)?, "prompt"),
-        Endpoint::ChatCompletions => (prompt::chat(f.get("messages"), limits)?, "messages"),
+        Endpoint::ChatCompletions => (
+            prompt::chat(f.get("messages"), tools.as_ref(), true, limits)?,
+            "messages",
+        ),
     };
     if prompt.is_empty() {
         return Err(ApiError::bad_request(
@@ -197,23 +165,138 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             Some(param),
         ));
     }
-    let room = limits.max_context.saturating_sub(prompt.len());
+    let max_tokens = max_tokens(&f, endpoint, prompt.len(), limits.max_context, param)?;
+    let params = sampling::params(&f, limits)?;
+    let choices = f.integer("n", 1, MAX_SAMPLES)?.unwrap_or(1) as usize;
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    let samples = match f.integer("best_of", 1, MAX_SAMPLES)? {
+        Some(b) if (b as usize) < choices => {
+            return Err(Fields::wrong("best_of", &format!("at least n ({choices})")))
+        }
+        Some(b) if b as usize > choices && stream => {
+            return Err(Fields::unsupported(
+                "best_of",
+                "with 'stream' it must equal n (the best choices are known only at the end)",
+            ))
+        }
+        Some(b) => b as usize,
+        None => choices,
+    };
+    // vLLM's priority: lower runs first; the engine runs higher first.
+    let priority = -(f
+        .integer("priority", -(i32::MAX as i64), i32::MAX as i64)?
+        .unwrap_or(0) as i32);
+    let logprobs = logprobs(&f, endpoint)?;
+    let echo = match f.boolean("echo")? {
+        Some(true) => Some(prompt::completion_text(f.get("prompt"), &prompt, limits)?),
+        _ => None,
+    };
+    let include_usage = match f.get("stream_options") {
+        Some(_) if !stream => {
+            return Err(ApiError::bad_request(
+                "'stream_options' is only allowed with 'stream': true",
+                Some("stream_options"),
+            ))
+        }
+        Some(Value::Object(o)) => {
+            let options = Fields(o);
+            if let Some(name) = o.keys().find(|k| k.as_str() != "include_usage") {
+                return Err(ApiError::bad_request(
+                    format!("unsupported parameter: 'stream_options.{name}'"),
+                    Some("stream_options"),
+                ));
+            }
+            options.boolean("include_usage")?.unwrap_or(false)
+        }
+        Some(_) => return Err(Fields::wrong("stream_options", "an object")),
+        None => false,
+    };
+    let mut stops = stop_strings(&f)?;
+    if tools
+        .as_ref()
+        .is_some_and(|t| t.reads_calls() && !t.parallel)
+    {
+        // One call: the output ends where the first call does.
+        stops.push(CALL_CLOSE.to_string());
+    }
+    let timeout = f
+        .number("timeout", 0.0, f64::MAX)?
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| Fields::wrong("timeout", "a number of seconds greater than 0"))
+        })
+        .transpose()?;
+    Ok(Job {
+        endpoint,
+        request: Request {
+            stop_tokens: limits.tokenizer.eos_tokens().to_vec(),
+            priority,
+            samples,
+            // `best_of` ranks the samples by their tokens' logprobs.
+            logprobs: logprobs.or((samples > choices).then_some(0)),
+            ..Request::new(prompt, params, max_tokens)
+        },
+        choices,
+        logprobs,
+        tokens_as_ids: f.boolean("return_tokens_as_token_ids")?.unwrap_or(false),
+        echo,
+        tools,
+        stops,
+        stream,
+        include_usage,
+        timeout,
+    })
+}
+
+/// A 404 for a model this server does not serve.
+fn check_model(f: &Fields<'_>, limits: &Limits<'_>) -> Result<(), ApiError> {
+    let model = f
+        .string("model")?
+        .ok_or_else(|| ApiError::bad_request("'model' is required", Some("model")))?;
+    if model != limits.model_id {
+        return Err(model_not_found(model, limits));
+    }
+    Ok(())
+}
+
+/// The 404 for a `model` this server does not serve.
+pub fn model_not_found(model: &str, limits: &Limits<'_>) -> ApiError {
+    ApiError::new(
+        404,
+        "invalid_request_error",
+        format!(
+            "The model '{model}' does not exist; this server serves '{}'",
+            limits.model_id
+        ),
+    )
+    .with_code("model_not_found")
+}
+
+/// The tokens to generate at most, within the context's room after the prompt.
+fn max_tokens(
+    f: &Fields<'_>,
+    endpoint: Endpoint,
+    prompt_len: usize,
+    max_context: usize,
+    param: &str,
+) -> Result<usize, ApiError> {
+    let room = max_context.saturating_sub(prompt_len);
     if room == 0 {
         return Err(ApiError::bad_request(
             format!(
-                "This model's maximum context length is {} tokens, but the prompt has {} tokens",
-                limits.max_context,
-                prompt.len()
+                "This model's maximum context length is {max_context} tokens, but the prompt has {prompt_len} tokens"
             ),
             Some(param),
         )
         .with_code("context_length_exceeded"));
     }
-    let max_tokens = match f.get("max_completion_tokens") {
+    let asked = match f.get("max_completion_tokens") {
         Some(_) => f.integer("max_completion_tokens", 1, i64::MAX)?,
         None => f.integer("max_tokens", 1, i64::MAX)?,
     };
-    let max_tokens = match (max_tokens, endpoint) {
+    let max_tokens = match (asked, endpoint) {
         (Some(n), _) => n as usize,
         (None, Endpoint::Completions) => DEFAULT_COMPLETION_TOKENS.min(room),
         (None, Endpoint::ChatCompletions) => room,
@@ -221,33 +304,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
     if max_tokens > room {
         return Err(ApiError::bad_request(
             format!(
-                "This model's maximum context length is {} tokens; you requested {} tokens ({} in the prompt, {max_tokens} for the completion)",
-                limits.max_context,
-                prompt.len() + max_tokens,
-                prompt.len()
+                "This model's maximum context length is {max_context} tokens; you requested {} tokens ({prompt_len} in the prompt, {max_tokens} for the completion)",
+                prompt_len + max_tokens,
             ),
             Some("max_tokens"),
         )
         .with_code("context_length_exceeded"));
     }
-    let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
-    let top_p = f.number("top_p", 0.0, 1.0)?.unwrap_or(1.0) as f32;
-    if top_p <= 0.0 {
-        return Err(Fields::wrong("top_p", "greater than 0"));
-    }
-    let samples = f.integer("n", 1, MAX_SAMPLES)?.unwrap_or(1) as usize;
-    let seed = match f.get("seed") {
-        Some(v) => v
-            .as_i64()
-            .map(|s| s as u64)
-            .or_else(|| v.as_u64())
-            .ok_or_else(|| Fields::wrong("seed", "an integer"))?,
-        None => limits.default_seed,
-    };
-    let priority = f
-        .integer("priority", i32::MIN as i64, i32::MAX as i64)?
-        .unwrap_or(0) as i32;
-    let logprobs = match endpoint {
+    Ok(max_tokens)
+}
+
+/// The alternatives per token logprobs are asked with: completions'
+/// `logprobs: N`, chat's `logprobs: true` with `top_logprobs: N`.
+fn logprobs(f: &Fields<'_>, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    Ok(match endpoint {
         Endpoint::Completions => f
             .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
             .map(|n| n as usize),
@@ -264,45 +334,6 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
                 _ => None,
             }
         }
-    };
-    let stream = f.boolean("stream")?.unwrap_or(false);
-    let include_usage = match f.get("stream_options") {
-        Some(Value::Object(o)) => Fields(o).boolean("include_usage")?.unwrap_or(false),
-        Some(_) => return Err(Fields::wrong("stream_options", "an object")),
-        None => false,
-    };
-    let stops = stop_strings(&f)?;
-    let timeout = f
-        .number("timeout", 0.0, f64::MAX)?
-        .map(|s| {
-            Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| Fields::wrong("timeout", "a number of seconds greater than 0"))
-        })
-        .transpose()?;
-    let params = SamplingParams {
-        temperature,
-        top_p,
-        seed,
-        ..SamplingParams::default()
-    };
-    Ok(Job {
-        endpoint,
-        request: Request {
-            prompt,
-            params,
-            max_new_tokens: max_tokens,
-            stop_tokens: limits.tokenizer.eos_tokens().to_vec(),
-            priority,
-            samples,
-            logprobs,
-            constraint: None,
-        },
-        stops,
-        stream,
-        include_usage,
-        timeout,
     })
 }
 

@@ -7,6 +7,9 @@
 //! iteration. Before every step, requests whose receiver is gone are removed
 //! from the engine, which frees their KV blocks at once.
 //!
+//! Between steps it also scores prompts ([`Command::Score`], completions'
+//! `echo` with `logprobs`), which holds the other requests for that time.
+//!
 //! The loop also ends requests early, removing them from the engine the same
 //! way and sending [`Update::Ended`]: a request whose deadline has passed
 //! ([`EndReason::Timeout`]), and every request when the server shuts down
@@ -25,9 +28,12 @@ use tandem_core::kv::SeqId;
 use tandem_core::sched::SubmitError;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_core::Backend;
+use tandem_structured::StructuredOutput;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::collector::LogprobEntry;
 use crate::metrics::Metrics;
+use crate::scoring;
 use crate::token_floor::TokenFloor;
 
 /// Updates one request's channel holds before the loop keeps them in its backlog.
@@ -95,6 +101,12 @@ pub enum Command {
     },
     /// Ends every request ([`EndReason::Shutdown`]) and refuses new ones.
     EndAll,
+    /// Each prompt token's logprob, with `top` alternatives.
+    Score {
+        tokens: Vec<u32>,
+        top: usize,
+        scored: oneshot::Sender<Result<Vec<LogprobEntry>, String>>,
+    },
 }
 
 /// What the HTTP side holds: the way in, the tokenizer and the model's limits.
@@ -102,6 +114,8 @@ pub enum Command {
 pub struct EngineHandle {
     commands: std_mpsc::Sender<Command>,
     pub tokenizer: Arc<Tokenizer>,
+    /// Compiles `response_format` and grammars for the tokenizer.
+    pub structured: Arc<StructuredOutput>,
     pub token_floor: TokenFloor,
     pub max_context: usize,
     pub metrics: Arc<Metrics>,
@@ -127,6 +141,22 @@ impl EngineHandle {
             .map_err(|_| Refused::ShuttingDown)?;
         answer.await.map_err(|_| Refused::ShuttingDown)??;
         Ok(receiver)
+    }
+
+    /// Each of `tokens`' logprob after the tokens before it, with `top`
+    /// alternatives (the first token has none).
+    pub async fn score(&self, tokens: Vec<u32>, top: usize) -> Result<Vec<LogprobEntry>, String> {
+        let (scored, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Score {
+                tokens,
+                top,
+                scored,
+            })
+            .map_err(|_| Refused::ShuttingDown.to_string())?;
+        answer
+            .await
+            .map_err(|_| Refused::ShuttingDown.to_string())?
     }
 
     /// Ends every request now (`finish_reason: "abort"`) and refuses new ones.
@@ -171,13 +201,17 @@ where
         Ok(Ready {
             tokenizer,
             max_context,
-        }) => Ok(EngineHandle {
-            commands: commands_tx,
-            token_floor: TokenFloor::of(&tokenizer),
-            tokenizer: Arc::new(tokenizer),
-            max_context,
-            metrics,
-        }),
+        }) => {
+            let tokenizer = Arc::new(tokenizer);
+            Ok(EngineHandle {
+                commands: commands_tx,
+                token_floor: TokenFloor::of(&tokenizer),
+                structured: Arc::new(StructuredOutput::new(tokenizer.clone())),
+                tokenizer,
+                max_context,
+                metrics,
+            })
+        }
         Err(_) => match thread.join() {
             Ok(Err(e)) => Err(e),
             Ok(Ok(())) => Err(anyhow!("the engine thread stopped before it was ready")),
@@ -264,6 +298,15 @@ impl EngineInbox {
                         for a in active.values_mut() {
                             a.end(EndReason::Shutdown, &mut engine, &mut owner);
                         }
+                        continue;
+                    }
+                    Command::Score {
+                        tokens,
+                        top,
+                        scored,
+                    } => {
+                        let result = scoring::prompt_logprobs(&mut engine, &tokens, top);
+                        let _ = scored.send(result.map_err(|e| e.to_string()));
                         continue;
                     }
                 };

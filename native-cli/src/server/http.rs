@@ -1,5 +1,6 @@
 //! The HTTP routes: OpenAI-compatible completions and chat completions
-//! (JSON or server-sent events), models, health and metrics.
+//! (JSON or server-sent events), models, vLLM's `/tokenize` and
+//! `/detokenize`, health and metrics.
 //!
 //! A generation request is read and checked in this order: the API key
 //! (before the body is read), the body (within `body_read_timeout`, at most
@@ -7,7 +8,8 @@
 //! the blocking pool, never on the async runtime's threads, at most one
 //! request per core at a time (the others wait for a slot, so a flood of
 //! large prompts neither stalls `/health` and the streams nor queues
-//! unbounded blocking work), then admission by the engine.
+//! unbounded blocking work), then admission by the engine. `/tokenize` and
+//! `/detokenize` go through the same key check, body limits and slots.
 //!
 //! Every failure is an OpenAI error body with a fitting status: 400 for bad
 //! fields or a prompt too long for the context, 401 for a wrong API key, 404
@@ -34,7 +36,8 @@ use crate::api::{self, ApiError, Endpoint, Job, Limits};
 use crate::auth::ApiKey;
 use crate::engine_loop::{EngineHandle, Refused, Update};
 use crate::metrics::Outcome;
-use crate::response::{self, Reply};
+use crate::response::{self, Echo, Reply};
+use crate::tokenize;
 
 /// `Retry-After` (seconds) of a 503: a full queue drains in about a step's time.
 const RETRY_AFTER_SECONDS: u64 = 1;
@@ -104,6 +107,8 @@ pub fn router(engine: EngineHandle, config: ServerConfig) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize_text))
+        .route("/detokenize", post(detokenize_ids))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -188,10 +193,35 @@ async fn chat_completions(State(s): State<AppState>, request: Request) -> Respon
     generate(s, request, Endpoint::ChatCompletions).await
 }
 
+async fn tokenize_text(State(s): State<AppState>, request: Request) -> Response {
+    answer(&s, request, tokenize::tokenize).await
+}
+
+async fn detokenize_ids(State(s): State<AppState>, request: Request) -> Response {
+    answer(&s, request, tokenize::detokenize).await
+}
+
+/// A request answered from its body alone, off the async runtime.
+async fn answer(
+    s: &AppState,
+    request: Request,
+    reply: fn(&[u8], &Limits<'_>) -> Result<Value, ApiError>,
+) -> Response {
+    let result = async {
+        check_key(s, &request)?;
+        let body = read_body(s, request).await?;
+        off_runtime(s, move |limits| reply(&body, limits)).await
+    };
+    match result.await {
+        Ok(value) => json_response(StatusCode::OK, value),
+        Err(e) => error_response(&e),
+    }
+}
+
 async fn generate(s: AppState, request: Request, endpoint: Endpoint) -> Response {
     let arrived = Instant::now();
     match start(&s, request, endpoint, arrived).await {
-        Ok((job, updates)) => {
+        Ok((job, echo, updates)) => {
             let n = s.counter.fetch_add(1, Ordering::Relaxed);
             let prefix = match endpoint {
                 Endpoint::Completions => "cmpl",
@@ -203,8 +233,11 @@ async fn generate(s: AppState, request: Request, endpoint: Endpoint) -> Response
                 model: s.config.model_id.clone(),
                 endpoint,
                 prompt_tokens: job.prompt_tokens(),
-                logprobs: job.request.logprobs.is_some(),
+                logprobs: job.logprobs.is_some(),
+                tokens_as_ids: job.tokens_as_ids,
                 include_usage: job.include_usage,
+                choices: job.choices,
+                echo,
             };
             let tokenizer = s.engine.tokenizer.clone();
             let metrics = s.engine.metrics.clone();
@@ -217,16 +250,38 @@ async fn generate(s: AppState, request: Request, endpoint: Endpoint) -> Response
     }
 }
 
-/// Checks the request and queues it in the engine.
+/// Checks the request, scores its prompt for `echo` with logprobs, and
+/// queues it in the engine.
 async fn start(
     s: &AppState,
     request: Request,
     endpoint: Endpoint,
     arrived: Instant,
-) -> Result<(Job, mpsc::Receiver<Update>), ApiError> {
+) -> Result<(Job, Option<Echo>, mpsc::Receiver<Update>), ApiError> {
     check_key(s, &request)?;
     let body = read_body(s, request).await?;
-    let job = parse_off_runtime(s, endpoint, body).await?;
+    let job = off_runtime(s, move |limits| api::parse(endpoint, &body, limits)).await?;
+    let echo = match (&job.echo, job.logprobs) {
+        (None, _) => None,
+        (Some(text), None) => Some(Echo {
+            text: text.clone(),
+            logprobs: Vec::new(),
+        }),
+        (Some(text), Some(top)) => Some(Echo {
+            text: text.clone(),
+            logprobs: s
+                .engine
+                .score(job.request.prompt.clone(), top)
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        503,
+                        "server_error",
+                        format!("scoring the prompt for 'echo' failed: {e}"),
+                    )
+                })?,
+        }),
+    };
     let timeout = job
         .timeout
         .into_iter()
@@ -242,7 +297,7 @@ async fn start(
                 ApiError::new(503, "server_error", e.to_string())
             }
         })?;
-    Ok((job, updates))
+    Ok((job, echo, updates))
 }
 
 /// The whole body, within the body read timeout and the size limit.
@@ -276,8 +331,11 @@ async fn read_body(s: &AppState, request: Request) -> Result<Bytes, ApiError> {
     })
 }
 
-/// [`api::parse`] on the blocking pool, in one of the per-core slots.
-async fn parse_off_runtime(s: &AppState, endpoint: Endpoint, body: Bytes) -> Result<Job, ApiError> {
+/// `work` on the blocking pool, in one of the per-core slots.
+async fn off_runtime<T: Send + 'static>(
+    s: &AppState,
+    work: impl FnOnce(&Limits<'_>) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let slot = s
         .parse_slots
         .clone()
@@ -294,9 +352,10 @@ async fn parse_off_runtime(s: &AppState, endpoint: Endpoint, body: Bytes) -> Res
             max_context: engine.max_context,
             tokenizer: &engine.tokenizer,
             token_floor: &engine.token_floor,
+            structured: &engine.structured,
             default_seed,
         };
-        api::parse(endpoint, &body, &limits)
+        work(&limits)
     })
     .await
     .map_err(|e| {

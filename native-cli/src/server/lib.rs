@@ -6,13 +6,19 @@
 //! - [`connections`]: the accept loop, the connection cap, the request-head
 //!   timeout;
 //! - [`http`]: axum routes (`/v1/completions`, `/v1/chat/completions`,
-//!   `/v1/models`, `/health`, `/metrics`), the body timeout, parsing off the
-//!   async runtime, OpenAI error JSON; [`auth`]: the API key;
+//!   `/v1/models`, `/tokenize` and `/detokenize` ([`tokenize`]), `/health`,
+//!   `/metrics`), the body timeout, parsing off the async runtime, OpenAI
+//!   error JSON; [`auth`]: the API key;
 //! - [`api`]: the OpenAI request fields, parsed and validated into engine
-//!   requests; [`prompt`]: the prompt or chat messages as token ids, a
-//!   prompt that cannot fit refused before tokenizing ([`token_floor`]);
-//! - [`response`]: JSON bodies and server-sent events;
+//!   requests: [`fields`] (typed access, unknown fields refused by name),
+//!   [`sampling`] (the sampling parameters), [`tools`] (`tools` and
+//!   `tool_choice`); [`prompt`]: the prompt or chat messages as token ids,
+//!   a prompt that cannot fit refused before tokenizing ([`token_floor`]);
+//!   [`scoring`]: a prompt's own logprobs (`echo`);
+//! - [`response`]: JSON bodies and server-sent events, from [`collector`]
+//!   (updates to output per choice) and [`logprobs`] (their two shapes);
 //! - [`text`]: generated tokens to text per choice, with stop strings;
+//!   [`tool_parser`]: tool calls read from that text;
 //! - [`engine_loop`]: the engine on its own thread, fed over channels. It
 //!   never waits for a client: each request has a bounded channel, and
 //!   tokens a slow client has not taken yet wait in the loop's per-request
@@ -35,14 +41,22 @@
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod collector;
 pub mod connections;
 pub mod engine_loop;
+pub mod fields;
 pub mod http;
+pub mod logprobs;
 pub mod metrics;
 pub mod prompt;
 pub mod response;
+pub mod sampling;
+pub mod scoring;
 pub mod text;
 pub mod token_floor;
+pub mod tokenize;
+pub mod tool_parser;
+pub mod tools;
 
 pub use engine_loop::{spawn_engine, EngineHandle, EngineInbox};
 pub use http::{router, ServerConfig};

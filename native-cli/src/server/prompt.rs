@@ -1,7 +1,13 @@
 //! The prompt of a request as token ids: a completion's `prompt` (text, one
 //! text in a list, token ids, or one list of token ids), or a chat's
-//! `messages` checked turn by turn, rendered with the model's template and
-//! tokenized with the messages read as text ([`Tokenizer::encode_chat`]).
+//! `messages` checked turn by turn, rendered with the model's template (and
+//! the request's tools) and tokenized with the messages read as text
+//! ([`Tokenizer::encode_chat`]). Tool turns (`role: "tool"` with its
+//! `tool_call_id`) and assistant turns with `tool_calls` (content `null`)
+//! reach the template as `transformers` passes them: each call's
+//! `arguments` parsed from OpenAI's JSON string into an object. When
+//! `tool_choice` forces a call, the start of the call follows the
+//! generation prompt ([`ToolUse::forced_start`]).
 //!
 //! Text that cannot fit the context by its length alone ([`TokenFloor`]) is
 //! refused before it is tokenized.
@@ -10,12 +16,13 @@
 //! [`Tokenizer::encode_chat`]: tandem_core::tokenizer::Tokenizer::encode_chat
 
 use serde_json::Value;
-use tandem_core::tokenizer::ChatMessage;
+use tandem_core::tokenizer::{Chat, ChatMessage, ToolCall};
 
 use crate::api::{ApiError, Limits};
+use crate::tools::ToolUse;
 
 /// Roles a chat message may have (`developer` is read as `system`).
-const ROLES: &str = "system, developer, user or assistant";
+const ROLES: &str = "system, developer, user, assistant or tool";
 
 /// The token ids of a completion request's `prompt`.
 pub fn completion(prompt: Option<&Value>, limits: &Limits<'_>) -> Result<Vec<u32>, ApiError> {
@@ -42,10 +49,10 @@ pub fn completion(prompt: Option<&Value>, limits: &Limits<'_>) -> Result<Vec<u32
             "'prompt' is required",
             Some("prompt"),
         )),
-        Some(Value::String(s)) => encode(s, limits, "prompt"),
+        Some(Value::String(s)) => encode(s, true, limits, "prompt"),
         Some(Value::Array(items)) => match items.as_slice() {
             [] => Ok(Vec::new()),
-            [Value::String(s)] => encode(s, limits, "prompt"),
+            [Value::String(s)] => encode(s, true, limits, "prompt"),
             [Value::Array(one)] => ids(one),
             [Value::String(_) | Value::Array(_), ..] => Err(ApiError::bad_request(
                 format!(
@@ -60,8 +67,33 @@ pub fn completion(prompt: Option<&Value>, limits: &Limits<'_>) -> Result<Vec<u32
     }
 }
 
-/// The token ids of a chat request's `messages`, rendered with the chat template.
-pub fn chat(messages: Option<&Value>, limits: &Limits<'_>) -> Result<Vec<u32>, ApiError> {
+/// The text a completion's `echo` puts before its output: the prompt as
+/// written, or the prompt's token ids decoded.
+pub fn completion_text(
+    prompt: Option<&Value>,
+    ids: &[u32],
+    limits: &Limits<'_>,
+) -> Result<String, ApiError> {
+    match prompt {
+        Some(Value::String(text)) => Ok(text.clone()),
+        Some(Value::Array(items)) if matches!(items.as_slice(), [Value::String(_)]) => {
+            Ok(items[0].as_str().unwrap_or_default().to_string())
+        }
+        _ => limits
+            .tokenizer
+            .decode(ids)
+            .map_err(|e| ApiError::new(500, "server_error", e.to_string())),
+    }
+}
+
+/// The token ids of a chat request's `messages`, rendered with the chat
+/// template and `tools`.
+pub fn chat(
+    messages: Option<&Value>,
+    tools: Option<&ToolUse>,
+    add_generation_prompt: bool,
+    limits: &Limits<'_>,
+) -> Result<Vec<u32>, ApiError> {
     let Some(messages) = messages else {
         return Err(ApiError::bad_request(
             "'messages' is required",
@@ -90,10 +122,18 @@ pub fn chat(messages: Option<&Value>, limits: &Limits<'_>) -> Result<Vec<u32>, A
     }
     let tok = limits.tokenizer;
     let bad = |e: tandem_core::Error| ApiError::bad_request(e.to_string(), Some("messages"));
+    let chat = Chat {
+        messages: &chat,
+        tools: tools.map_or(&[], ToolUse::shown),
+        add_generation_prompt,
+    };
+    let forced = tools.and_then(ToolUse::forced_start).unwrap_or_default();
     // The rendered text's length, to refuse what cannot fit before tokenizing.
-    let text = tok.apply_chat_template(&chat, true).map_err(bad)?;
+    let text = tok.render_chat(&chat).map_err(bad)? + &forced;
     check_fits(&text, limits, "messages")?;
-    tok.encode_chat(&chat, true).map_err(bad)
+    let mut ids = tok.encode_chat_prompt(&chat).map_err(bad)?;
+    ids.extend(tok.encode(&forced, false).map_err(bad)?);
+    Ok(ids)
 }
 
 /// One checked chat message.
@@ -117,21 +157,35 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     };
     let role = match role {
         "system" | "developer" => "system",
-        "user" | "assistant" => role,
-        "tool" | "function" => {
+        "user" | "assistant" | "tool" => role,
+        "function" => {
             return Err(wrong(
                 "role",
-                &format!("is '{role}': this server does not support tool calling"),
+                "is 'function', which OpenAI has deprecated: send 'tool' messages with a 'tool_call_id'",
             ))
         }
         other => return Err(wrong("role", &format!("must be {ROLES}, not '{other}'"))),
     };
-    if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
-        return Err(wrong(
-            "tool_calls",
-            "is not supported: this server does not support tool calling",
-        ));
-    }
+    let tool_calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) if role != "assistant" => {
+            return Err(wrong("tool_calls", "is only for assistant messages"))
+        }
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(j, call)| tool_call(&field(&format!("tool_calls[{j}]")), call))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(wrong("tool_calls", "must be a list of tool calls")),
+    };
+    let tool_call_id = match m.get("tool_call_id") {
+        Some(Value::String(id)) if role == "tool" => Some(id.clone()),
+        None | Some(Value::Null) if role == "tool" => {
+            return Err(wrong("tool_call_id", "is required in a tool message"))
+        }
+        None | Some(Value::Null) => None,
+        Some(_) => return Err(wrong("tool_call_id", "must be a string, in a tool message")),
+    };
     let content = match m.get("content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
@@ -151,6 +205,8 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             })
             .collect::<Result<Vec<_>, _>>()?
             .concat(),
+        // An assistant turn that only calls tools has no content.
+        None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
         None | Some(Value::Null) => {
             return Err(wrong(
                 "content",
@@ -164,19 +220,47 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    let mut message = ChatMessage::new(role, content);
+    message.tool_calls = tool_calls;
+    message.tool_call_id = tool_call_id;
+    Ok(message)
 }
 
-/// Tokenizes `text` (with BOS where the model wants it), unless its length
-/// alone shows that it cannot fit the context.
-fn encode(text: &str, limits: &Limits<'_>, param: &str) -> Result<Vec<u32>, ApiError> {
+/// One of an assistant message's `tool_calls`, `field` naming it.
+fn tool_call(field: &str, call: &Value) -> Result<ToolCall, ApiError> {
+    let wrong = |what: &str| ApiError::bad_request(format!("'{field}' {what}"), Some(field));
+    let shape = "must be {\"id\": ..., \"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": \"...\"}}";
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let function = call.get("function");
+    let (Some(id), Some("function"), Some(name), Some(arguments)) = (
+        text(call.get("id")),
+        call.get("type").and_then(Value::as_str),
+        text(function.and_then(|f| f.get("name"))),
+        text(function.and_then(|f| f.get("arguments"))),
+    ) else {
+        return Err(wrong(shape));
+    };
+    // Templates write the arguments with `tojson`: an object, as
+    // `transformers` is given; text that is not JSON stays text.
+    let arguments = serde_json::from_str(&arguments).unwrap_or(Value::String(arguments));
+    Ok(ToolCall::function(id, name, arguments))
+}
+
+/// Tokenizes `text` (with `add_special`, BOS where the model wants it),
+/// unless its length alone shows that it cannot fit the context.
+pub fn encode(
+    text: &str,
+    add_special: bool,
+    limits: &Limits<'_>,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
     if text.is_empty() {
         return Ok(Vec::new());
     }
     check_fits(text, limits, param)?;
     limits
         .tokenizer
-        .encode(text, true)
+        .encode(text, add_special)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some(param)))
 }
 

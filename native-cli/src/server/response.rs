@@ -1,11 +1,19 @@
-//! Responses: a request's updates turned into text per choice, answered
-//! once as JSON or streamed as server-sent events.
+//! Responses: a request's output per choice ([`Collector`]) answered once
+//! as JSON or streamed as server-sent events.
 //!
 //! A request the server ends early (deadline, shutdown) ends like any other:
 //! each unfinished choice gets the server's `finish_reason` (`"timeout"`,
 //! `"abort"`) with the text it had, a stream then sends `usage` (when asked)
 //! and `[DONE]`. A non-streaming request that got no token at all is an
 //! error instead: 504 for its deadline, 503 for a shutdown.
+//!
+//! A chat's tool calls are `message.tool_calls` (content `null` when the
+//! choice is only calls) and, streamed, `delta.tool_calls`: first the
+//! call's index, id, type and name with empty arguments, then argument
+//! fragments under the same index. `best_of` answers with the `n` choices
+//! whose tokens have the highest summed logprob, highest first. `echo`
+//! puts the prompt before each choice's text (and its tokens' logprobs
+//! before the generated ones').
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -20,10 +28,12 @@ use tandem_core::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::api::{self, ApiError, Endpoint, Job};
-use crate::engine_loop::{ChoiceToken, EndReason, Update};
+use crate::collector::{Collector, Delta, LogprobEntry};
+use crate::engine_loop::{EndReason, Update};
 use crate::http::{error_response, json_response};
-use crate::metrics::{Metrics, Outcome};
-use crate::text::ChoiceText;
+use crate::logprobs::{self, TokenNames};
+use crate::metrics::Metrics;
+use crate::tool_parser::ToolEvent;
 
 /// The fixed fields of a response.
 pub struct Reply {
@@ -32,8 +42,22 @@ pub struct Reply {
     pub model: String,
     pub endpoint: Endpoint,
     pub prompt_tokens: usize,
+    /// The client asked for logprobs.
     pub logprobs: bool,
+    /// Tokens in logprobs are named `token_id:ID` (vLLM's `return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
     pub include_usage: bool,
+    /// How many choices the response has (`n`; fewer than generated with `best_of`).
+    pub choices: usize,
+    /// The prompt, put before each choice's text (completions' `echo`).
+    pub echo: Option<Echo>,
+}
+
+/// An echoed prompt: its text and, when logprobs were asked for, its tokens'.
+#[derive(Clone, Debug, Default)]
+pub struct Echo {
+    pub text: String,
+    pub logprobs: Vec<LogprobEntry>,
 }
 
 /// The response to `job`, whose updates come from `updates`.
@@ -45,7 +69,8 @@ pub async fn respond(
     metrics: Arc<Metrics>,
     started: Instant,
 ) -> Response {
-    let collector = Collector::new(job, tokenizer, metrics, started);
+    let call_ids = format!("call_{}_", reply.id);
+    let collector = Collector::new(job, tokenizer, metrics, started, &call_ids);
     if job.stream {
         stream(reply, collector, updates)
     } else {
@@ -53,177 +78,29 @@ pub async fn respond(
     }
 }
 
-/// One token's logprobs, as the engine reported them.
-struct LogprobEntry {
-    token: u32,
-    logprob: f32,
-    top: Vec<(u32, f32)>,
-}
-
-/// New output of one choice.
-struct Delta {
-    index: usize,
-    text: String,
+/// One choice's output, gathered.
+#[derive(Default)]
+struct Output {
+    content: String,
+    /// `(id, name, arguments)`.
+    calls: Vec<(String, String, String)>,
     logprobs: Vec<LogprobEntry>,
-    finish_reason: Option<&'static str>,
 }
 
-struct Choice {
-    text: ChoiceText,
-    last_token_at: Option<Instant>,
-}
-
-/// Turns a request's updates into text per choice and records latencies.
-struct Collector {
-    tokenizer: Arc<Tokenizer>,
-    metrics: Arc<Metrics>,
-    choices: Vec<Choice>,
-    started: Instant,
-    saw_first_token: bool,
-    failed: bool,
-}
-
-impl Collector {
-    fn new(job: &Job, tokenizer: Arc<Tokenizer>, metrics: Arc<Metrics>, started: Instant) -> Self {
-        Self {
-            tokenizer,
-            metrics,
-            choices: (0..job.samples())
-                .map(|_| Choice {
-                    text: ChoiceText::new(job.stops.clone()),
-                    last_token_at: None,
-                })
-                .collect(),
-            started,
-            saw_first_token: false,
-            failed: false,
-        }
-    }
-
-    fn all_done(&self) -> bool {
-        self.choices.iter().all(|c| c.text.is_done())
-    }
-
-    fn completion_tokens(&self) -> usize {
-        self.choices.iter().map(|c| c.text.completion_tokens).sum()
-    }
-
-    /// Ends every unfinished choice for `reason`.
-    fn end(&mut self, reason: EndReason) -> Result<Vec<Delta>, ApiError> {
-        let mut deltas = Vec::new();
-        for (index, choice) in self.choices.iter_mut().enumerate() {
-            if choice.text.is_done() {
-                continue;
+impl Output {
+    fn add(&mut self, d: Delta) {
+        for piece in d.pieces {
+            match piece {
+                ToolEvent::Content(text) => self.content.push_str(&text),
+                ToolEvent::Call { id, name, .. } => self.calls.push((id, name, String::new())),
+                ToolEvent::Arguments { index, text } => self.calls[index].2.push_str(&text),
             }
-            let text = choice
-                .text
-                .end(&self.tokenizer, reason.finish_reason())
-                .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
-            deltas.push(Delta {
-                index,
-                text,
-                logprobs: Vec::new(),
-                finish_reason: choice.text.finish_reason,
-            });
         }
-        Ok(deltas)
-    }
-
-    fn apply(&mut self, tokens: Vec<ChoiceToken>) -> Result<Vec<Delta>, ApiError> {
-        let now = Instant::now();
-        if !self.saw_first_token {
-            self.saw_first_token = true;
-            self.metrics.time_to_first_token(now - self.started);
-        }
-        let mut deltas = Vec::with_capacity(tokens.len());
-        for t in tokens {
-            let Some(choice) = self.choices.get_mut(t.index) else {
-                continue;
-            };
-            if choice.text.is_done() {
-                continue;
-            }
-            if let Some(last) = choice.last_token_at.replace(now) {
-                self.metrics.inter_token_latency(now - last);
-            }
-            let text = choice
-                .text
-                .push(&self.tokenizer, t.token, t.finished)
-                .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
-            deltas.push(Delta {
-                index: t.index,
-                text,
-                logprobs: t
-                    .logprobs
-                    .map(|lp| LogprobEntry {
-                        token: t.token,
-                        logprob: lp.logprob,
-                        top: lp.top,
-                    })
-                    .into_iter()
-                    .collect(),
-                finish_reason: choice.text.finish_reason,
-            });
-        }
-        Ok(deltas)
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let outcome = if self.all_done() && !self.failed {
-            Outcome::Completed
-        } else {
-            Outcome::Cancelled
-        };
-        self.metrics.request_done(outcome);
+        self.logprobs.extend(d.logprobs);
     }
 }
 
 impl Reply {
-    fn token_text(tok: &Tokenizer, id: u32) -> String {
-        tok.decode(&[id]).unwrap_or_default()
-    }
-
-    /// The `logprobs` object of a choice (or chunk), in the endpoint's format.
-    fn logprobs(&self, tok: &Tokenizer, entries: &[LogprobEntry], text_offset: usize) -> Value {
-        if !self.logprobs {
-            return Value::Null;
-        }
-        match self.endpoint {
-            Endpoint::Completions => {
-                let mut offset = text_offset;
-                let mut offsets = Vec::with_capacity(entries.len());
-                let mut tokens = Vec::with_capacity(entries.len());
-                for e in entries {
-                    let text = Self::token_text(tok, e.token);
-                    offsets.push(offset);
-                    offset += text.len();
-                    tokens.push(text);
-                }
-                json!({
-                    "tokens": tokens,
-                    "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
-                    "top_logprobs": entries.iter().map(|e| {
-                        e.top.iter().map(|&(id, lp)| (Self::token_text(tok, id), json!(lp))).collect::<serde_json::Map<_, _>>()
-                    }).collect::<Vec<_>>(),
-                    "text_offset": offsets,
-                })
-            }
-            Endpoint::ChatCompletions => {
-                let item = |id: u32, lp: f32| {
-                    let text = Self::token_text(tok, id);
-                    json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
-                };
-                json!({"content": entries.iter().map(|e| {
-                    let mut v = item(e.token, e.logprob);
-                    v["top_logprobs"] = e.top.iter().map(|&(id, lp)| item(id, lp)).collect();
-                    v
-                }).collect::<Vec<_>>()})
-            }
-        }
-    }
-
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
             (Endpoint::Completions, _) => "text_completion",
@@ -241,6 +118,62 @@ impl Reply {
             "choices": choices,
         })
     }
+
+    fn names<'a>(&self, tokenizer: &'a Tokenizer) -> TokenNames<'a> {
+        TokenNames {
+            tokenizer,
+            as_ids: self.tokens_as_ids,
+        }
+    }
+
+    fn echo_text(&self) -> &str {
+        self.echo.as_ref().map_or("", |e| e.text.as_str())
+    }
+
+    /// A whole choice.
+    fn choice(
+        &self,
+        tok: &Tokenizer,
+        index: usize,
+        out: &Output,
+        finish_reason: Option<&str>,
+    ) -> Value {
+        match self.endpoint {
+            Endpoint::Completions => {
+                let lp = self.logprobs.then(|| {
+                    let echoed = self.echo.iter().flat_map(|e| e.logprobs.iter());
+                    let all: Vec<LogprobEntry> = echoed.chain(&out.logprobs).cloned().collect();
+                    logprobs::completion(self.names(tok), &all, 0)
+                });
+                json!({
+                    "index": index,
+                    "text": format!("{}{}", self.echo_text(), out.content),
+                    "logprobs": lp,
+                    "finish_reason": finish_reason,
+                })
+            }
+            Endpoint::ChatCompletions => {
+                let mut message = json!({"role": "assistant", "content": out.content});
+                if !out.calls.is_empty() {
+                    if out.content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = (out.calls.iter())
+                        .map(|(id, name, arguments)| {
+                            json!({"id": id, "type": "function",
+                                   "function": {"name": name, "arguments": arguments}})
+                        })
+                        .collect();
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": self.logprobs.then(|| logprobs::chat(self.names(tok), &out.logprobs)),
+                    "finish_reason": finish_reason,
+                })
+            }
+        }
+    }
 }
 
 /// Non-streaming: waits for every choice, then answers once.
@@ -249,9 +182,9 @@ async fn complete(
     mut collector: Collector,
     mut updates: mpsc::Receiver<Update>,
 ) -> Response {
-    let n = collector.choices.len();
-    let mut texts = vec![String::new(); n];
-    let mut logprobs: Vec<Vec<LogprobEntry>> = (0..n).map(|_| Vec::new()).collect();
+    let mut outputs: Vec<Output> = (0..collector.samples())
+        .map(|_| Output::default())
+        .collect();
     while !collector.all_done() {
         let deltas = match updates.recv().await {
             Some(Update::Tokens(tokens)) => collector.apply(tokens),
@@ -263,12 +196,7 @@ async fn complete(
             None => Err(ApiError::new(500, "server_error", "the engine stopped")),
         };
         match deltas {
-            Ok(deltas) => {
-                for d in deltas {
-                    texts[d.index].push_str(&d.text);
-                    logprobs[d.index].extend(d.logprobs);
-                }
-            }
+            Ok(deltas) => deltas.into_iter().for_each(|d| outputs[d.index].add(d)),
             Err(e) => {
                 collector.failed = true;
                 return error_response(&e);
@@ -276,22 +204,13 @@ async fn complete(
         }
     }
     let tok = collector.tokenizer.clone();
-    let choices = (0..n)
-        .map(|i| {
-            let finish_reason = collector.choices[i].text.finish_reason;
-            let lp = reply.logprobs(&tok, &logprobs[i], 0);
-            match reply.endpoint {
-                Endpoint::Completions => json!({
-                    "index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish_reason,
-                }),
-                Endpoint::ChatCompletions => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": texts[i]},
-                    "logprobs": lp,
-                    "finish_reason": finish_reason,
-                }),
-            }
-        })
+    let chosen = if reply.choices < collector.samples() {
+        collector.best(reply.choices)
+    } else {
+        (0..collector.samples()).collect()
+    };
+    let choices = (chosen.iter().enumerate())
+        .map(|(i, &c)| reply.choice(&tok, i, &outputs[c], collector.finish_reason(c)))
         .collect();
     let mut body = reply.envelope(false, choices);
     body["usage"] = api::usage(reply.prompt_tokens, collector.completion_tokens());
@@ -328,29 +247,76 @@ impl StreamState {
         Event::default().data(value.to_string())
     }
 
+    fn chunk(&mut self, choice: Value) {
+        let chunk = self.reply.envelope(true, vec![choice]);
+        self.queue.push_back(Self::data(&chunk));
+    }
+
+    /// The first event of each choice: the assistant's role (chat), the echoed prompt (completions).
+    fn push_start(&mut self) {
+        let tok = self.collector.tokenizer.clone();
+        for index in 0..self.collector.samples() {
+            match self.reply.endpoint {
+                Endpoint::ChatCompletions => self.chunk(json!({
+                    "index": index, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null, "finish_reason": null,
+                })),
+                Endpoint::Completions => {
+                    let Some(echo) = &self.reply.echo else {
+                        continue;
+                    };
+                    let lp = (self.reply.logprobs)
+                        .then(|| logprobs::completion(self.reply.names(&tok), &echo.logprobs, 0));
+                    self.sent[index] = echo.text.len();
+                    let choice = json!({"index": index, "text": echo.text, "logprobs": lp, "finish_reason": null});
+                    self.chunk(choice);
+                }
+            }
+        }
+    }
+
     fn push_deltas(&mut self, deltas: Vec<Delta>) {
         let tok = self.collector.tokenizer.clone();
         for d in deltas {
-            if d.text.is_empty() && d.finish_reason.is_none() && d.logprobs.is_empty() {
+            if d.pieces.is_empty() && d.finish_reason.is_none() && d.logprobs.is_empty() {
                 continue;
             }
-            let lp = self.reply.logprobs(&tok, &d.logprobs, self.sent[d.index]);
-            self.sent[d.index] += d.text.len();
-            let choice = match self.reply.endpoint {
-                Endpoint::Completions => json!({
-                    "index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason,
-                }),
-                Endpoint::ChatCompletions => {
-                    let delta = if d.text.is_empty() {
-                        json!({})
-                    } else {
-                        json!({"content": d.text})
-                    };
-                    json!({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason})
+            match self.reply.endpoint {
+                Endpoint::Completions => {
+                    let text: String = (d.pieces.iter())
+                        .map(|p| match p {
+                            ToolEvent::Content(t) => t.as_str(),
+                            _ => "",
+                        })
+                        .collect();
+                    let lp = (self.reply.logprobs).then(|| {
+                        logprobs::completion(
+                            self.reply.names(&tok),
+                            &d.logprobs,
+                            self.sent[d.index],
+                        )
+                    });
+                    self.sent[d.index] += text.len();
+                    self.chunk(json!({
+                        "index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
+                    }));
                 }
-            };
-            let chunk = self.reply.envelope(true, vec![choice]);
-            self.queue.push_back(Self::data(&chunk));
+                Endpoint::ChatCompletions => {
+                    let mut deltas: Vec<Value> = d.pieces.into_iter().map(chat_delta).collect();
+                    if deltas.is_empty() {
+                        deltas.push(json!({}));
+                    }
+                    let last = deltas.len() - 1;
+                    for (i, delta) in deltas.into_iter().enumerate() {
+                        let lp = (i == 0 && self.reply.logprobs)
+                            .then(|| logprobs::chat(self.reply.names(&tok), &d.logprobs));
+                        let finish = if i == last { d.finish_reason } else { None };
+                        self.chunk(json!({
+                            "index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish,
+                        }));
+                    }
+                }
+            }
         }
     }
 
@@ -411,11 +377,25 @@ impl StreamState {
     }
 }
 
+/// A chat chunk's `delta` for one piece of output.
+fn chat_delta(piece: ToolEvent) -> Value {
+    match piece {
+        ToolEvent::Content(text) => json!({"content": text}),
+        ToolEvent::Call { index, id, name } => json!({"tool_calls": [{
+            "index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }]}),
+        ToolEvent::Arguments { index, text } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+        }
+    }
+}
+
 /// Streaming: one server-sent event per new piece of a choice, then
 /// `usage` (when asked) and `[DONE]`. A client that goes away drops the
 /// stream, and with it the receiver, which cancels the request.
 fn stream(reply: Reply, collector: Collector, updates: mpsc::Receiver<Update>) -> Response {
-    let n = collector.choices.len();
+    let n = collector.samples();
     let mut state = StreamState {
         reply,
         collector,
@@ -424,14 +404,6 @@ fn stream(reply: Reply, collector: Collector, updates: mpsc::Receiver<Update>) -
         sent: vec![0; n],
         finished: false,
     };
-    if state.reply.endpoint == Endpoint::ChatCompletions {
-        for i in 0..n {
-            let chunk = state.reply.envelope(
-                true,
-                vec![json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})],
-            );
-            state.queue.push_back(StreamState::data(&chunk));
-        }
-    }
+    state.push_start();
     Sse::new(futures_util::stream::unfold(state, StreamState::next)).into_response()
 }

@@ -1,0 +1,426 @@
+//! Tool calls read from generated text as it arrives, in the Hermes format
+//! Qwen2.5 writes:
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Paris"}}
+//! </tool_call>
+//! ```
+//!
+//! A call's name is handed out as soon as `{"name": "...", "arguments": `
+//! has been read, then its arguments as they come: the text after that
+//! opening up to the object's closing brace, as the model wrote it. Text
+//! outside the calls is content; whitespace around calls is dropped. A call
+//! whose opening is written otherwise (the keys in another order) is read
+//! whole at `</tool_call>` as JSON, and a block that is not a call stays
+//! content. Output that ends inside a call ends the call there.
+//!
+//! Streaming and whole responses run the same parser over the same text,
+//! so streamed deltas reassemble into exactly the whole response.
+
+use serde_json::Value;
+
+use crate::tools::{CALL_CLOSE, CALL_OPEN};
+
+/// What the parser hands out, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolEvent {
+    Content(String),
+    /// A call begins: its index among the choice's calls, its id, the function's name.
+    Call {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s arguments (a JSON text).
+    Arguments {
+        index: usize,
+        text: String,
+    },
+}
+
+#[derive(Debug)]
+enum State {
+    /// Outside calls.
+    Text,
+    /// Inside `<tool_call>`, before `{"name": ..., "arguments": ` is read.
+    Head,
+    /// The arguments of the last call; `sent` bytes of them handed out.
+    Arguments { sent: usize },
+    /// A call whose opening is written otherwise: kept until its end.
+    Whole,
+}
+
+/// Reads one choice's calls.
+#[derive(Debug)]
+pub struct ToolCallParser {
+    /// Call ids are this and the call's index.
+    id_prefix: String,
+    /// Text not handed out yet (in `Arguments`, the arguments so far).
+    buffer: String,
+    state: State,
+    /// Whitespace at the end of the content so far: handed out before more
+    /// content (or at the end when there was no call), dropped before a call.
+    held_space: String,
+    calls: usize,
+    /// Events of the text the output was made to start with.
+    pending: Vec<ToolEvent>,
+}
+
+impl ToolCallParser {
+    /// A parser whose output starts with `start`, text the prompt forced
+    /// (part of the call, never content of its own).
+    pub fn new(id_prefix: String, start: &str) -> Self {
+        let mut parser = Self {
+            id_prefix,
+            buffer: String::new(),
+            state: State::Text,
+            held_space: String::new(),
+            calls: 0,
+            pending: Vec::new(),
+        };
+        parser.pending = parser.push(start);
+        parser
+    }
+
+    /// Calls begun so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Takes the next piece of text; returns what can be handed out now.
+    pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        let mut out = std::mem::take(&mut self.pending);
+        self.buffer.push_str(text);
+        loop {
+            match self.state {
+                State::Text => match self.buffer.find(CALL_OPEN) {
+                    Some(at) => {
+                        let before: String = self.buffer.drain(..at + CALL_OPEN.len()).collect();
+                        self.content(&before[..at], &mut out);
+                        self.held_space.clear();
+                        self.state = State::Head;
+                    }
+                    None => {
+                        let keep = partial_suffix(&self.buffer, CALL_OPEN);
+                        let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
+                        self.content(&text, &mut out);
+                        return out;
+                    }
+                },
+                State::Head => match scan_head(&self.buffer) {
+                    Head::Found { name, len } => {
+                        self.buffer.drain(..len);
+                        out.push(self.begin_call(name));
+                        self.state = State::Arguments { sent: 0 };
+                    }
+                    Head::NeedMore => return out,
+                    Head::Other => self.state = State::Whole,
+                },
+                State::Arguments { sent } => match self.buffer.find(CALL_CLOSE) {
+                    Some(at) => {
+                        let block: String = self.buffer.drain(..at + CALL_CLOSE.len()).collect();
+                        self.arguments(arguments_text(&block[..at]), sent, &mut out);
+                        self.state = State::Text;
+                    }
+                    None => {
+                        let keep = partial_suffix(&self.buffer, CALL_CLOSE);
+                        let safe = arguments_text(&self.buffer[..self.buffer.len() - keep]).len();
+                        let text = self.buffer[..safe].to_string();
+                        self.arguments(&text, sent, &mut out);
+                        self.state = State::Arguments {
+                            sent: sent.max(safe),
+                        };
+                        return out;
+                    }
+                },
+                State::Whole => match self.buffer.find(CALL_CLOSE) {
+                    Some(at) => {
+                        let block: String = self.buffer.drain(..at + CALL_CLOSE.len()).collect();
+                        self.whole(&block[..at], true, &mut out);
+                        self.state = State::Text;
+                    }
+                    None => return out,
+                },
+            }
+        }
+    }
+
+    /// The output ended: hands out what was held.
+    pub fn finish(&mut self) -> Vec<ToolEvent> {
+        let mut out = std::mem::take(&mut self.pending);
+        let rest = std::mem::take(&mut self.buffer);
+        match std::mem::replace(&mut self.state, State::Text) {
+            State::Text => self.content(&rest, &mut out),
+            State::Arguments { sent } => self.arguments(arguments_text(&rest), sent, &mut out),
+            State::Head | State::Whole => self.whole(&rest, false, &mut out),
+        }
+        if self.calls == 0 && !self.held_space.is_empty() {
+            out.push(ToolEvent::Content(std::mem::take(&mut self.held_space)));
+        }
+        out
+    }
+
+    /// Hands out `text` as content, but for its trailing whitespace, held.
+    fn content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        let body = text.trim_end();
+        if body.is_empty() {
+            self.held_space.push_str(text);
+            return;
+        }
+        let mut content = std::mem::take(&mut self.held_space);
+        content.push_str(body);
+        out.push(ToolEvent::Content(content));
+        self.held_space = text[body.len()..].to_string();
+    }
+
+    fn begin_call(&mut self, name: String) -> ToolEvent {
+        let index = self.calls;
+        self.calls += 1;
+        ToolEvent::Call {
+            index,
+            id: format!("{}{index}", self.id_prefix),
+            name,
+        }
+    }
+
+    /// Hands out `arguments` past the `sent` bytes already handed out.
+    fn arguments(&mut self, arguments: &str, sent: usize, out: &mut Vec<ToolEvent>) {
+        if let Some(text) = arguments.get(sent..).filter(|t| !t.is_empty()) {
+            out.push(ToolEvent::Arguments {
+                index: self.calls - 1,
+                text: text.to_string(),
+            });
+        }
+    }
+
+    /// A call block read whole: a call if it is `{"name": ..., "arguments": ...}`, else content.
+    fn whole(&mut self, block: &str, closed: bool, out: &mut Vec<ToolEvent>) {
+        let call = serde_json::from_str::<Value>(block.trim())
+            .ok()
+            .and_then(|v| {
+                let name = v.get("name")?.as_str()?.to_string();
+                let arguments = match v.get("arguments").or_else(|| v.get("parameters"))? {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                Some((name, arguments))
+            });
+        match call {
+            Some((name, arguments)) => {
+                self.held_space.clear();
+                let call = self.begin_call(name);
+                out.push(call);
+                self.arguments(&arguments, 0, out);
+            }
+            None => {
+                let close = if closed { CALL_CLOSE } else { "" };
+                self.content(&format!("{CALL_OPEN}{block}{close}"), out);
+            }
+        }
+    }
+}
+
+/// The arguments in `text`, the rest of a call after its opening: up to
+/// the call object's closing brace, without the whitespace around it.
+fn arguments_text(text: &str) -> &str {
+    let text = text.trim_end();
+    text.strip_suffix('}').unwrap_or(text).trim_end()
+}
+
+/// Length of the longest tail of `text` that `marker` starts with (and is shorter than it).
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+/// How far a call's opening has been read.
+enum Head {
+    /// `{"name": "NAME", "arguments": ` read, `len` bytes, with more after it.
+    Found {
+        name: String,
+        len: usize,
+    },
+    NeedMore,
+    /// Not written this way.
+    Other,
+}
+
+/// Reads `{"name": "NAME", "arguments": ` at the start of `text`.
+fn scan_head(text: &str) -> Head {
+    let mut c = Cursor { text, at: 0 };
+    let mut read = || -> Result<String, Head> {
+        c.space();
+        c.literal("{")?;
+        c.space();
+        c.literal("\"name\"")?;
+        c.space();
+        c.literal(":")?;
+        c.space();
+        let name = c.name()?;
+        c.space();
+        c.literal(",")?;
+        c.space();
+        c.literal("\"arguments\"")?;
+        c.space();
+        c.literal(":")?;
+        c.space();
+        // The arguments start with what follows the spaces.
+        if c.at == c.text.len() {
+            return Err(Head::NeedMore);
+        }
+        Ok(name)
+    };
+    match read() {
+        Ok(name) => Head::Found { name, len: c.at },
+        Err(stop) => stop,
+    }
+}
+
+struct Cursor<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn rest(&self) -> &'a str {
+        &self.text[self.at..]
+    }
+
+    fn space(&mut self) {
+        let rest = self.rest();
+        self.at += rest.len() - rest.trim_start().len();
+    }
+
+    fn literal(&mut self, literal: &str) -> Result<(), Head> {
+        let rest = self.rest();
+        if rest.starts_with(literal) {
+            self.at += literal.len();
+            Ok(())
+        } else if literal.starts_with(rest) {
+            Err(Head::NeedMore)
+        } else {
+            Err(Head::Other)
+        }
+    }
+
+    /// A JSON string without escapes.
+    fn name(&mut self) -> Result<String, Head> {
+        self.literal("\"")?;
+        let rest = self.rest();
+        match rest.find(['"', '\\']) {
+            Some(end) if rest.as_bytes()[end] == b'"' && end > 0 => {
+                self.at += end + 1;
+                Ok(rest[..end].to_string())
+            }
+            Some(_) => Err(Head::Other),
+            None => Err(Head::NeedMore),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Content, and each call's (id, name, arguments), from `events`.
+    fn assemble(events: &[ToolEvent]) -> (String, Vec<(String, String, String)>) {
+        let mut content = String::new();
+        let mut calls: Vec<(String, String, String)> = Vec::new();
+        for e in events {
+            match e {
+                ToolEvent::Content(t) => content.push_str(t),
+                ToolEvent::Call { index, id, name } => {
+                    assert_eq!(*index, calls.len());
+                    calls.push((id.clone(), name.clone(), String::new()));
+                }
+                ToolEvent::Arguments { index, text } => calls[*index].2.push_str(text),
+            }
+        }
+        (content, calls)
+    }
+
+    /// Parses `text` whole and one character at a time; both must agree.
+    fn parse(start: &str, text: &str) -> (String, Vec<(String, String, String)>) {
+        let mut whole = ToolCallParser::new("call_".into(), start);
+        let mut events = whole.push(text);
+        events.extend(whole.finish());
+        let mut piecewise = ToolCallParser::new("call_".into(), start);
+        let mut streamed = Vec::new();
+        for c in text.chars() {
+            streamed.extend(piecewise.push(&c.to_string()));
+        }
+        streamed.extend(piecewise.finish());
+        let result = assemble(&events);
+        assert_eq!(assemble(&streamed), result, "{text:?}");
+        result
+    }
+
+    fn call(i: usize, name: &str, arguments: &str) -> (String, String, String) {
+        (format!("call_{i}"), name.into(), arguments.into())
+    }
+
+    #[test]
+    fn calls_are_read_in_pieces_and_whole_alike() {
+        let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"n\": {}}}\n</tool_call>";
+        assert_eq!(
+            parse("", text),
+            (
+                String::new(),
+                vec![call(0, "get_weather", "{\"city\": \"Paris\", \"n\": {}}")]
+            )
+        );
+        let two = format!("I will look.\n{text}\n{}", text.replace("Paris", "Oslo"));
+        let (content, calls) = parse("", &two);
+        assert_eq!(content, "I will look.");
+        assert_eq!(
+            calls[1],
+            call(1, "get_weather", "{\"city\": \"Oslo\", \"n\": {}}")
+        );
+    }
+
+    #[test]
+    fn text_without_calls_is_content_unchanged() {
+        for text in [
+            "Hello <tool world",
+            "  spaced  \n",
+            "a < b </tool_call> c",
+            "",
+        ] {
+            assert_eq!(parse("", text), (text.to_string(), vec![]));
+        }
+    }
+
+    #[test]
+    fn other_layouts_are_read_whole_and_non_calls_stay_content() {
+        let reordered = "<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"f\"}</tool_call>";
+        assert_eq!(
+            parse("", reordered),
+            (String::new(), vec![call(0, "f", "{\"x\":1}")])
+        );
+        let not_a_call = "<tool_call>not json</tool_call> after";
+        assert_eq!(parse("", not_a_call), (not_a_call.to_string(), vec![]));
+    }
+
+    #[test]
+    fn a_forced_start_and_an_unfinished_call() {
+        let start = "<tool_call>\n{\"name\": \"f\", \"arguments\": ";
+        assert_eq!(
+            parse(start, "{\"a\": [1, 2]}}\n</tool_call>"),
+            (String::new(), vec![call(0, "f", "{\"a\": [1, 2]}")])
+        );
+        // Cut short (max_tokens, a stop string): the call ends where the output does.
+        assert_eq!(
+            parse(start, "{\"a\": [1,"),
+            (String::new(), vec![call(0, "f", "{\"a\": [1,")])
+        );
+        assert_eq!(
+            parse("<tool_call>\n{\"name\": \"", "g\", \"arguments\": {}}"),
+            (String::new(), vec![call(0, "g", "{}")])
+        );
+    }
+}
