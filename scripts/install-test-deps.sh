@@ -21,11 +21,12 @@ fi
 "$here/install-nvrtc.sh"
 
 # The official OpenAI Python client, for the serving tests (tests/tests/serving_http.rs),
+# and jsonschema, which validates structured output (tests/tests/structured_http.rs),
 # in a virtual environment kept out of git (.tools/ is ignored).
 VENV="$here/../.tools/venv"
-if ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3" "jsonschema>=4.18,<5"
 fi
 
 # The browser tests (make test-web): Debian's Chromium (WebGPU through

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tandem_core::engine::Request;
+use tandem_core::sched::SharedConstraintFactory;
 use tandem_core::tokenizer::Tokenizer;
+use tandem_structured::{StructuredError, StructuredOutput};
 
 use crate::fields::{self, Fields};
 use crate::prompt;
@@ -135,6 +137,8 @@ pub struct Limits<'a> {
     pub token_floor: &'a TokenFloor,
     /// Seed of requests that give none.
     pub default_seed: u64,
+    /// Compiles the output formats of requests.
+    pub structured: &'a StructuredOutput,
 }
 
 /// Parses and checks a request body for `endpoint`.
@@ -236,6 +240,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             samples,
             // `best_of` ranks the samples by their tokens' logprobs.
             logprobs: logprobs.or((samples > choices).then_some(0)),
+            constraint: output_constraint(obj, limits)?,
             ..Request::new(prompt, params, max_tokens)
         },
         choices,
@@ -335,6 +340,20 @@ fn logprobs(f: &Fields<'_>, endpoint: Endpoint) -> Result<Option<usize>, ApiErro
             }
         }
     })
+}
+
+/// The constraint of the output format the request asks for
+/// (`response_format`, vLLM's `guided_*` and `structured_outputs`), compiled
+/// for the model's tokenizer; a malformed one is a 400 naming its field.
+fn output_constraint(
+    body: &serde_json::Map<String, Value>,
+    limits: &Limits<'_>,
+) -> Result<Option<SharedConstraintFactory>, ApiError> {
+    let refused = |e: StructuredError| ApiError::bad_request(e.to_string(), e.param());
+    match tandem_structured::from_request(body).map_err(refused)? {
+        Some(requested) => limits.structured.compile(&requested).map_err(refused),
+        None => Ok(None),
+    }
 }
 
 fn stop_strings(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {

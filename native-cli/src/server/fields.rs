@@ -36,6 +36,12 @@ const COMMON: &[&str] = &[
     "priority",
     "return_tokens_as_token_ids",
     "timeout",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
 ];
 
 /// Fields only `/v1/completions` takes.
