@@ -93,7 +93,10 @@ fn json_schemas_validate_with_smollm2_and_ngram_speculation() {
     run_client(&server, "smollm2", 400, true);
     let drafted = metric(server.addr, "tandem_spec_draft_tokens_total");
     let accepted = metric(server.addr, "tandem_spec_accepted_tokens_total");
-    assert!(drafted > 0.0 && accepted < drafted, "{accepted} of {drafted} drafts accepted");
+    assert!(
+        drafted > 0.0 && accepted < drafted,
+        "{accepted} of {drafted} drafts accepted"
+    );
 }
 
 #[test]
