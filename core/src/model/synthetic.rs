@@ -509,8 +509,6 @@ pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
         tokens.push(format!("<unused_{}>", tokens.len()));
         types.push(5);
     }
-    tokens.truncate(vocab_size.max(256 + SPECIAL_TOKENS.len()));
-    types.truncate(tokens.len());
     let strings = |v: Vec<String>| GgufValue::Array(GgufArray::String(v.iter().collect()));
     vec![
         (

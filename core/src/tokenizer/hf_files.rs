@@ -22,8 +22,7 @@ pub(super) fn tokenizer_from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         path: json_path.clone(),
         source,
     })?;
-    let inner = tokenizers::Tokenizer::from_bytes(&json)
-        .map_err(|e| Error::bad_file(&json_path, format!("not a tokenizer: {e}")))?;
+    let inner = parse_tokenizer_json(&json, &json_path)?;
     let config = read_json(&dir.join("tokenizer_config.json"))?;
     let generation_path = dir.join("generation_config.json");
     let generation_config = read_json(&generation_path)?;
@@ -64,6 +63,24 @@ pub(super) fn tokenizer_from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         SpecialTokens { bos, eos, add_bos },
         chat_template,
     )
+}
+
+/// `tokenizer.json` parsed by the `tokenizers` crate, whose deserializers
+/// panic on some malformed files (0.22: a JSON syntax error inside `decoder`
+/// hits an `expect`). The syntax is checked first, and a panic left in the
+/// library still becomes an error naming the file, not a crash.
+fn parse_tokenizer_json(json: &[u8], path: &Path) -> Result<tokenizers::Tokenizer> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(json)
+        .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
+    let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json));
+    match parsed {
+        Ok(Ok(inner)) => Ok(inner),
+        Ok(Err(e)) => Err(Error::bad_file(path, format!("not a tokenizer: {e}"))),
+        Err(_) => Err(Error::bad_file(
+            path,
+            "not a tokenizer: the tokenizers library failed on it (a panic)",
+        )),
+    }
 }
 
 /// The file parsed as JSON, or `None` when it does not exist.
@@ -251,6 +268,23 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn malformed_tokenizer_json_is_an_error_not_a_panic() {
+        // Found by the hf_model_dir fuzzer: a syntax error inside `decoder`
+        // made tokenizers 0.22 panic ("Helper: Error(\"key must be a string\"").
+        let broken = TOKENIZER_JSON.replace(
+            r#""decoder": {"type": "ByteLevel", "add_prefix_space""#,
+            r#""decoder": {"type": "ByteLevel", $add_prefix_space""#,
+        );
+        assert_ne!(broken, TOKENIZER_JSON);
+        let dir = Dir::new("malformed", &[("tokenizer.json", &broken)]);
+        let message = dir.error();
+        assert!(
+            message.contains("tokenizer.json: not valid JSON: key must be a string at line 5"),
+            "{message}"
+        );
     }
 
     #[test]
