@@ -23,7 +23,7 @@ use crate::fields::{self, Fields};
 use crate::prompt;
 use crate::sampling;
 use crate::token_floor::TokenFloor;
-use crate::tools::{self, ToolUse, CALL_CLOSE};
+use crate::tools::{self, ToolUse};
 
 /// Most samples one request may ask for (`n`, `best_of`).
 pub const MAX_SAMPLES: i64 = 16;
@@ -215,14 +215,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         Some(_) => return Err(Fields::wrong("stream_options", "an object")),
         None => false,
     };
-    let mut stops = stop_strings(&f)?;
-    if tools
-        .as_ref()
-        .is_some_and(|t| t.reads_calls() && !t.parallel)
-    {
-        // One call: the output ends where the first call does.
-        stops.push(CALL_CLOSE.to_string());
-    }
+    let stops = stop_strings(&f)?;
+    let tool_calls = match &tools {
+        Some(t) => t.constraint(limits.structured)?,
+        None => None,
+    };
+    let constraint = match (tool_calls, output_constraint(obj, limits)?) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "a 'tool_choice' that forces calls cannot be combined with an output format",
+                Some("tool_choice"),
+            ))
+        }
+        (calls, format) => calls.or(format),
+    };
     let timeout = f
         .number("timeout", 0.0, f64::MAX)?
         .map(|s| {
@@ -240,7 +246,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             samples,
             // `best_of` ranks the samples by their tokens' logprobs.
             logprobs: logprobs.or((samples > choices).then_some(0)),
-            constraint: output_constraint(obj, limits)?,
+            constraint,
             ..Request::new(prompt, params, max_tokens)
         },
         choices,

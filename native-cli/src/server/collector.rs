@@ -88,14 +88,13 @@ impl Collector {
         call_ids: &str,
     ) -> Self {
         let tools = job.tools.as_ref().filter(|t| t.reads_calls());
-        let start = tools.and_then(|t| t.forced_start()).unwrap_or_default();
         Self {
             tokenizer,
             metrics,
             choices: (0..job.samples())
                 .map(|i| Choice {
                     text: ChoiceText::new(job.stops.clone()),
-                    tools: tools.map(|_| ToolCallParser::new(format!("{call_ids}{i}_"), &start)),
+                    tools: tools.map(|t| ToolCallParser::new(format!("{call_ids}{i}_"), t)),
                     logprob_sum: 0.0,
                     last_token_at: None,
                 })
@@ -177,12 +176,19 @@ impl Collector {
                 .text
                 .push(&self.tokenizer, t.token, t.finished)
                 .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
+            let pieces = choice.pieces(text);
+            if choice.tools.as_ref().is_some_and(ToolCallParser::is_ended) && !choice.text.is_done()
+            {
+                // Its one call is complete: the choice ends (what it still held is past the call).
+                let rest = choice.text.end(&self.tokenizer, "stop");
+                rest.map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
+            }
             if let Some(lp) = &t.logprobs {
                 choice.logprob_sum += f64::from(lp.logprob);
             }
             deltas.push(Delta {
                 index: t.index,
-                pieces: choice.pieces(text),
+                pieces,
                 logprobs: t
                     .logprobs
                     .map(|lp| LogprobEntry {

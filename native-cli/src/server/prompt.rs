@@ -5,9 +5,7 @@
 //! ([`Tokenizer::encode_chat`]). Tool turns (`role: "tool"` with its
 //! `tool_call_id`) and assistant turns with `tool_calls` (content `null`)
 //! reach the template as `transformers` passes them: each call's
-//! `arguments` parsed from OpenAI's JSON string into an object. When
-//! `tool_choice` forces a call, the start of the call follows the
-//! generation prompt ([`ToolUse::forced_start`]).
+//! `arguments` parsed from OpenAI's JSON string into an object.
 //!
 //! Text that cannot fit the context by its length alone ([`TokenFloor`]) is
 //! refused before it is tokenized.
@@ -127,13 +125,10 @@ pub fn chat(
         tools: tools.map_or(&[], ToolUse::shown),
         add_generation_prompt,
     };
-    let forced = tools.and_then(ToolUse::forced_start).unwrap_or_default();
     // The rendered text's length, to refuse what cannot fit before tokenizing.
-    let text = tok.render_chat(&chat).map_err(bad)? + &forced;
+    let text = tok.render_chat(&chat).map_err(bad)?;
     check_fits(&text, limits, "messages")?;
-    let mut ids = tok.encode_chat_prompt(&chat).map_err(bad)?;
-    ids.extend(tok.encode(&forced, false).map_err(bad)?);
-    Ok(ids)
+    tok.encode_chat_prompt(&chat).map_err(bad)
 }
 
 /// One checked chat message.

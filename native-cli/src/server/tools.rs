@@ -5,7 +5,8 @@
 //! The tools reach the model through its own chat template (as
 //! `transformers`' `apply_chat_template(tools=...)`), and its calls are read
 //! back in the Hermes format Qwen2.5 is trained on (`<tool_call>{"name":
-//! ..., "arguments": ...}</tool_call>`, see [`crate::tool_parser`]). A model
+//! ..., "arguments": ...}</tool_call>`, or the bare object at the start of
+//! the output, see [`crate::tool_parser`]). A model
 //! whose template does not show tools to the model (SmolLM2, Gemma 3), or
 //! writes calls in another format, gets a 400: a prompt the model was not
 //! trained on would give calls nobody can rely on.
@@ -13,15 +14,19 @@
 //! `tool_choice`:
 //! - `"auto"` (the default with tools): the model decides;
 //! - `"none"`: the tools are left out of the prompt and the output is text;
-//! - `"required"`: the assistant's turn starts with `<tool_call>` and the
-//!   name's opening quote, so the model must call one of them;
-//! - `{"type": "function", "function": {"name": N}}`: it starts with the
-//!   call of `N` up to its arguments, which the model writes.
+//! - `"required"`: the output is constrained (llguidance, through
+//!   `tandem-structured`) to calls, `<tool_call>\n{"name": ..., "arguments":
+//!   ...}\n</tool_call>`, each naming one of the functions with arguments
+//!   valid under its `parameters` schema;
+//! - `{"type": "function", "function": {"name": N}}`: the same, one call of
+//!   `N` (as vLLM).
 //!
-//! `parallel_tool_calls: false` ends the output after the first call.
+//! `parallel_tool_calls: false` ends the output after its first call.
 
-use serde_json::Value;
+use serde_json::{json, Value};
+use tandem_core::sched::SharedConstraintFactory;
 use tandem_core::tokenizer::Tokenizer;
+use tandem_structured::{OutputFormat, RequestedFormat, StructuredOutput, JSON_WHITESPACE};
 
 use crate::api::ApiError;
 use crate::fields::Fields;
@@ -61,22 +66,76 @@ impl ToolUse {
         }
     }
 
+    /// The names of the functions.
+    pub fn function_names(&self) -> Vec<String> {
+        (self.tools.iter())
+            .filter_map(|t| t["function"]["name"].as_str())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Whether calls are read from the output.
     pub fn reads_calls(&self) -> bool {
         self.choice != ToolChoice::None
     }
 
-    /// The text the assistant's turn is made to start with, to force a call.
-    pub fn forced_start(&self) -> Option<String> {
-        match &self.choice {
-            ToolChoice::Required => Some(format!("{CALL_OPEN}\n{{\"name\": \"")),
-            ToolChoice::Named(name) => Some(format!(
-                "{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ",
-                Value::from(name.as_str())
-            )),
-            ToolChoice::None | ToolChoice::Auto => None,
-        }
+    /// The constraint that forces calls (`required`, a named function);
+    /// `None` when the model may answer in text.
+    pub fn constraint(
+        &self,
+        structured: &StructuredOutput,
+    ) -> Result<Option<SharedConstraintFactory>, ApiError> {
+        let allowed: Vec<&Value> = match &self.choice {
+            ToolChoice::None | ToolChoice::Auto => return Ok(None),
+            ToolChoice::Required => self.tools.iter().collect(),
+            ToolChoice::Named(name) => (self.tools.iter())
+                .filter(|t| t["function"]["name"] == name.as_str())
+                .collect(),
+        };
+        let rules: Vec<String> = (allowed.iter().enumerate())
+            .map(|(i, tool)| format!("f{i}: %json {}", call_schema(tool)))
+            .collect();
+        let bodies: Vec<String> = (0..allowed.len()).map(|i| format!("f{i}")).collect();
+        // A named function is called once, as vLLM does; `required` may
+        // make several calls unless `parallel_tool_calls` is false.
+        let several = self.parallel && self.choice == ToolChoice::Required;
+        let calls = if several {
+            "call (\"\\n\" call)*"
+        } else {
+            "call"
+        };
+        let grammar = format!(
+            "start: {calls}\ncall: {open} body {close}\nbody: {}\n{}\n",
+            bodies.join(" | "),
+            rules.join("\n"),
+            open = Value::from(format!("{CALL_OPEN}\n")),
+            close = Value::from(format!("\n{CALL_CLOSE}")),
+        );
+        let requested = RequestedFormat {
+            format: OutputFormat::Lark(grammar),
+            param: "tools".into(),
+        };
+        structured
+            .compile(&requested)
+            .map_err(|e| ApiError::bad_request(e.to_string(), e.param()))
     }
+}
+
+/// The JSON schema of a call of `tool`: its name, then arguments valid
+/// under its `parameters`, in the order Hermes writes them.
+fn call_schema(tool: &Value) -> Value {
+    let function = &tool["function"];
+    let parameters = match function.get("parameters") {
+        Some(p) if p.is_object() => p.clone(),
+        _ => json!({"type": "object"}),
+    };
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": false,
+        "x-guidance": {"whitespace_pattern": JSON_WHITESPACE},
+    })
 }
 
 /// The tools of a chat request, `None` when it has none.
