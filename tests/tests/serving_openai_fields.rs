@@ -5,8 +5,9 @@
 //! prompt (and its tokens' logprobs) first; a `stop` list cuts at the
 //! first of its strings; every field the server does not support gets a
 //! 400 naming it and the server goes on serving; `/tokenize` and
-//! `/detokenize` agree with generation. Tokens are told apart by id with
-//! vLLM's `return_tokens_as_token_ids`.
+//! `/detokenize` agree with generation; chat logprobs' `bytes` join into
+//! the content. Tokens are told apart by id with vLLM's
+//! `return_tokens_as_token_ids`.
 
 mod serving_support;
 
@@ -119,6 +120,35 @@ fn logit_bias_bans_and_forces_tokens() {
     assert!(content
         .iter()
         .all(|c| c["top_logprobs"].as_array().unwrap().len() == 2));
+    assert_drains(addr);
+}
+
+#[test]
+fn chat_logprobs_bytes_join_into_the_content() {
+    let t = start(128, 64);
+    let addr = t.server.addr;
+    // The random model writes bytes of multi-byte characters one token at
+    // a time; its control tokens (256-258), which content leaves out, are banned.
+    let chat = ok(
+        addr,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 24, "temperature": 0, "logprobs": true,
+               "logit_bias": {"256": -100, "257": -100, "258": -100}}),
+    );
+    let entries = chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    let bytes: Vec<u8> = (entries.iter())
+        .flat_map(|e| e["bytes"].as_array().unwrap().clone())
+        .map(|b| b.as_u64().unwrap() as u8)
+        .collect();
+    let content = chat["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(String::from_utf8_lossy(&bytes), content, "{chat}");
+    assert!(
+        content.chars().any(|c| c.len_utf8() > 1 && c != '\u{FFFD}'),
+        "a character made of several tokens: {content:?}"
+    );
     assert_drains(addr);
 }
 

@@ -20,6 +20,7 @@ mod chat_template;
 mod gguf_vocab;
 mod hf_files;
 mod stream;
+mod token_bytes;
 
 #[cfg(test)]
 mod chat_tests;

@@ -2,9 +2,9 @@
 //! (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`; a prompt's
 //! first token, echoed, has `null` for both logprob fields, as OpenAI
 //! writes it), and chat's `content` list of `{token, logprob, bytes,
-//! top_logprobs}`. Tokens are named by their text, or, with vLLM's
-//! `return_tokens_as_token_ids`, as `token_id:ID` (a byte of a multi-byte
-//! character has no text of its own).
+//! top_logprobs}`. Tokens are named by their bytes as text (U+FFFD for
+//! part of a character, whose `bytes` hold the real ones), or, with vLLM's
+//! `return_tokens_as_token_ids`, as `token_id:ID`.
 
 use serde_json::{json, Map, Value};
 use tandem_core::tokenizer::Tokenizer;
@@ -24,8 +24,18 @@ impl TokenNames<'_> {
         if self.as_ids {
             format!("token_id:{id}")
         } else {
-            self.tokenizer.decode(&[id]).unwrap_or_default()
+            String::from_utf8_lossy(&self.bytes(id)).into_owned()
         }
+    }
+
+    /// The token's bytes (part of a character, for some tokens).
+    fn bytes(&self, id: u32) -> Vec<u8> {
+        (self.tokenizer.token_bytes(id)).unwrap_or_else(|| {
+            self.tokenizer
+                .decode(&[id])
+                .unwrap_or_default()
+                .into_bytes()
+        })
     }
 }
 
@@ -58,10 +68,7 @@ pub fn completion(names: TokenNames<'_>, entries: &[LogprobEntry], first_offset:
 
 /// Chat's `logprobs` object.
 pub fn chat(names: TokenNames<'_>, entries: &[LogprobEntry]) -> Value {
-    let item = |id: u32, lp: f32| {
-        let text = names.name(id);
-        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
-    };
+    let item = |id: u32, lp: f32| json!({"token": names.name(id), "logprob": lp, "bytes": names.bytes(id)});
     let content: Vec<Value> = entries
         .iter()
         .map(|e| {
