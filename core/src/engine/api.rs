@@ -75,6 +75,37 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+impl TokenLogprobs {
+    /// Log-softmax of `row` at `token`, and the `top` most likely tokens.
+    pub fn from_logits(row: &[f32], token: u32, top: usize) -> Self {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_sum = row
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32
+            + max;
+        let mut best: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l - log_sum))
+            .collect();
+        let by_logprob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let top = top.min(best.len());
+        if top > 0 && top < best.len() {
+            best.select_nth_unstable_by(top - 1, by_logprob);
+        }
+        best.truncate(top);
+        best.sort_unstable_by(by_logprob);
+        Self {
+            logprob: row
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&l| l - log_sum),
+            top: best,
+        }
+    }
+}
+
 /// One token produced by a step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenEvent {

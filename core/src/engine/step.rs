@@ -392,7 +392,11 @@ impl<B: Backend> Engine<B> {
                 let token =
                     g.sampler
                         .sample_allowed(&mut row.to_vec(), &s.tokens, allowed.as_ref());
-                (token, g.logprobs.map(|top| token_logprobs(row, token, top)))
+                (
+                    token,
+                    g.logprobs
+                        .map(|top| TokenLogprobs::from_logits(row, token, top)),
+                )
             }
             // Constrained sequences read their logits back (`needs_host_logits`).
             Pick::Argmax(token) => (token, None),
@@ -449,33 +453,4 @@ impl<B: Backend> Engine<B> {
 /// the same widths, so both run the same launches.
 pub(super) fn rounded_width(blocks: usize) -> usize {
     blocks.max(1).next_power_of_two()
-}
-
-/// Log-softmax of `row` at `token`, and the `top` most likely tokens.
-fn token_logprobs(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = row
-        .iter()
-        .map(|&l| ((l - max) as f64).exp())
-        .sum::<f64>()
-        .ln() as f32
-        + max;
-    let mut best: Vec<(u32, f32)> = row
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l - log_sum))
-        .collect();
-    let by_logprob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let top = top.min(best.len());
-    if top > 0 && top < best.len() {
-        best.select_nth_unstable_by(top - 1, by_logprob);
-    }
-    best.truncate(top);
-    best.sort_unstable_by(by_logprob);
-    TokenLogprobs {
-        logprob: row
-            .get(token as usize)
-            .map_or(f32::NEG_INFINITY, |&l| l - log_sum),
-        top: best,
-    }
 }

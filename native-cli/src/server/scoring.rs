@@ -7,7 +7,7 @@
 //! holds more than [`WINDOW_FLOATS`] of them; each window re-reads the
 //! prompt before it, which costs compute but no memory.
 
-use tandem_core::engine::Engine;
+use tandem_core::engine::{Engine, TokenLogprobs};
 use tandem_core::{Backend, Result};
 
 use crate::collector::LogprobEntry;
@@ -40,35 +40,14 @@ pub fn prompt_logprobs<B: Backend>(
         let logits = engine.score(&tokens[..end], start)?;
         for (row, logits) in logits.chunks_exact(vocab).enumerate() {
             let token = tokens[start + row + 1];
-            entries.push(entry(logits, token, top));
+            let scored = TokenLogprobs::from_logits(logits, token, top);
+            entries.push(LogprobEntry {
+                token,
+                logprob: Some(scored.logprob),
+                top: scored.top,
+            });
         }
         start = end;
     }
     Ok(entries)
-}
-
-/// Log-softmax of `logits` at `token`, and the `top` most likely tokens.
-fn entry(logits: &[f32], token: u32, top: usize) -> LogprobEntry {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_sum = sum.ln() as f32 + max;
-    let mut best: Vec<(u32, f32)> = (logits.iter().enumerate())
-        .map(|(i, &l)| (i as u32, l - log_sum))
-        .collect();
-    let by_logprob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let top = top.min(best.len());
-    if top > 0 && top < best.len() {
-        best.select_nth_unstable_by(top - 1, by_logprob);
-    }
-    best.truncate(top);
-    best.sort_unstable_by(by_logprob);
-    LogprobEntry {
-        token,
-        logprob: Some(
-            logits
-                .get(token as usize)
-                .map_or(f32::NEG_INFINITY, |&l| l - log_sum),
-        ),
-        top: best,
-    }
 }
