@@ -66,11 +66,13 @@ pub(super) fn tokenizer_from_hf_dir(dir: &Path) -> Result<Tokenizer> {
 }
 
 /// `tokenizer.json` parsed by the `tokenizers` crate, whose deserializers
-/// panic on some malformed files (0.22: a JSON syntax error inside `decoder`
-/// hits an `expect`). The syntax is checked first, and a panic left in the
-/// library still becomes an error naming the file, not a crash.
+/// panic on some malformed files (0.22: any JSON error inside `decoder`, such
+/// as a syntax error, bytes that are not UTF-8 or a lone surrogate escape,
+/// hits an `expect`). The whole file is parsed as JSON first, so the library
+/// only ever sees valid JSON, and a panic left in it still becomes an error
+/// naming the file, not a crash.
 fn parse_tokenizer_json(json: &[u8], path: &Path) -> Result<tokenizers::Tokenizer> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(json)
+    serde_json::from_slice::<Value>(json)
         .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
     let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json));
     match parsed {
@@ -272,19 +274,37 @@ mod tests {
 
     #[test]
     fn malformed_tokenizer_json_is_an_error_not_a_panic() {
-        // Found by the hf_model_dir fuzzer: a syntax error inside `decoder`
-        // made tokenizers 0.22 panic ("Helper: Error(\"key must be a string\"").
-        let broken = TOKENIZER_JSON.replace(
-            r#""decoder": {"type": "ByteLevel", "add_prefix_space""#,
-            r#""decoder": {"type": "ByteLevel", $add_prefix_space""#,
-        );
-        assert_ne!(broken, TOKENIZER_JSON);
-        let dir = Dir::new("malformed", &[("tokenizer.json", &broken)]);
-        let message = dir.error();
-        assert!(
-            message.contains("tokenizer.json: not valid JSON: key must be a string at line 5"),
-            "{message}"
-        );
+        // Found by the hf_model_dir fuzzer: any JSON error inside `decoder`
+        // made tokenizers 0.22 panic ("Helper: Error(...)").
+        let decoder = r#""decoder": {"type": "ByteLevel", "add_prefix_space""#;
+        let cases: [(&[u8], &str); 3] = [
+            (
+                br#""decoder": {"type": "ByteLevel", $add_prefix_space""#,
+                "key must be a string",
+            ),
+            (
+                b"\"decoder\": {\"type\": \"Byte\x98Level\", \"add_prefix_space\"",
+                "invalid unicode code point",
+            ),
+            (
+                br#""decoder": {"type": "Byte\ud800Level", "add_prefix_space""#,
+                "unexpected end of hex escape",
+            ),
+        ];
+        for (broken, expected) in cases {
+            let mut json = Vec::new();
+            let at = TOKENIZER_JSON.find(decoder).unwrap();
+            json.extend_from_slice(&TOKENIZER_JSON.as_bytes()[..at]);
+            json.extend_from_slice(broken);
+            json.extend_from_slice(&TOKENIZER_JSON.as_bytes()[at + decoder.len()..]);
+            let dir = Dir::new("malformed", &[]);
+            std::fs::write(dir.0.join("tokenizer.json"), json).unwrap();
+            let message = dir.error();
+            assert!(
+                message.contains("tokenizer.json: not valid JSON: ") && message.contains(expected),
+                "{message}"
+            );
+        }
     }
 
     #[test]
