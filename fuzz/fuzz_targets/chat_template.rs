@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tandem_core::tokenizer::ChatMessage;
-use tandem_fuzz::{split_parts, tiny_tokenizer};
+use tandem_fuzz::{split_parts, template_tokenizer};
 
 /// Messages beyond this many are ignored, so an input's size buys text, not turns.
 const MAX_MESSAGES: usize = 8;
@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         .take_while(|turn| !turn[0].is_empty())
         .map(|turn| ChatMessage::new(text(turn[0]), text(turn[1])))
         .collect();
-    let Ok(tokenizer) = tiny_tokenizer(Some(&template)) else {
+    let Ok(tokenizer) = template_tokenizer(&template) else {
         return;
     };
     let _ = tokenizer.apply_chat_template(&messages, flags & 1 == 1);

@@ -20,7 +20,7 @@ const MAX_CONTEXT: usize = 64;
 fn tokenizer() -> &'static (Tokenizer, TokenFloor) {
     static TOKENIZER: OnceLock<(Tokenizer, TokenFloor)> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let tokenizer = tiny_tokenizer(None).expect("the synthetic tokenizer builds");
+        let tokenizer = tiny_tokenizer().expect("the synthetic tokenizer builds");
         let floor = TokenFloor::of(&tokenizer);
         (tokenizer, floor)
     })

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tandem_core::model::gguf::{GgufFile, GgufValue};
+use tandem_core::model::gguf::{GgufArray, GgufFile, GgufValue};
 use tandem_core::model::safetensors::{hf_name, SafetensorsWriter};
 use tandem_core::model::synthetic::{tokenizer_metadata, SyntheticModel};
 use tandem_core::model::{expected_tensors, Bytes, LayerSpec};
@@ -20,15 +20,47 @@ pub fn split_parts(data: &[u8], n: usize) -> Vec<&[u8]> {
 }
 
 /// The synthetic byte-level BPE tokenizer (256 byte tokens, 3 control
-/// tokens, 4 merges), with `chat_template` as its template when given.
-pub fn tiny_tokenizer(chat_template: Option<&str>) -> tandem_core::Result<Tokenizer> {
-    let mut metadata = tokenizer_metadata(0);
-    if let Some(template) = chat_template {
-        metadata.push((
+/// tokens, 4 merges).
+pub fn tiny_tokenizer() -> tandem_core::Result<Tokenizer> {
+    let file = GgufFile {
+        version: 3,
+        metadata: tokenizer_metadata(0),
+        tensors: Vec::new(),
+        bytes: Arc::new(Bytes::Owned(Vec::new())),
+    };
+    Tokenizer::from_gguf(&file)
+}
+
+/// A SentencePiece tokenizer (`<unk>`, `<s>`, `</s>`, the 256 byte tokens and
+/// `▁`) with `chat_template`: cheap to build, as it compiles no regex, so a
+/// target can build one per input.
+pub fn template_tokenizer(chat_template: &str) -> tandem_core::Result<Tokenizer> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    tokens.extend((0..=255u8).map(|byte| format!("<0x{byte:02X}>")));
+    types.extend([6; 256]);
+    tokens.push("▁".into());
+    types.push(1);
+    let scores = vec![0.0; tokens.len()];
+    let metadata = vec![
+        ("tokenizer.ggml.model".into(), GgufValue::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            GgufValue::Array(GgufArray::String(tokens.iter().collect())),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            GgufValue::Array(GgufArray::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.scores".into(),
+            GgufValue::Array(GgufArray::F32(scores)),
+        ),
+        (
             "tokenizer.chat_template".into(),
-            GgufValue::String(template.into()),
-        ));
-    }
+            GgufValue::String(chat_template.into()),
+        ),
+    ];
     let file = GgufFile {
         version: 3,
         metadata,
