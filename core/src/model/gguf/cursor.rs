@@ -30,6 +30,7 @@ pub(super) const HEADER_MEMORY_SLACK: usize = 1 << 20;
 /// Real files nest arrays at most one deep; the bound keeps a hostile file from
 /// recursing the reader off its stack.
 const MAX_ARRAY_NESTING: usize = 8;
+
 /// Bytes taken by the smallest value of a type (an empty string or array for
 /// those), or `None` for an unknown type id.
 fn min_value_bytes(type_id: u32) -> Option<u64> {
@@ -183,11 +184,18 @@ impl<'a> Reader<'a> {
     }
 
     fn bool(&mut self) -> Result<bool, ReadError> {
-        match self.array::<1>()? {
-            [0] => Ok(false),
-            [1] => Ok(true),
-            [b] => Err(ReadError::Invalid(format!("bool value is {b}, not 0 or 1"))),
+        let [byte] = self.array::<1>()?;
+        byte_to_bool(byte)
+    }
+
+    fn bools(&mut self, count: usize) -> Result<Vec<bool>, ReadError> {
+        let bytes = self.take(count)?;
+        self.budget.charge_items::<bool>(count)?;
+        let mut items = Vec::with_capacity(count);
+        for &byte in bytes {
+            items.push(byte_to_bool(byte)?);
         }
+        Ok(items)
     }
 
     /// An array's element type, count and elements, stored by element type.
@@ -217,10 +225,7 @@ impl<'a> Reader<'a> {
             4 => GgufArray::U32(self.scalars(count, u32::from_le_bytes)?),
             5 => GgufArray::I32(self.scalars(count, i32::from_le_bytes)?),
             6 => GgufArray::F32(self.scalars(count, f32::from_le_bytes)?),
-            7 => {
-                self.budget.charge_items::<bool>(count)?;
-                GgufArray::Bool((0..count).map(|_| self.bool()).collect::<Result<_, _>>()?)
-            }
+            7 => GgufArray::Bool(self.bools(count)?),
             8 => GgufArray::String(self.strings(count)?),
             ARRAY_TYPE_ID => {
                 self.budget.charge_items::<GgufArray>(count)?;
@@ -267,6 +272,14 @@ impl<'a> Reader<'a> {
             ends.push(text.len());
         }
         Ok(StringArray::from_parts(text, ends))
+    }
+}
+
+fn byte_to_bool(byte: u8) -> Result<bool, ReadError> {
+    match byte {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(ReadError::Invalid(format!("bool value is {b}, not 0 or 1"))),
     }
 }
 
