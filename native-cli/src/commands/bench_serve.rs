@@ -120,8 +120,8 @@ impl BenchServeArgs {
     }
 
     /// The default pool holds `max_running` requests of mean prompt and
-    /// output length: a full batch fits on average, but the long tail
-    /// overflows it (continuous batching preempts), and static batches,
+    /// output length: a full batch fits on average but not when its members
+    /// run long (continuous batching then preempts), and static batches,
     /// padded to their longest member, fit far fewer members.
     fn pool_blocks(&self) -> usize {
         self.kv_blocks.unwrap_or_else(|| {
