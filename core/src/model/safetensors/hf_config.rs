@@ -97,7 +97,7 @@ impl HfConfig {
             num_attention_heads: f.size("num_attention_heads")?,
             num_key_value_heads: f.optional_size("num_key_value_heads")?,
             head_dim: f.optional_size("head_dim")?,
-            rms_norm_eps: f.positive_where("rms_norm_eps", "between 0 and 1", |eps| {
+            rms_norm_eps: f.number_where("rms_norm_eps", "between 0 and 1", |eps| {
                 eps > 0.0 && eps < 1.0
             })?,
             rope_theta: f.positive("rope_theta")?,

@@ -64,10 +64,11 @@ impl Fields<'_> {
 
     /// A value that must be finite and above 0 (a RoPE base or factor, a scale).
     pub fn positive(&self, key: &str) -> Result<Option<f32>> {
-        self.positive_where(key, "finite and above 0", |x| x.is_finite() && x > 0.0)
+        self.number_where(key, "finite and above 0", |x| x.is_finite() && x > 0.0)
     }
 
-    pub fn positive_where(
+    /// A number that must satisfy `valid`, which `rule` states for the message.
+    pub fn number_where(
         &self,
         key: &str,
         rule: &str,
