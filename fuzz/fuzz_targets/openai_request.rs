@@ -4,25 +4,27 @@
 
 #![no_main]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_fuzz::tiny_tokenizer;
 use tandem_server::api::{parse, Endpoint, Limits};
 use tandem_server::token_floor::TokenFloor;
+use tandem_structured::StructuredOutput;
 
 /// The model the requests name, and its context.
 const MODEL_ID: &str = "tiny";
 const MAX_CONTEXT: usize = 64;
 
-/// The tokenizer and its token floor, built once per process.
-fn tokenizer() -> &'static (Tokenizer, TokenFloor) {
-    static TOKENIZER: OnceLock<(Tokenizer, TokenFloor)> = OnceLock::new();
+/// The tokenizer, its token floor and the output-format compiler, built once per process.
+fn tokenizer() -> &'static (Arc<Tokenizer>, TokenFloor, StructuredOutput) {
+    static TOKENIZER: OnceLock<(Arc<Tokenizer>, TokenFloor, StructuredOutput)> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let tokenizer = tiny_tokenizer().expect("the synthetic tokenizer builds");
+        let tokenizer = Arc::new(tiny_tokenizer().expect("the synthetic tokenizer builds"));
         let floor = TokenFloor::of(&tokenizer);
-        (tokenizer, floor)
+        let structured = StructuredOutput::new(tokenizer.clone());
+        (tokenizer, floor, structured)
     })
 }
 
@@ -35,13 +37,14 @@ fuzz_target!(|data: &[u8]| {
     } else {
         Endpoint::ChatCompletions
     };
-    let (tokenizer, token_floor) = tokenizer();
+    let (tokenizer, token_floor, structured) = tokenizer();
     let limits = Limits {
         model_id: MODEL_ID,
         max_context: MAX_CONTEXT,
         tokenizer,
         token_floor,
         default_seed: 0,
+        structured,
     };
     let _ = parse(endpoint, body, &limits);
 });
