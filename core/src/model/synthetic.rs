@@ -656,6 +656,16 @@ mod tests {
     use crate::quant::QK_K;
 
     #[test]
+    fn the_vocabulary_builds_at_every_size() {
+        // Below 263 tokens (bytes, specials, merges) the list once lost its
+        // merge tokens while keeping the merges, and failed to build.
+        for vocab_size in [0, 259, 262, 263, 320] {
+            let tokenizer = synthetic_tokenizer(vocab_size).unwrap();
+            assert_eq!(tokenizer.vocab_size(), vocab_size.max(263), "{vocab_size}");
+        }
+    }
+
+    #[test]
     fn permutation_moves_halves_to_pairs() {
         // One head of dim 4, one column: rows [a0, a1, b0, b1] -> [a0, b0, a1, b1].
         assert_eq!(
