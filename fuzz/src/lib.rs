@@ -43,7 +43,10 @@ pub fn template_tokenizer(chat_template: &str) -> tandem_core::Result<Tokenizer>
     types.push(1);
     let scores = vec![0.0; tokens.len()];
     let metadata = vec![
-        ("tokenizer.ggml.model".into(), GgufValue::String("llama".into())),
+        (
+            "tokenizer.ggml.model".into(),
+            GgufValue::String("llama".into()),
+        ),
         (
             "tokenizer.ggml.tokens".into(),
             GgufValue::Array(GgufArray::String(tokens.iter().collect())),
