@@ -58,7 +58,9 @@ pub struct ModelConfig {
 /// Upper bounds that no real model exceeds; a file claiming more is corrupt,
 /// and refusing it early avoids huge allocations.
 const MAX_DIM: usize = 1 << 20;
-const MAX_LAYERS: usize = 1024;
+/// The loaders check the layer count against it before building per-layer
+/// descriptions, so a corrupt count cannot allocate first.
+pub const MAX_LAYERS: usize = 1024;
 const MAX_VOCAB: usize = 1 << 24;
 
 impl ModelConfig {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{GgufArray, GgufFile, GgufValue};
 use crate::model::arch::{self, LayerSpec, Rope};
-use crate::model::config::{ModelConfig, RopeScaling};
+use crate::model::config::{ModelConfig, RopeScaling, MAX_LAYERS};
 use crate::model::{check_tensors, ModelFiles, TensorInfo, TensorStore};
 use crate::quant::WeightFormat;
 use crate::tokenizer::Tokenizer;
@@ -222,7 +222,11 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         "a number between 0 and 1",
         |value| value.as_f32().filter(|eps| *eps > 0.0 && *eps < 1.0),
     )?;
-    let num_layers = keys.required_usize("block_count")?;
+    let layers_expected = format!("an integer from 1 to {MAX_LAYERS}");
+    let num_layers = keys.typed("block_count", &layers_expected, |value| {
+        value.as_usize().filter(|n| (1..=MAX_LAYERS).contains(n))
+    })?;
+    let num_layers = keys.required("block_count", num_layers)?;
     let rope = Rope {
         theta: keys.positive_f32("rope.freq_base")?.unwrap_or(10000.0),
         scaling: rope_scaling(file, &keys, rotary_dim)?,

@@ -21,7 +21,7 @@ use super::json_fields::Fields;
 
 use crate::backend::RopeStyle;
 use crate::model::arch::{self, Activation, Family, LayerSpec, Rope};
-use crate::model::config::{ModelConfig, RopeScaling};
+use crate::model::config::{ModelConfig, RopeScaling, MAX_LAYERS};
 use crate::model::TensorStore;
 use crate::{Error, Result};
 
@@ -86,6 +86,14 @@ impl HfConfig {
             .optional::<Map<String, Value>>("rope_scaling", "an object")?
             .map(|scaling| HfRopeScaling::read(&scaling, path))
             .transpose()?;
+        let num_hidden_layers = f.size("num_hidden_layers")?;
+        // Layers are described one by one before the configuration is validated.
+        if !(1..=MAX_LAYERS).contains(&num_hidden_layers) {
+            return Err(Error::bad_file(
+                path,
+                format!("'num_hidden_layers' is {num_hidden_layers}; it must be 1 to {MAX_LAYERS}"),
+            ));
+        }
         Ok(HfConfig {
             architectures: f
                 .optional("architectures", "a list of strings")?
@@ -93,7 +101,7 @@ impl HfConfig {
             vocab_size: f.size("vocab_size")?,
             hidden_size: f.size("hidden_size")?,
             intermediate_size: f.size("intermediate_size")?,
-            num_hidden_layers: f.size("num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads: f.size("num_attention_heads")?,
             num_key_value_heads: f.optional_size("num_key_value_heads")?,
             head_dim: f.optional_size("head_dim")?,
@@ -502,6 +510,13 @@ mod tests {
             (
                 config_json(r#", "sliding_window": 0"#).replace("Llama", "Mistral"),
                 "'sliding_window' is 0; a window must hold at least 1 token",
+            ),
+            (
+                config_json("").replace(
+                    r#""num_hidden_layers": 2"#,
+                    r#""num_hidden_layers": 1073741824"#,
+                ),
+                "'num_hidden_layers' is 1073741824; it must be 1 to 1024",
             ),
             (
                 config_json(r#", "sliding_window": -1"#),

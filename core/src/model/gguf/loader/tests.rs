@@ -253,7 +253,8 @@ fn absurd_config_is_named() {
     tiny.set("llama.block_count", GgufValue::String("two".into()));
     let message = tiny.load_error();
     assert!(
-        message.contains("'llama.block_count' is String(\"two\"), expected a non-negative integer"),
+        message
+            .contains("'llama.block_count' is String(\"two\"), expected an integer from 1 to 1024"),
         "{message}"
     );
 
@@ -273,6 +274,13 @@ fn absurd_config_is_named() {
 #[test]
 fn degenerate_values_are_refused_naming_the_key() {
     let cases = [
+        (
+            // Found by the gguf_reader fuzzer: the layers were described one
+            // by one (4 billion of them) before the count was checked.
+            "llama.block_count",
+            GgufValue::U32(u32::MAX),
+            "'llama.block_count' is U32(4294967295), expected an integer from 1 to 1024",
+        ),
         (
             "llama.attention.sliding_window",
             GgufValue::U32(0),
