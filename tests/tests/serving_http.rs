@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use serving_support::{
-    assert_drains, events, http, http_with_head, metric, post, start, KEY, MAX_BODY, MODEL,
+    assert_drains, events, http, http_with_head, metric, post, start, venv_python, KEY, MAX_BODY,
+    MODEL,
 };
 
 #[test]
@@ -501,17 +502,6 @@ fn two_hundred_requests_from_32_clients_complete_and_free_every_block() {
     assert!(started.elapsed() < Duration::from_secs(300));
     assert_drains(addr);
     assert_eq!(metric(addr, "tandem_kv_blocks_free"), 48.0);
-}
-
-/// The workspace's virtual environment with the `openai` package.
-fn venv_python() -> PathBuf {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/install-test-deps.sh (make test does)",
-        python.display()
-    );
-    python
 }
 
 #[test]

@@ -13,21 +13,11 @@ use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_cpu::CpuBackend;
 use tandem_server::{spawn_engine, BackgroundServer, ServerConfig};
+use tandem_tests::http_client::venv_python;
 use tandem_tests::model_path;
 
 const MODEL: &str = "qwen2.5-0.5b";
 const KEY: &str = "sk-tools";
-
-/// The workspace's virtual environment with the `openai` package.
-fn venv_python() -> PathBuf {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/install-test-deps.sh (make test does)",
-        python.display()
-    );
-    python
-}
 
 #[test]
 fn the_official_client_calls_tools_on_qwen25() {

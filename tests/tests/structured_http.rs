@@ -19,7 +19,7 @@ use tandem_server::{spawn_engine, BackgroundServer, ServerConfig};
 use tandem_tests::{smollm2_path, tiny, tiny_gguf};
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
-use serving_support::{assert_drains, metric, server_config, KEY};
+use serving_support::{assert_drains, metric, server_config, venv_python, KEY};
 
 /// A server for the model `load` gives, on the backend `backend` makes.
 fn serve<B: Backend + 'static>(
@@ -52,12 +52,7 @@ fn serve<B: Backend + 'static>(
 /// Runs the client script against `server`; panics with its output if a check fails.
 fn run_client(server: &BackgroundServer, model_id: &str, max_tokens: usize, quick: bool) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join("../.tools/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/install-test-deps.sh (make test does)",
-        python.display()
-    );
+    let python = venv_python();
     let base_url = format!("http://{}/v1", server.addr);
     let mut command = std::process::Command::new(python);
     command

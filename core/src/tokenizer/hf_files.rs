@@ -226,13 +226,13 @@ fn model_kind(model: &ModelWrapper) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::PathBuf;
 
     use super::*;
 
-    /// A byte-level BPE of four tokens; `<|endoftext|>` is 0.
-    const TOKENIZER_JSON: &str = r#"{
+    /// A byte-level BPE of four tokens; `<|endoftext|>` is 0 (the HF loader's tests use it too).
+    pub(crate) const TOKENIZER_JSON: &str = r#"{
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "post_processor": null,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},

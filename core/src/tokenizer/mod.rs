@@ -18,7 +18,7 @@
 mod chat_prompt;
 mod chat_template;
 mod gguf_vocab;
-mod hf_files;
+pub(crate) mod hf_files;
 mod stream;
 mod token_bytes;
 

@@ -1,6 +1,5 @@
 //! What the HTTP serving tests share: in-process servers on tiny random
-//! models, and an HTTP client of a few lines over `TcpStream` (HTTP/1.1,
-//! `Connection: close`), enough for JSON and server-sent events.
+//! models, and `tandem_tests::http_client` with the tests' key and JSON.
 
 #![allow(dead_code)] // each test binary uses its own part
 
@@ -172,71 +171,10 @@ impl Stream {
     }
 }
 
-/// Status and body of one request (the body de-chunked).
-pub fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-    body: &[u8],
-) -> (u16, String) {
-    let auth = key.map(|k| format!("Bearer {k}"));
-    let (status, _, body) = http_with_head(addr, method, path, auth.as_deref(), body);
-    (status, body)
-}
-
-/// Status, response head and body of one request with `authorization` as given.
-pub fn http_with_head(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    authorization: Option<&str>,
-    body: &[u8],
-) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let auth = authorization.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    // The server may answer (413) before reading a large body: a failed write is fine.
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
-
-pub fn parse_response(raw: &[u8]) -> (u16, String, String) {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .expect("a complete response head");
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    (status, head.to_string(), body)
-}
-
-pub fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = &rest[n + 2..];
-    }
-    out
-}
+#[allow(unused_imports)] // each test binary uses its own part
+pub use tandem_tests::http_client::{
+    events, parse_response, request as http, request_with_head as http_with_head, venv_python,
+};
 
 pub fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     let (status, text) = http(addr, "POST", path, Some(KEY), body.to_string().as_bytes());
@@ -244,14 +182,6 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
-}
-
-/// The `data:` payloads of a server-sent event stream.
-pub fn events(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
-        .map(str::to_string)
-        .collect()
 }
 
 pub fn metric(addr: SocketAddr, name: &str) -> f64 {

@@ -199,6 +199,7 @@ mod tests {
     use crate::model::config::RopeScaling;
     use crate::model::synthetic::llama_tensor_shapes;
     use crate::quant::{quantize_row, WeightFormat};
+    use crate::tokenizer::hf_files::tests::TOKENIZER_JSON;
 
     /// A directory removed when the test ends.
     struct TempDir(PathBuf);
@@ -227,16 +228,6 @@ mod tests {
     const KV_DIM: usize = 32;
     const VOCAB: usize = 4;
     const LAYERS: usize = 2;
-
-    const TOKENIZER_JSON: &str = r#"{
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "post_processor": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}, "merges": ["a b"]}
-    }"#;
 
     fn config_json(extra: &str) -> String {
         format!(
