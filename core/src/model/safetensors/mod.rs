@@ -37,7 +37,7 @@ pub use file::SafetensorsFile;
 pub use hf::load_hf_dir;
 pub use hf_config::hf_config_json;
 #[cfg(not(target_arch = "wasm32"))]
-pub use model_dir::write_model_dir;
+pub use model_dir::{write_model_dir, write_tokenizer_files};
 pub use model_dir::OutputTensor;
 pub use names::{canonical_name, hf_name};
 pub use writer::SafetensorsWriter;

@@ -163,9 +163,10 @@ const TOKENIZER_FILES: [&str; 5] = [
 ];
 
 /// Copies `source`'s tokenizer files when it is a Hugging Face directory;
-/// otherwise writes them from its tokenizer (BOS/EOS, chat template).
+/// otherwise writes them from its tokenizer (BOS/EOS, chat template). Also
+/// for directories of models derived from `source` (`tandem distill`).
 #[cfg(not(target_arch = "wasm32"))]
-fn write_tokenizer_files(source: &ModelFiles, dir: &Path) -> Result<()> {
+pub fn write_tokenizer_files(source: &ModelFiles, dir: &Path) -> Result<()> {
     let io = |path: &Path, r: std::io::Result<()>| {
         r.map_err(|source| Error::Io {
             path: path.to_path_buf(),
