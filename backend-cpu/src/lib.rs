@@ -13,7 +13,8 @@
 //! Modules, one per kernel family: `rows` (embedding, gather_rows, argmax),
 //! `norm`, `matmul` (with activation quantization and the micro-kernels per
 //! instruction set), `rope`, `kv` (the KV cache, its writes and block
-//! copies), `attention`, `activation` (SwiGLU, GeGLU, scale). `check` holds the size and
+//! copies), `attention`, `activation` (SwiGLU, GeGLU, scale), `moe` (expert
+//! routing and the weighted combine). `check` holds the size and
 //! index checks every kernel runs first, so bad input is an
 //! `Error::Backend`, never a panic.
 
@@ -25,6 +26,7 @@ mod isa;
 mod kv;
 mod math;
 mod matmul;
+mod moe;
 mod norm;
 pub mod reference;
 mod rope;
@@ -35,8 +37,8 @@ pub use buffers::{Indices, Tensor, Weight};
 pub use kv::KvCache;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, RmsNormParams,
-    RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MoeCombineParams,
+    MoeRouteParams, RmsNormParams, RopeParams,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Result};
@@ -288,6 +290,40 @@ impl Backend for CpuBackend {
         out: &mut Tensor,
     ) -> Result<()> {
         rows::gather_rows(x.as_slice(), rows.as_slice(), n, width, out.as_mut_slice())
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Tensor,
+        p: MoeRouteParams,
+        ids: &mut Indices,
+        weights: &mut Tensor,
+    ) -> Result<()> {
+        moe::moe_route(
+            logits.as_slice(),
+            p,
+            ids.as_mut_slice(),
+            weights.as_mut_slice(),
+        )
+    }
+
+    fn moe_combine(
+        &self,
+        y: &Tensor,
+        rows: &Indices,
+        ids: &Indices,
+        weights: &Tensor,
+        p: MoeCombineParams,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        moe::moe_combine(
+            y.as_slice(),
+            rows.as_slice(),
+            ids.as_slice(),
+            weights.as_slice(),
+            p,
+            out.as_mut_slice(),
+        )
     }
 
     fn argmax(&self, x: &Tensor, rows: usize, width: usize, out: &mut Indices) -> Result<()> {

@@ -21,9 +21,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
-    RecordedStep, RmsNormParams, RopeParams, RopeStyle,
+    MoeCombineParams, MoeRouteParams, RecordedStep, RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
 use tandem_core::quant::{Int4Group, WeightFormat, WeightView};
 use tandem_core::Result;
 
@@ -1072,6 +1073,79 @@ impl Backend for CudaBackend {
             .arg(&mut out.buf);
         let grid = (blocks_for(width, 256, "width")?, grid_yz(n, "rows")?, 1);
         self.launch("gather_rows", &mut args, config(grid, 256, 0))
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CudaTensor,
+        p: MoeRouteParams,
+        ids: &mut CudaIndices,
+        weights: &mut CudaTensor,
+    ) -> Result<()> {
+        if p.k == 0 || p.k > p.experts || p.k > MAX_EXPERTS_PER_TOKEN {
+            return Err(backend_error(format!(
+                "moe_route: k = {} must be 1 to {} experts (at most {MAX_EXPERTS_PER_TOKEN})",
+                p.k, p.experts
+            )));
+        }
+        check_len("moe_route: logits", logits.len(), p.rows * p.width())?;
+        check_len("moe_route: ids", ids.len(), p.rows * p.slots())?;
+        check_len("moe_route: weights", weights.len(), p.rows * p.slots())?;
+        if p.rows == 0 {
+            return Ok(());
+        }
+        let f = self.function("moe_route", "moe_route")?;
+        let scalars = [
+            to_u32(p.rows, "rows")?,
+            to_u32(p.experts, "experts")?,
+            to_u32(p.k, "k")?,
+            u32::from(p.normalize),
+            u32::from(p.shared_gate),
+        ];
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&logits.buf);
+        for s in &scalars {
+            args.arg(s);
+        }
+        args.arg(&mut ids.buf).arg(&mut weights.buf);
+        let grid = (blocks_for(p.rows, 64, "rows")?, 1, 1);
+        self.launch("moe_route", &mut args, config(grid, 64, 0))
+    }
+
+    fn moe_combine(
+        &self,
+        y: &CudaTensor,
+        rows: &CudaIndices,
+        ids: &CudaIndices,
+        weights: &CudaTensor,
+        p: MoeCombineParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        check_len("moe_combine: y", y.len(), p.count * p.width)?;
+        check_len("moe_combine: rows", rows.len(), p.count)?;
+        check_len("moe_combine: weights", weights.len(), ids.len())?;
+        if p.count == 0 || p.width == 0 {
+            return Ok(());
+        }
+        // The rows and ids are device data: the kernel trusts them to lie in
+        // `out` and `weights`, as the CPU reference's indexing does.
+        let f = self.function("moe_combine", "moe_combine")?;
+        let (width, slots) = (to_u32(p.width, "width")?, to_u32(p.slots, "slots")?);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&y.buf)
+            .arg(&rows.buf)
+            .arg(&ids.buf)
+            .arg(&weights.buf)
+            .arg(&width)
+            .arg(&p.expert)
+            .arg(&slots)
+            .arg(&mut out.buf);
+        let grid = (
+            blocks_for(p.width, 256, "width")?,
+            grid_yz(p.count, "rows")?,
+            1,
+        );
+        self.launch("moe_combine", &mut args, config(grid, 256, 0))
     }
 
     fn argmax(

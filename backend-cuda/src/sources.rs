@@ -56,6 +56,8 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "geglu",
     "scale",
     "gather_rows",
+    "moe_route",
+    "moe_combine",
     "argmax",
 ];
 

@@ -138,6 +138,11 @@ const SOURCES: &[(&str, &str)] = &[
         "gather_rows",
         include_str!("../../shaders/gather_rows.wgsl"),
     ),
+    ("moe_route", include_str!("../../shaders/moe_route.wgsl")),
+    (
+        "moe_combine",
+        include_str!("../../shaders/moe_combine.wgsl"),
+    ),
     ("argmax", include_str!("../../shaders/argmax.wgsl")),
 ];
 

@@ -218,6 +218,44 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
 }
 
+/// Routing of a Mixture-of-Experts layer ([`Backend::moe_route`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeRouteParams {
+    pub rows: usize,
+    /// Routed experts: the first `experts` logits of each row.
+    pub experts: usize,
+    /// Experts chosen per row.
+    pub k: usize,
+    /// Divide the chosen weights by their sum.
+    pub normalize: bool,
+    /// Each logits row ends with one more value, the shared expert's gate:
+    /// routed to as expert `experts` with weight `sigmoid(gate)` in a last slot.
+    pub shared_gate: bool,
+}
+
+impl MoeRouteParams {
+    /// Values per logits row.
+    pub fn width(&self) -> usize {
+        self.experts + usize::from(self.shared_gate)
+    }
+
+    /// Routing slots per row: `k`, plus one for the shared expert.
+    pub fn slots(&self) -> usize {
+        self.k + usize::from(self.shared_gate)
+    }
+}
+
+/// The weighted add of one expert's outputs ([`Backend::moe_combine`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeCombineParams {
+    /// Rows the expert computed.
+    pub count: usize,
+    pub width: usize,
+    pub expert: u32,
+    /// Routing slots per row (`MoeRouteParams::slots`).
+    pub slots: usize,
+}
+
 /// The per-token and per-sequence index data of one batch, on the device.
 pub struct AttentionIndices<'a, B: Backend + ?Sized> {
     /// Per query row: index of its sequence in the block-table matrix.
@@ -391,6 +429,35 @@ pub trait Backend: 'static {
         rows: &Self::Indices,
         n: usize,
         width: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// Mixture-of-Experts routing, per row of `logits` (`[rows, p.width()]`):
+    /// softmax over the first `experts` values, the `k` largest in
+    /// descending order (the lower index first among equals), divided by
+    /// their sum when `normalize`; with `shared_gate`, a last slot routes to
+    /// expert `experts` with weight `sigmoid(logits[row, experts])`.
+    /// `ids` and `weights` are `[rows, p.slots()]`.
+    fn moe_route(
+        &self,
+        logits: &Self::Tensor,
+        p: MoeRouteParams,
+        ids: &mut Self::Indices,
+        weights: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// Adds one expert's outputs into the rows routed to it: for each `i`
+    /// below `count`, `out[rows[i]] += w * y[i]` over `width` values, where
+    /// `w` is `weights[rows[i], j]` for the slot `j` with
+    /// `ids[rows[i], j] == expert` (0 if none). `rows` holds no row twice.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(
+        &self,
+        y: &Self::Tensor,
+        rows: &Self::Indices,
+        ids: &Self::Indices,
+        weights: &Self::Tensor,
+        p: MoeCombineParams,
         out: &mut Self::Tensor,
     ) -> Result<()>;
 

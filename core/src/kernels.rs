@@ -232,6 +232,20 @@ pub const MANIFEST: &[KernelSpec] = &[
         tolerance: 0.0,
     },
     KernelSpec {
+        name: "moe_route",
+        method: "moe_route",
+        inputs: "logits [rows, experts (+1 shared gate)] f32; experts, k, normalize, shared_gate",
+        outputs: "ids [rows, k (+1)] u32, weights [rows, k (+1)] f32: softmax, top-k (descending, lower index first among equals), renormalised if asked; shared slot sigmoid(gate)",
+        tolerance: 1e-5,
+    },
+    KernelSpec {
+        name: "moe_combine",
+        method: "moe_combine",
+        inputs: "y [count, width] f32; rows [count] u32 (distinct); ids [*, slots] u32; weights [*, slots] f32; expert",
+        outputs: "out[rows[i]] += weight(rows[i], expert) * y[i]",
+        tolerance: 1e-5,
+    },
+    KernelSpec {
         name: "argmax",
         method: "argmax",
         inputs: "x [rows, width] f32",

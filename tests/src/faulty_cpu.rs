@@ -15,8 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, RmsNormParams,
-    RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MoeCombineParams,
+    MoeRouteParams, RmsNormParams, RopeParams,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Error, Result};
@@ -337,6 +337,30 @@ impl Backend for FaultyCpu {
     ) -> Result<()> {
         self.faults.call("gather_rows")?;
         self.cpu.gather_rows(x, rows, n, width, out)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Tensor,
+        p: MoeRouteParams,
+        ids: &mut Indices,
+        weights: &mut Tensor,
+    ) -> Result<()> {
+        self.faults.call("moe_route")?;
+        self.cpu.moe_route(logits, p, ids, weights)
+    }
+
+    fn moe_combine(
+        &self,
+        y: &Tensor,
+        rows: &Indices,
+        ids: &Indices,
+        weights: &Tensor,
+        p: MoeCombineParams,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        self.faults.call("moe_combine")?;
+        self.cpu.moe_combine(y, rows, ids, weights, p, out)
     }
 
     fn argmax(&self, x: &Tensor, rows: usize, width: usize, out: &mut Indices) -> Result<()> {

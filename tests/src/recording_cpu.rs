@@ -12,8 +12,8 @@ use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, RecordedStep,
-    RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MoeCombineParams,
+    MoeRouteParams, RecordedStep, RmsNormParams, RopeParams,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Error, Result};
@@ -389,6 +389,47 @@ impl Backend for RecordingCpu {
                 &live(&rows)?.borrow(),
                 n,
                 width,
+                &mut live(&out)?.borrow_mut(),
+            )
+        })
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Self::Tensor,
+        p: MoeRouteParams,
+        ids: &mut Self::Indices,
+        weights: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (logits, ids, weights) = (weak(logits), weak(ids), weak(weights));
+        self.launch(move |cpu| {
+            cpu.moe_route(
+                &live(&logits)?.borrow(),
+                p,
+                &mut live(&ids)?.borrow_mut(),
+                &mut live(&weights)?.borrow_mut(),
+            )
+        })
+    }
+
+    fn moe_combine(
+        &self,
+        y: &Self::Tensor,
+        rows: &Self::Indices,
+        ids: &Self::Indices,
+        weights: &Self::Tensor,
+        p: MoeCombineParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (y, rows, ids) = (weak(y), weak(rows), weak(ids));
+        let (weights, out) = (weak(weights), weak(out));
+        self.launch(move |cpu| {
+            cpu.moe_combine(
+                &live(&y)?.borrow(),
+                &live(&rows)?.borrow(),
+                &live(&ids)?.borrow(),
+                &live(&weights)?.borrow(),
+                p,
                 &mut live(&out)?.borrow_mut(),
             )
         })

@@ -182,7 +182,10 @@ impl<B: Backend> Engine<B> {
             recording: true,
         };
         let max_batch = engine.config.max_recorded_batch;
-        if max_batch > 0 && engine.backend.can_record() {
+        // A MoE layer reads its routing back to group rows by expert, which
+        // a recording cannot do: MoE models decode eagerly.
+        let routed = engine.model.config.moe.is_some();
+        if max_batch > 0 && engine.backend.can_record() && !routed {
             let longest = engine.max_context.min(engine.kv_capacity());
             let widest = rounded_width(longest.div_ceil(engine.config.block_size));
             engine.recorder = Some(DecodeRecorder::new(max_batch, widest));

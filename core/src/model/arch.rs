@@ -23,6 +23,13 @@
 //! ```
 //!
 //! with `h` starting as the token's embedding row [times `sqrt(hidden_size)`].
+//!
+//! A Mixture-of-Experts model ([`MoeSpec`]) replaces the one FFN by
+//! `experts` FFNs of the same shape and a router: each row goes through the
+//! `experts_per_token` experts its router scores highest, their outputs
+//! weighted by the routing weights, [plus a shared expert gated by
+//! `sigmoid(x·Wgate_shexp)`]. Granite's [`Multipliers`] scale the
+//! embedding, each residual branch and the logits.
 
 use super::config::{inv_freq, RopeScaling};
 use crate::backend::RopeStyle;
@@ -43,6 +50,10 @@ pub struct BlockSpec {
     /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`
     /// of `[head_dim]`): Qwen3, Gemma 3.
     pub qk_norm: bool,
+    /// The Q/K norms span all heads (`[heads * head_dim]` weights, one RMS
+    /// over the whole projection) instead of one head: OLMoE (Hugging Face
+    /// `OlmoeAttention` norms `q_proj(x)` before splitting heads).
+    pub qk_norm_whole: bool,
     /// RMSNorm of the attention output and of the FFN output before each
     /// residual add (`post_attention_norm`, `post_ffw_norm`): Gemma 3.
     pub post_norms: bool,
@@ -55,6 +66,7 @@ impl BlockSpec {
     /// The plain Llama layer.
     pub const LLAMA: BlockSpec = BlockSpec {
         qk_norm: false,
+        qk_norm_whole: false,
         post_norms: false,
         activation: Activation::Silu,
         scaled_embedding: false,
@@ -73,6 +85,86 @@ impl Rope {
     pub fn inv_freq(&self, rotary_dim: usize) -> Vec<f32> {
         inv_freq(self.theta, &self.scaling, rotary_dim)
     }
+}
+
+/// The routed feed-forward of a Mixture-of-Experts model. Every expert is
+/// a SwiGLU FFN of width `ModelConfig::intermediate_size`.
+///
+/// Routing, per row, as every supported family defines it: softmax over the
+/// `experts` router logits, the `experts_per_token` largest kept (ties to
+/// the lower index) and, where `normalize_weights`, divided by their sum.
+/// Hugging Face: `MixtralSparseMoeBlock` (always renormalised),
+/// `Qwen2MoeSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `OlmoeSparseMoeBlock`
+/// (renormalised when `norm_topk_prob`), `GraniteMoeTopKGating` (softmax of
+/// the top-k logits: the same as renormalising); llama.cpp `build_moe_ffn`
+/// with `norm_w`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub normalize_weights: bool,
+    /// Width of the shared expert, which every row goes through, its output
+    /// scaled by `sigmoid(x·ffn_gate_inp_shexp)` (Hugging Face
+    /// `Qwen2MoeSparseMoeBlock.shared_expert_gate`); `None` without one.
+    pub shared_ffn: Option<usize>,
+}
+
+/// Most experts a row may be routed to: the routing kernels keep the chosen
+/// experts in a fixed array of this size.
+pub const MAX_EXPERTS_PER_TOKEN: usize = 16;
+/// Most experts a layer may have.
+pub const MAX_EXPERTS: usize = 1024;
+
+impl MoeSpec {
+    /// Checks the counts: at least one expert per token, no more than there
+    /// are experts, within the kernels' limits.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(crate::Error::Unsupported(m));
+        if self.experts == 0 || self.experts > MAX_EXPERTS {
+            return bad(format!(
+                "expert count {} is out of range (1..={MAX_EXPERTS})",
+                self.experts
+            ));
+        }
+        let k = self.experts_per_token;
+        if k == 0 || k > self.experts || k > MAX_EXPERTS_PER_TOKEN {
+            return bad(format!(
+                "experts per token {k} is out of range (1..={}: at most the {} experts \
+                 and at most {MAX_EXPERTS_PER_TOKEN})",
+                self.experts.min(MAX_EXPERTS_PER_TOKEN),
+                self.experts
+            ));
+        }
+        if self.shared_ffn == Some(0) {
+            return bad("shared expert width 0".into());
+        }
+        Ok(())
+    }
+
+    /// Routing slots per row: the routed experts, then the shared one.
+    pub fn slots(&self) -> usize {
+        self.experts_per_token + usize::from(self.shared_ffn.is_some())
+    }
+
+    /// Router outputs per row: one logit per expert, then the shared
+    /// expert's gate.
+    pub fn router_width(&self) -> usize {
+        self.experts + usize::from(self.shared_ffn.is_some())
+    }
+}
+
+/// Granite's scaling factors (Hugging Face `GraniteMoeConfig`
+/// `embedding_multiplier`, `residual_multiplier`, `logits_scaling`; GGUF
+/// `{arch}.embedding_scale`, `residual_scale`, `logit_scale`). Its
+/// `attention_multiplier` is the attention scale. `None`: factor 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Multipliers {
+    /// Embedding rows are multiplied by it.
+    pub embedding: Option<f32>,
+    /// Each attention and FFN output is multiplied by it before the residual add.
+    pub residual: Option<f32>,
+    /// Logits are divided by it.
+    pub logits: Option<f32>,
 }
 
 /// What one layer does that another may not.
@@ -116,6 +208,9 @@ pub struct Family {
     /// `x * (1 + w)`); llama.cpp's converter adds the 1, and so does the
     /// safetensors loader, so a model holds the GGUF convention.
     pub hf_norm_offset: bool,
+    /// `Some(normalize)` for a Mixture-of-Experts family: whether it
+    /// renormalises the top-k routing weights unless its config says.
+    pub moe_normalize: Option<bool>,
 }
 
 impl Family {
@@ -143,6 +238,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
+        moe_normalize: None,
     },
     Family {
         gguf: "mistral",
@@ -151,6 +247,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
+        moe_normalize: None,
     },
     Family {
         gguf: "qwen2",
@@ -159,6 +256,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: true,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
+        moe_normalize: None,
     },
     Family {
         gguf: "qwen3",
@@ -170,6 +268,7 @@ pub const FAMILIES: &[Family] = &[
             ..BlockSpec::LLAMA
         },
         hf_norm_offset: false,
+        moe_normalize: None,
     },
     Family {
         gguf: "gemma3",
@@ -178,17 +277,83 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec {
             qk_norm: true,
+            qk_norm_whole: false,
             post_norms: true,
             activation: Activation::GeluTanh,
             scaled_embedding: true,
         },
         hf_norm_offset: true,
+        moe_normalize: None,
+    },
+    // Mixtral is a `llama` GGUF with experts (llama.cpp LLM_ARCH_LLAMA,
+    // `build_moe_ffn(..., norm_w = true)`).
+    Family {
+        gguf: "llama",
+        hf: "MixtralForCausalLM",
+        gguf_rope_style: RopeStyle::Interleaved,
+        qkv_bias: false,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+        moe_normalize: Some(true),
+    },
+    Family {
+        gguf: "qwen2moe",
+        hf: "Qwen2MoeForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: true,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+        moe_normalize: Some(false),
+    },
+    Family {
+        gguf: "qwen3moe",
+        hf: "Qwen3MoeForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: false,
+        block: BlockSpec {
+            qk_norm: true,
+            ..BlockSpec::LLAMA
+        },
+        hf_norm_offset: false,
+        moe_normalize: Some(true),
+    },
+    Family {
+        gguf: "olmoe",
+        hf: "OlmoeForCausalLM",
+        gguf_rope_style: RopeStyle::NeoX,
+        qkv_bias: false,
+        block: BlockSpec {
+            qk_norm: true,
+            qk_norm_whole: true,
+            ..BlockSpec::LLAMA
+        },
+        hf_norm_offset: false,
+        moe_normalize: Some(false),
+    },
+    // llama.cpp converts Granite like Llama: Q/K rows permuted.
+    Family {
+        gguf: "granitemoe",
+        hf: "GraniteMoeForCausalLM",
+        gguf_rope_style: RopeStyle::Interleaved,
+        qkv_bias: false,
+        block: BlockSpec::LLAMA,
+        hf_norm_offset: false,
+        moe_normalize: Some(true),
     },
 ];
 
-/// The family of a GGUF `general.architecture`.
+/// The family of a GGUF `general.architecture` (the dense one where a name
+/// has both, as `llama` has Mixtral).
 pub fn by_gguf_name(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.gguf == name)
+}
+
+/// The family of a GGUF `general.architecture` with or without experts.
+pub fn by_gguf_name_moe(name: &str, moe: bool) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .find(|f| f.gguf == name && f.moe_normalize.is_some() == moe)
+        .or_else(|| by_gguf_name(name))
 }
 
 /// The family of a Hugging Face `architectures[0]`.
@@ -198,7 +363,12 @@ pub fn by_hf_class(class: &str) -> Option<&'static Family> {
 
 /// `a, b and c`: the names of every family, for error messages.
 pub fn known_names(name: impl Fn(&Family) -> &'static str) -> String {
-    let names: Vec<&str> = FAMILIES.iter().map(name).collect();
+    let mut names: Vec<&str> = Vec::new();
+    for n in FAMILIES.iter().map(name) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
     let (last, rest) = names.split_last().expect("FAMILIES is not empty");
     format!("{} and {last}", rest.join(", "))
 }
@@ -245,13 +415,15 @@ mod tests {
     #[test]
     fn names_are_unique_and_found() {
         for f in FAMILIES {
-            assert_eq!(by_gguf_name(f.gguf).unwrap().hf, f.hf);
+            let moe = f.moe_normalize.is_some();
+            assert_eq!(by_gguf_name_moe(f.gguf, moe).unwrap().hf, f.hf);
             assert_eq!(by_hf_class(f.hf).unwrap().gguf, f.gguf);
         }
+        assert_eq!(by_gguf_name("llama").unwrap().hf, "LlamaForCausalLM");
         assert!(by_gguf_name("gemma").is_none());
         assert_eq!(
             known_names(|f| f.gguf),
-            "llama, mistral, qwen2, qwen3 and gemma3"
+            "llama, mistral, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, olmoe and granitemoe"
         );
     }
 

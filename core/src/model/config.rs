@@ -1,7 +1,7 @@
 //! `ModelConfig`: the dimensions of a model and its architecture as data
 //! (`super::arch`), whichever file format it came from.
 
-use super::arch::{BlockSpec, LayerSpec, Rope};
+use super::arch::{BlockSpec, LayerSpec, MoeSpec, Multipliers, Rope};
 use crate::backend::RopeStyle;
 use crate::{Error, Result};
 
@@ -53,6 +53,11 @@ pub struct ModelConfig {
     pub attention_scale: f32,
     /// One entry per layer: its attention window and RoPE frequencies.
     pub layers: Vec<LayerSpec>,
+    /// `Some` for a Mixture-of-Experts model: every layer's FFN is routed
+    /// experts of width `intermediate_size`.
+    pub moe: Option<MoeSpec>,
+    /// Granite's embedding, residual and logit factors.
+    pub multipliers: Multipliers,
 }
 
 /// Upper bounds that no real model exceeds; a file claiming more is corrupt,
@@ -121,6 +126,19 @@ impl ModelConfig {
                 self.attention_scale
             ));
         }
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
+        }
+        let factors = [
+            ("embedding multiplier", self.multipliers.embedding),
+            ("residual multiplier", self.multipliers.residual),
+            ("logits scaling", self.multipliers.logits),
+        ];
+        for (name, factor) in factors {
+            if let Some(f) = factor.filter(|f| !(f.is_finite() && *f > 0.0)) {
+                return bad(format!("{name} {f} must be finite and above 0"));
+            }
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let theta = layer.rope.theta;
             if !(theta > 0.0 && theta.is_finite()) {
@@ -143,6 +161,33 @@ impl ModelConfig {
         self.block
             .scaled_embedding
             .then(|| (self.hidden_size as f32).sqrt())
+            .or(self.multipliers.embedding)
+    }
+
+    /// Parameters of the model (embedding included once when tied), and
+    /// those one token uses: the routed experts it goes through rather than
+    /// all of them (`(total, active)`, equal for a dense model).
+    pub fn parameter_counts(&self) -> (usize, usize) {
+        let (dim, ffn) = (self.hidden_size, self.intermediate_size);
+        let attention = dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * dim;
+        let expert = 3 * dim * ffn;
+        let (ffn_total, ffn_active) = match &self.moe {
+            None => (expert, expert),
+            Some(moe) => {
+                let router = dim * moe.router_width();
+                let shared = moe.shared_ffn.map_or(0, |w| 3 * dim * w);
+                (
+                    router + shared + moe.experts * expert,
+                    router + shared + moe.experts_per_token * expert,
+                )
+            }
+        };
+        let embeddings = self.vocab_size * dim * if self.tied_embeddings { 1 } else { 2 };
+        let layers = self.num_layers;
+        (
+            embeddings + layers * (attention + ffn_total),
+            embeddings + layers * (attention + ffn_active),
+        )
     }
 
     /// The sliding window of the model's local layers, if it has any.

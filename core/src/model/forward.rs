@@ -8,15 +8,18 @@
 //! Per layer: RMSNorm fused with the residual add → Q/K/V matmuls →
 //! [per-head Q/K RMSNorm] → RoPE → paged KV write → paged attention → O
 //! matmul → [post-attention RMSNorm] → RMSNorm + residual → gate/up matmuls →
-//! SwiGLU or GeGLU → down matmul → [post-FFN RMSNorm]. The bracketed steps,
+//! SwiGLU or GeGLU → down matmul → [post-FFN RMSNorm], or the routed experts
+//! of a Mixture-of-Experts layer (`super::moe_layer`). The bracketed steps,
 //! the embedding scale, each layer's attention window and RoPE frequencies
 //! come from the architecture as data (`super::arch`), so Llama runs exactly
 //! the kernels it always did. Logits are computed only for the rows the
 //! caller asks for.
 
 use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 
 use super::arch::Activation;
+use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
 use super::{ModelConfig, ModelFiles};
 use crate::backend::{
@@ -95,13 +98,21 @@ struct LayerWeights<B: Backend> {
     /// Norms of the attention and FFN outputs (`BlockSpec::post_norms`).
     post_attn_norm: Option<B::Weight>,
     ffn_norm: B::Weight,
-    w_gate: B::Weight,
-    w_up: B::Weight,
-    w_down: B::Weight,
+    ffn: Ffn<B>,
     post_ffn_norm: Option<B::Weight>,
     /// Index of this layer's RoPE table in `Model::inv_freqs`.
     rope: usize,
     sliding_window: Option<usize>,
+}
+
+/// A layer's feed-forward: one FFN, or routed experts.
+enum Ffn<B: Backend> {
+    Dense {
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
+    Moe(MoeLayer<B>),
 }
 
 /// A model's weights on a backend.
@@ -114,7 +125,8 @@ pub struct Model<B: Backend> {
     layers: Vec<LayerWeights<B>>,
     /// One RoPE table per distinct [`Rope`](super::Rope) of the layers.
     inv_freqs: Vec<B::Tensor>,
-    /// Bytes of weights read per decoded token (for bandwidth figures).
+    /// Bytes of weights read per decoded token (for bandwidth figures):
+    /// of a MoE model, the experts one token is routed to.
     pub weight_bytes: usize,
 }
 
@@ -150,17 +162,22 @@ impl<B: Backend> Model<B> {
         cfg.num_layers = layers.len();
         cfg.layers = layers.iter().map(|&l| cfg.layers[l].clone()).collect();
         let total = files.tensors.total_bytes();
-        let mut done = 0usize;
-        let mut weight_bytes = 0usize;
+        // Shared by the uploads by name and those of experts' slices.
+        let done = Cell::new(0usize);
+        let weight_bytes = Cell::new(0usize);
+        let progress = RefCell::new(progress);
+        let put = |view: WeightView<'_>, is_vector: bool, name: &str| -> Result<B::Weight> {
+            done.set(done.get() + view.data.len());
+            weight_bytes.set(weight_bytes.get() + view.data.len());
+            (progress.borrow_mut())(done.get(), total);
+            upload(backend, view, is_vector, name)
+        };
         let mut get = |name: &str, is_vector: bool| -> Result<B::Weight> {
             let view = files
                 .tensors
                 .view(name)
                 .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))?;
-            done += view.data.len();
-            weight_bytes += view.data.len();
-            progress(done, total);
-            upload(backend, view, is_vector, name)
+            put(view, is_vector, name)
         };
         let embed = get("token_embd.weight", false)?;
         let output_norm = get("output_norm.weight", true)?;
@@ -200,9 +217,21 @@ impl<B: Backend> Model<B> {
                 wo: get(&n("attn_output.weight"), false)?,
                 post_attn_norm: vector_if(&mut get, post_norms, "post_attention_norm.weight")?,
                 ffn_norm: get(&n("ffn_norm.weight"), true)?,
-                w_gate: get(&n("ffn_gate.weight"), false)?,
-                w_up: get(&n("ffn_up.weight"), false)?,
-                w_down: get(&n("ffn_down.weight"), false)?,
+                ffn: match cfg.moe {
+                    None => Ffn::Dense {
+                        gate: get(&n("ffn_gate.weight"), false)?,
+                        up: get(&n("ffn_up.weight"), false)?,
+                        down: get(&n("ffn_down.weight"), false)?,
+                    },
+                    Some(spec) => {
+                        let mut put_matrix =
+                            |view: WeightView<'_>, name: &str| put(view, false, name);
+                        let (layer, unread) =
+                            MoeLayer::load(backend, files, spec, i, &mut put_matrix)?;
+                        weight_bytes.set(weight_bytes.get() - unread);
+                        Ffn::Moe(layer)
+                    }
+                },
                 post_ffn_norm: vector_if(&mut get, post_norms, "post_ffw_norm.weight")?,
                 rope,
                 sliding_window: spec.sliding_window,
@@ -211,7 +240,7 @@ impl<B: Backend> Model<B> {
         // The embedding table is read one row per token; only as the tied output matrix does all of it count.
         let embed_bytes = files.tensors.info("token_embd.weight").map_or(0, |t| t.len);
         if !cfg.tied_embeddings {
-            weight_bytes -= embed_bytes;
+            weight_bytes.set(weight_bytes.get() - embed_bytes);
         }
         Ok(Self {
             config: cfg,
@@ -220,7 +249,7 @@ impl<B: Backend> Model<B> {
             output_norm,
             layers: layer_weights,
             inv_freqs,
-            weight_bytes,
+            weight_bytes: weight_bytes.get(),
         })
     }
 
@@ -314,6 +343,7 @@ impl<B: Backend> Model<B> {
             final_normed,
             qk_raw,
             out_raw,
+            moe,
         } = buffers;
 
         let norm = RmsNormParams {
@@ -322,10 +352,17 @@ impl<B: Backend> Model<B> {
             eps: cfg.rms_eps,
         };
         // Q/K norms are the same RMSNorm over each head's row of `head_dim`.
-        let head_norm = |heads: usize| RmsNormParams {
-            rows: rows * heads,
-            dim: cfg.head_dim,
-            eps: cfg.rms_eps,
+        let head_norm = |heads: usize| match cfg.block.qk_norm_whole {
+            true => RmsNormParams {
+                rows,
+                dim: heads * cfg.head_dim,
+                eps: cfg.rms_eps,
+            },
+            false => RmsNormParams {
+                rows: rows * heads,
+                dim: cfg.head_dim,
+                eps: cfg.rms_eps,
+            },
         };
         let mm = MatmulParams { rows };
         let rope = |heads| RopeParams {
@@ -402,22 +439,48 @@ impl<B: Backend> Model<B> {
                 out_raw,
                 delta,
             )?;
-            backend.rms_norm_residual(residual, delta, &layer.ffn_norm, norm, normed)?;
-            backend.matmul(normed, &layer.w_gate, None, mm, gate)?;
-            backend.matmul(normed, &layer.w_up, None, mm, up)?;
-            match cfg.block.activation {
-                Activation::Silu => backend.swiglu(gate, up, rows * ffn, act)?,
-                Activation::GeluTanh => backend.geglu(gate, up, rows * ffn, act)?,
+            if let Some(factor) = cfg.multipliers.residual {
+                backend.scale(delta, rows * dim, factor)?;
             }
-            post_normed(
-                backend,
-                act,
-                &layer.w_down,
-                &layer.post_ffn_norm,
-                norm,
-                out_raw,
-                delta,
-            )?;
+            backend.rms_norm_residual(residual, delta, &layer.ffn_norm, norm, normed)?;
+            match &layer.ffn {
+                Ffn::Dense {
+                    gate: w_gate,
+                    up: w_up,
+                    down: w_down,
+                } => {
+                    backend.matmul(normed, w_gate, None, mm, gate)?;
+                    backend.matmul(normed, w_up, None, mm, up)?;
+                    match cfg.block.activation {
+                        Activation::Silu => backend.swiglu(gate, up, rows * ffn, act)?,
+                        Activation::GeluTanh => backend.geglu(gate, up, rows * ffn, act)?,
+                    }
+                    post_normed(
+                        backend,
+                        act,
+                        w_down,
+                        &layer.post_ffn_norm,
+                        norm,
+                        out_raw,
+                        delta,
+                    )?;
+                }
+                Ffn::Moe(experts) => {
+                    let buffers = moe.as_mut().ok_or_else(|| missing("MoE"))?;
+                    experts.forward(
+                        backend,
+                        normed,
+                        rows,
+                        dim,
+                        buffers,
+                        [&mut *gate, &mut *up, &mut *act],
+                        delta,
+                    )?;
+                }
+            }
+            if let Some(factor) = cfg.multipliers.residual {
+                backend.scale(delta, rows * dim, factor)?;
+            }
         }
         let n_logits = shape.logit_rows;
         backend.rms_norm_residual(residual, delta, &self.output_norm, norm, normed)?;
@@ -429,7 +492,11 @@ impl<B: Backend> Model<B> {
             None,
             MatmulParams { rows: n_logits },
             logits,
-        )
+        )?;
+        match cfg.multipliers.logits {
+            Some(divisor) => backend.scale(logits, n_logits * cfg.vocab_size, 1.0 / divisor),
+            None => Ok(()),
+        }
     }
 }
 

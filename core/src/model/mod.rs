@@ -16,18 +16,21 @@
 
 pub mod arch;
 pub mod config;
+pub mod experts;
 pub mod forward;
 pub mod gguf;
+mod moe_layer;
 pub mod recorded;
 pub mod safetensors;
 mod step_buffers;
 pub mod synthetic;
+mod synthetic_moe;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use arch::{Activation, BlockSpec, Family, LayerSpec, Rope};
+pub use arch::{Activation, BlockSpec, Family, LayerSpec, MoeSpec, Multipliers, Rope};
 pub use config::{ModelConfig, RopeScaling};
 
 use crate::quant::{WeightFormat, WeightView};
@@ -175,21 +178,29 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             ]);
         }
         if block.qk_norm {
+            let (q_norm, k_norm) = match block.qk_norm_whole {
+                true => (q_dim, kv_dim),
+                false => (head_dim, head_dim),
+            };
             expected.extend([
-                (name("attn_q_norm.weight"), vec![head_dim]),
-                (name("attn_k_norm.weight"), vec![head_dim]),
+                (name("attn_q_norm.weight"), vec![q_norm]),
+                (name("attn_k_norm.weight"), vec![k_norm]),
             ]);
         }
         expected.push((name("attn_output.weight"), vec![q_dim, hidden]));
         if block.post_norms {
             expected.push((name("post_attention_norm.weight"), vec![hidden]));
         }
-        expected.extend([
-            (name("ffn_norm.weight"), vec![hidden]),
-            (name("ffn_gate.weight"), vec![hidden, ffn]),
-            (name("ffn_up.weight"), vec![hidden, ffn]),
-            (name("ffn_down.weight"), vec![ffn, hidden]),
-        ]);
+        expected.push((name("ffn_norm.weight"), vec![hidden]));
+        if config.moe.is_some() {
+            expected.extend(experts::expected_moe_tensors(config, layer));
+        } else {
+            expected.extend([
+                (name("ffn_gate.weight"), vec![hidden, ffn]),
+                (name("ffn_up.weight"), vec![hidden, ffn]),
+                (name("ffn_down.weight"), vec![ffn, hidden]),
+            ]);
+        }
         if block.post_norms {
             expected.push((name("post_ffw_norm.weight"), vec![hidden]));
         }
@@ -211,6 +222,12 @@ pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -
         shape[..keep].to_vec()
     };
     for (name, shape) in expected_tensors(config) {
+        if tensors.info(&name).is_none() {
+            if let Some((layer, matrix)) = experts::parse_stacked(&name) {
+                check_per_expert(tensors, layer, matrix, &shape, &name, path)?;
+                continue;
+            }
+        }
         let info = tensors.info(&name).ok_or_else(|| {
             Error::bad_file(
                 path,
@@ -235,6 +252,49 @@ pub fn check_tensors(config: &ModelConfig, tensors: &TensorStore, path: &Path) -
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks the one-tensor-per-expert form of the stacked tensor `stacked`
+/// (`shape` `[cols, rows, experts]`): every expert's matrix present, of
+/// `[cols, rows]`, and no more experts than the configuration says.
+fn check_per_expert(
+    tensors: &TensorStore,
+    layer: usize,
+    matrix: experts::ExpertMatrix,
+    shape: &[usize],
+    stacked: &str,
+    path: &Path,
+) -> Result<()> {
+    let (matrix_shape, count) = (&shape[..2], shape[2]);
+    for e in 0..count {
+        let name = matrix.per_expert_name(layer, e);
+        let info = tensors.info(&name).ok_or_else(|| {
+            Error::bad_file(
+                path,
+                format!(
+                    "missing tensor '{stacked}' (expected shape {shape:?}) or its per-expert \
+                     form '{name}' (expected shape {matrix_shape:?})"
+                ),
+            )
+        })?;
+        if info.shape != matrix_shape {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "tensor '{name}' has shape {:?}, expected {matrix_shape:?} (innermost dimension first)",
+                    info.shape
+                ),
+            ));
+        }
+    }
+    let extra = matrix.per_expert_name(layer, count);
+    if tensors.info(&extra).is_some() {
+        return Err(Error::bad_file(
+            path,
+            format!("tensor '{extra}' exists, but the configuration has {count} experts"),
+        ));
     }
     Ok(())
 }

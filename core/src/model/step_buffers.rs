@@ -2,6 +2,7 @@
 //! for: the batch's indices and every intermediate activation.
 
 use super::forward::ForwardBatch;
+use super::moe_layer::MoeBuffers;
 use super::ModelConfig;
 use crate::backend::Backend;
 use crate::Result;
@@ -41,6 +42,8 @@ pub(crate) struct StepBuffers<B: Backend> {
     pub(super) qk_raw: Option<B::Tensor>,
     /// An attention or FFN output before its post-norm (architectures with post-norms only).
     pub(super) out_raw: Option<B::Tensor>,
+    /// Routing and expert activations (MoE models only).
+    pub(super) moe: Option<MoeBuffers<B>>,
 }
 
 impl<B: Backend> StepBuffers<B> {
@@ -97,11 +100,13 @@ impl<B: Backend> StepBuffers<B> {
         logit_rows: usize,
         [tokens, positions, row_seq, slots, block_tables, logit_rows_ids]: [B::Indices; 6],
     ) -> Result<Self> {
+        // A shared expert may be wider than the routed ones.
+        let shared_ffn = cfg.moe.and_then(|m| m.shared_ffn).unwrap_or(0);
         let (dim, q_dim, kv_dim, ffn) = (
             cfg.hidden_size,
             cfg.q_dim(),
             cfg.kv_dim(),
-            cfg.intermediate_size,
+            cfg.intermediate_size.max(shared_ffn),
         );
         let alloc = |width: usize| backend.alloc(rows * width);
         Ok(Self {
@@ -124,6 +129,10 @@ impl<B: Backend> StepBuffers<B> {
             final_normed: backend.alloc(logit_rows.max(1) * dim)?,
             qk_raw: cfg.block.qk_norm.then(|| alloc(q_dim)).transpose()?,
             out_raw: cfg.block.post_norms.then(|| alloc(dim)).transpose()?,
+            moe: cfg
+                .moe
+                .map(|spec| MoeBuffers::alloc(backend, &spec, rows, dim))
+                .transpose()?,
         })
     }
 

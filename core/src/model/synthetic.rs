@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::arch::{self, BlockSpec, LayerSpec, Rope};
+use super::arch::{self, BlockSpec, LayerSpec, Multipliers, Rope};
 use super::gguf::{GgufArray, GgufFile, GgufValue, GgufWriter};
 #[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::{hf_name, SafetensorsWriter};
@@ -183,10 +183,14 @@ impl SyntheticModel {
         };
         let mut st = SafetensorsWriter::new();
         st.add_metadata("format", "pt");
-        let family = arch::by_gguf_name(&c.arch).expect("presets are of known families");
-        for t in self.f32_tensors() {
-            let name = hf_name(&t.name, c.block.post_norms)
-                .expect("synthetic tensors have Hugging Face names");
+        let family = arch::by_gguf_name_moe(&c.arch, c.moe.is_some())
+            .expect("presets are of known families");
+        for t in super::synthetic_moe::hf_moe_tensors(family.hf, self.f32_tensors()) {
+            let name = match t.name.starts_with("model.") {
+                true => t.name.clone(),
+                false => hf_name(&t.name, c.block.post_norms)
+                    .expect("synthetic tensors have Hugging Face names"),
+            };
             let tensor_format = if t.shape.len() == 1 {
                 WeightFormat::F32
             } else {
@@ -233,7 +237,7 @@ impl SyntheticModel {
 }
 
 /// The names [`SyntheticModel::preset`] knows.
-pub const PRESETS: [&str; 8] = [
+pub const PRESETS: [&str; 13] = [
     "tiny",
     "tiny-llama3",
     "tiny-mistral",
@@ -242,6 +246,11 @@ pub const PRESETS: [&str; 8] = [
     "tiny-gemma3",
     "smollm2-135m",
     "llama3-8b",
+    "tiny-mixtral",
+    "tiny-qwen2moe",
+    "tiny-qwen3moe",
+    "tiny-olmoe",
+    "tiny-granitemoe",
 ];
 
 fn preset_config(name: &str) -> Option<ModelConfig> {
@@ -267,6 +276,8 @@ fn preset_config(name: &str) -> Option<ModelConfig> {
         block: BlockSpec::LLAMA,
         attention_scale: 0.25,
         layers: LayerSpec::uniform(2, None, rope(10000.0)),
+        moe: None,
+        multipliers: Multipliers::default(),
     };
     // The tiny models of the other families: awkward head sizes (Q wider
     // than the hidden size), windows shorter than the test prompts.
@@ -361,7 +372,7 @@ fn preset_config(name: &str) -> Option<ModelConfig> {
             layers: LayerSpec::uniform(32, None, rope(500000.0)),
             ..tiny
         },
-        _ => return None,
+        _ => return super::synthetic_moe::moe_preset(name, &tiny),
     };
     Some(config)
 }
@@ -466,6 +477,7 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
     if let Some(window) = c.sliding_window() {
         m.push((format!("{}.attention.sliding_window", c.arch), u(window)));
     }
+    m.extend(super::synthetic_moe::moe_gguf_metadata(c));
     m.extend(tokenizer_metadata(c.vocab_size));
     m
 }

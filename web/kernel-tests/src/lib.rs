@@ -26,7 +26,7 @@ use wasm_bindgen::prelude::*;
 
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, MatmulParams,
-    RmsNormParams, RopeParams,
+    MoeCombineParams, MoeRouteParams, RmsNormParams, RopeParams,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Error, Result};
@@ -314,6 +314,30 @@ impl Backend for Replay {
         out: &mut Self::Tensor,
     ) -> Result<()> {
         self.gpu.gather_rows(x, rows, n, width, exclusive(out)?)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Self::Tensor,
+        p: MoeRouteParams,
+        ids: &mut Self::Indices,
+        weights: &mut Self::Tensor,
+    ) -> Result<()> {
+        self.gpu
+            .moe_route(logits, p, exclusive(ids)?, exclusive(weights)?)
+    }
+
+    fn moe_combine(
+        &self,
+        y: &Self::Tensor,
+        rows: &Self::Indices,
+        ids: &Self::Indices,
+        weights: &Self::Tensor,
+        p: MoeCombineParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        self.gpu
+            .moe_combine(y, rows, ids, weights, p, exclusive(out)?)
     }
 
     fn argmax(

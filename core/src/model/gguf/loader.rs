@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::{GgufArray, GgufFile, GgufValue};
 use crate::model::arch::{self, LayerSpec, Rope};
+use crate::model::arch::{MoeSpec, Multipliers};
 use crate::model::config::{ModelConfig, RopeScaling, MAX_LAYERS};
 use crate::model::{check_tensors, ModelFiles, TensorInfo, TensorStore};
 use crate::quant::WeightFormat;
@@ -173,7 +174,11 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
             ))
         }
     };
-    let family = arch::by_gguf_name(arch).ok_or_else(|| {
+    // A `llama` file with experts is Mixtral.
+    let has_experts = file
+        .get_usize(&format!("{arch}.expert_count"))
+        .is_some_and(|n| n > 0);
+    let family = arch::by_gguf_name_moe(arch, has_experts).ok_or_else(|| {
         Error::Unsupported(format!(
             "{}: architecture '{arch}' (Tandem runs {})",
             path.display(),
@@ -247,11 +252,31 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         let window = keys.positive_usize("attention.sliding_window")?;
         LayerSpec::uniform(num_layers, window, rope)
     };
+    let moe = moe_from_gguf(family, &keys)?;
+    // MoE families give each expert's width apart from a dense one
+    // (`expert_feed_forward_length`); Mixtral's `feed_forward_length` is it.
+    let expert_ffn = match moe {
+        Some(_) => keys.positive_usize("expert_feed_forward_length")?,
+        None => None,
+    };
+    let intermediate_size = match expert_ffn {
+        Some(width) => width,
+        None => keys.required_usize("feed_forward_length")?,
+    };
+    let multipliers = Multipliers {
+        embedding: keys.positive_f32("embedding_scale")?,
+        residual: keys.positive_f32("residual_scale")?,
+        logits: keys.positive_f32("logit_scale")?,
+    };
+    let attention_scale = match keys.positive_f32("attention.scale")? {
+        Some(scale) => scale,
+        None => gguf_attention_scale(family, num_layers, hidden_size, num_heads, head_dim),
+    };
     Ok(ModelConfig {
         arch: arch.to_string(),
         vocab_size,
         hidden_size,
-        intermediate_size: keys.required_usize("feed_forward_length")?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -263,9 +288,46 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         tied_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: family.qkv_bias || file.tensor("blk.0.attn_q.bias").is_some(),
         block: family.block,
-        attention_scale: gguf_attention_scale(family, num_layers, hidden_size, num_heads, head_dim),
+        attention_scale,
         layers,
+        moe,
+        multipliers,
     })
+}
+
+/// The experts of a MoE family's file (`{arch}.expert_count`,
+/// `expert_used_count`, `expert_shared_feed_forward_length`,
+/// `expert_weights_norm`, as llama.cpp names them); `None` for a dense one.
+/// Counts that disagree with each other fail here, naming the key; counts
+/// that disagree with the tensors fail in `check_tensors`.
+fn moe_from_gguf(family: &arch::Family, keys: &ArchKeys) -> Result<Option<MoeSpec>> {
+    let Some(default_normalize) = family.moe_normalize else {
+        return Ok(None);
+    };
+    let experts = keys.required_usize("expert_count")?;
+    let used = keys.required_usize("expert_used_count")?;
+    let shared_ffn = keys.positive_usize("expert_shared_feed_forward_length")?;
+    let normalize = keys.typed("expert_weights_norm", "a boolean", |v| match v {
+        GgufValue::Bool(b) => Some(*b),
+        _ => None,
+    })?;
+    let spec = MoeSpec {
+        experts,
+        experts_per_token: used,
+        normalize_weights: normalize.unwrap_or(default_normalize),
+        shared_ffn,
+    };
+    spec.validate().map_err(|e| {
+        Error::bad_file(
+            keys.path,
+            format!(
+                "'{}' {experts} and '{}' {used}: {e}",
+                keys.key("expert_count"),
+                keys.key("expert_used_count")
+            ),
+        )
+    })?;
+    Ok(Some(spec))
 }
 
 /// llama.cpp's attention scale: `1/sqrt(head_dim)`, except Gemma 3 27B

@@ -16,6 +16,7 @@ use super::names::canonical_name;
 use super::{
     SafetensorsFile, CONFIG_FILE, FORMAT_METADATA_PREFIX, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILE,
 };
+use crate::model::experts::ExpertMatrix;
 use crate::model::{check_tensors, Bytes, ModelFiles, TensorInfo, TensorStore};
 use crate::quant::WeightFormat;
 use crate::tokenizer::Tokenizer;
@@ -77,6 +78,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<ModelFiles> {
     if family.hf_norm_offset {
         add_one_to_norms(&mut tensors);
     }
+    split_gate_up_experts(&mut tensors, dir)?;
     let config = hf_config.to_model_config(&tensors, &config_path)?;
     config.validate().map_err(|e| match e {
         Error::Unsupported(reason) => {
@@ -101,6 +103,66 @@ pub fn load_hf_dir(dir: &Path) -> Result<ModelFiles> {
         tokenizer,
         metadata,
     })
+}
+
+/// Granite-MoE's stacked `input_linear` (`[experts, 2·ffn, hidden]`) as
+/// each expert's own gate and up tensors: byte ranges of the same file
+/// (`super::moe_names`).
+fn split_gate_up_experts(tensors: &mut TensorStore, dir: &Path) -> Result<()> {
+    let suffix = format!(".{}.weight", super::moe_names::GATE_UP_EXPS);
+    let stacked: Vec<TensorInfo> = tensors
+        .tensors()
+        .iter()
+        .filter(|t| t.name.ends_with(&suffix))
+        .cloned()
+        .collect();
+    for info in stacked {
+        let layer = info
+            .name
+            .trim_end_matches(&suffix)
+            .trim_start_matches("blk.");
+        let layer: usize = layer
+            .parse()
+            .map_err(|_| Error::bad_file(dir, format!("tensor '{}' names no layer", info.name)))?;
+        let [hidden, rows, experts] = info.shape[..] else {
+            return Err(Error::bad_file(
+                dir,
+                format!(
+                    "tensor '{}' has shape {:?}, expected [hidden, 2·ffn, experts] (innermost first)",
+                    info.name, info.shape
+                ),
+            ));
+        };
+        let ffn = rows / 2;
+        let half = info
+            .format
+            .bytes_for(ffn as u64, hidden as u64)
+            .filter(|_| rows % 2 == 0 && !info.format.is_quantized())
+            .ok_or_else(|| {
+                Error::bad_file(
+                    dir,
+                    format!(
+                        "tensor '{}' ({}) does not split into gate and up halves",
+                        info.name, info.format
+                    ),
+                )
+            })? as usize;
+        for e in 0..experts {
+            for (i, m) in [ExpertMatrix::Gate, ExpertMatrix::Up]
+                .into_iter()
+                .enumerate()
+            {
+                tensors.insert(TensorInfo {
+                    name: m.per_expert_name(layer, e),
+                    shape: vec![hidden, ffn],
+                    offset: info.offset + (2 * e + i) * half,
+                    len: half,
+                    ..info.clone()
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Replaces every norm weight `w` by `1 + w` in F32, the GGUF convention

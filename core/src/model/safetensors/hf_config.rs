@@ -17,6 +17,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::hf_moe::{write_moe_fields, HfMoe};
 use super::json_fields::Fields;
 
 use crate::backend::RopeStyle;
@@ -58,6 +59,8 @@ pub(super) struct HfConfig {
     /// Gemma 2's soft caps, absent (null) in Gemma 3: refused when set.
     final_logit_softcapping: Option<f32>,
     attn_logit_softcapping: Option<f32>,
+    /// Experts and Granite's factors.
+    moe: HfMoe,
 }
 
 struct HfRopeScaling {
@@ -122,6 +125,7 @@ impl HfConfig {
             query_pre_attn_scalar: f.positive("query_pre_attn_scalar")?,
             final_logit_softcapping: f.number("final_logit_softcapping")?,
             attn_logit_softcapping: f.number("attn_logit_softcapping")?,
+            moe: HfMoe::read(&f)?,
         })
     }
 }
@@ -147,10 +151,12 @@ impl HfRopeScaling {
 
 /// Hugging Face's `model_type` of each family.
 fn model_type(family: &Family) -> &'static str {
-    if family.is_gemma3() {
-        "gemma3_text"
-    } else {
-        family.gguf
+    match family.hf {
+        "Gemma3ForCausalLM" => "gemma3_text",
+        "MixtralForCausalLM" => "mixtral",
+        "Qwen2MoeForCausalLM" => "qwen2_moe",
+        "Qwen3MoeForCausalLM" => "qwen3_moe",
+        _ => family.gguf,
     }
 }
 
@@ -250,11 +256,16 @@ impl HfConfig {
         };
         // Gemma3TextConfig ties embeddings unless told otherwise; the others do not.
         let tie = self.tie_word_embeddings.unwrap_or(family.is_gemma3());
+        let (moe, expert_ffn) = self.moe.spec(family, config_path)?;
+        let attention_scale = self
+            .moe
+            .attention_multiplier()
+            .unwrap_or(1.0 / query_scalar.sqrt());
         Ok(ModelConfig {
             arch: family.gguf.to_string(),
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
+            intermediate_size: expert_ffn.unwrap_or(self.intermediate_size),
             num_layers: n,
             num_heads: self.num_attention_heads,
             num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
@@ -267,8 +278,10 @@ impl HfConfig {
             tied_embeddings: tie && tensors.info("output.weight").is_none(),
             qkv_bias: family.qkv_bias || tensors.info("blk.0.attn_q.bias").is_some(),
             block: family.block,
-            attention_scale: 1.0 / query_scalar.sqrt(),
+            attention_scale,
             layers,
+            moe,
+            multipliers: self.moe.multipliers(),
         })
     }
 
@@ -381,7 +394,7 @@ fn rope_scaling_json(scaling: &RopeScaling) -> Result<Option<Value>> {
 
 /// `config.json` for `c`, in the form the directory loader reads.
 pub fn hf_config_json(c: &ModelConfig) -> Result<Value> {
-    let family = arch::by_gguf_name(&c.arch).ok_or_else(|| {
+    let family = arch::by_gguf_name_moe(&c.arch, c.moe.is_some()).ok_or_else(|| {
         Error::Unsupported(format!(
             "architecture '{}' has no Hugging Face configuration",
             c.arch
@@ -433,6 +446,7 @@ pub fn hf_config_json(c: &ModelConfig) -> Result<Value> {
         config["sliding_window"] = window.into();
         config["use_sliding_window"] = true.into();
     }
+    write_moe_fields(c, family, &mut config);
     Ok(config)
 }
 

@@ -27,8 +27,10 @@
 pub mod file;
 pub mod hf;
 pub mod hf_config;
+mod hf_moe;
 mod json_fields;
 pub mod model_dir;
+pub mod moe_names;
 pub mod names;
 pub mod writer;
 
@@ -36,9 +38,9 @@ pub use file::SafetensorsFile;
 #[cfg(not(target_arch = "wasm32"))]
 pub use hf::load_hf_dir;
 pub use hf_config::hf_config_json;
+pub use model_dir::OutputTensor;
 #[cfg(not(target_arch = "wasm32"))]
 pub use model_dir::{write_model_dir, write_tokenizer_files};
-pub use model_dir::OutputTensor;
 pub use names::{canonical_name, hf_name};
 pub use writer::SafetensorsWriter;
 

@@ -17,6 +17,9 @@ pub fn canonical_name(hf_name: &str, post_norms: bool) -> Option<String> {
     if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    if let Some(canonical) = super::moe_names::canonical_moe_name(layer, rest) {
+        return Some(canonical);
+    }
     let (module, kind) = rest.rsplit_once('.')?;
     let (_, module) = layer_modules(post_norms).find(|(hf, _)| *hf == module)?;
     matches!(kind, "weight" | "bias").then(|| format!("blk.{layer}.{module}.{kind}"))

@@ -1,0 +1,167 @@
+//! The tiny random Mixture-of-Experts models of every MoE family, and their
+//! expert tensors under Hugging Face names (`safetensors::moe_names`): one
+//! tensor per expert, or Granite's stacked `input_linear`/`output_linear`.
+
+use super::arch::{self, MoeSpec, Multipliers};
+use super::experts::ExpertMatrix;
+use super::gguf::GgufValue;
+use super::safetensors::moe_names::{hf_expert_name, hf_moe_module_name};
+use super::synthetic::NamedTensor;
+use super::ModelConfig;
+
+/// The configuration of a MoE preset, from `dense` (the family's tiny
+/// dense shape: attention sizes, vocabulary) or `None` for another name.
+pub fn moe_preset(name: &str, tiny: &ModelConfig) -> Option<ModelConfig> {
+    let (gguf, experts, k, shared_ffn) = match name {
+        "tiny-mixtral" => ("llama", 4, 2, None),
+        // An odd expert count and a shared expert wider than the routed ones.
+        "tiny-qwen2moe" => ("qwen2moe", 5, 2, Some(128)),
+        "tiny-qwen3moe" => ("qwen3moe", 6, 3, None),
+        "tiny-olmoe" => ("olmoe", 8, 2, None),
+        "tiny-granitemoe" => ("granitemoe", 4, 2, None),
+        _ => return None,
+    };
+    let family = arch::by_gguf_name_moe(gguf, true)?;
+    let head_dim = if family.block.qk_norm { 24 } else { 16 };
+    let multipliers = match gguf {
+        "granitemoe" => Multipliers {
+            embedding: Some(4.0),
+            residual: Some(0.5),
+            logits: Some(2.0),
+        },
+        _ => Multipliers::default(),
+    };
+    Some(ModelConfig {
+        arch: gguf.into(),
+        intermediate_size: 64,
+        num_layers: 2,
+        head_dim,
+        rotary_dim: head_dim,
+        rope_style: family.gguf_rope_style,
+        qkv_bias: family.qkv_bias,
+        block: family.block,
+        attention_scale: match gguf {
+            "granitemoe" => 0.2,
+            _ => 1.0 / (head_dim as f32).sqrt(),
+        },
+        moe: Some(MoeSpec {
+            experts,
+            experts_per_token: k,
+            normalize_weights: family.moe_normalize.unwrap_or(false),
+            shared_ffn,
+        }),
+        multipliers,
+        ..tiny.clone()
+    })
+}
+
+/// The `{arch}.*` keys of `c`'s experts and Granite factors, as llama.cpp's
+/// converter writes them.
+pub fn moe_gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
+    let key = |k: &str| format!("{}.{k}", c.arch);
+    let u = |v: usize| GgufValue::U32(v as u32);
+    let mut m = Vec::new();
+    if let Some(moe) = &c.moe {
+        m.extend([
+            (key("expert_count"), u(moe.experts)),
+            (key("expert_used_count"), u(moe.experts_per_token)),
+            (key("expert_feed_forward_length"), u(c.intermediate_size)),
+        ]);
+        if let Some(width) = moe.shared_ffn {
+            m.push((key("expert_shared_feed_forward_length"), u(width)));
+        }
+        if Some(moe.normalize_weights)
+            != arch::by_gguf_name_moe(&c.arch, true).and_then(|f| f.moe_normalize)
+        {
+            m.push((
+                key("expert_weights_norm"),
+                GgufValue::Bool(moe.normalize_weights),
+            ));
+        }
+    }
+    let factors = [
+        ("embedding_scale", c.multipliers.embedding),
+        ("residual_scale", c.multipliers.residual),
+        ("logit_scale", c.multipliers.logits),
+    ];
+    for (name, factor) in factors {
+        if let Some(f) = factor {
+            m.push((key(name), GgufValue::F32(f)));
+        }
+    }
+    if c.arch == "granitemoe" {
+        m.push((key("attention.scale"), GgufValue::F32(c.attention_scale)));
+    }
+    m
+}
+
+/// `tensors` with every MoE tensor under its Hugging Face name for the
+/// family `hf_class` (shape still innermost first), stacked experts split
+/// per expert except Granite's; other tensors as they are.
+pub fn hf_moe_tensors(hf_class: &str, tensors: Vec<NamedTensor>) -> Vec<NamedTensor> {
+    let granite = hf_class == "GraniteMoeForCausalLM";
+    let mut out = Vec::with_capacity(tensors.len());
+    let mut pending_gate: Option<NamedTensor> = None;
+    for t in tensors {
+        let Some((layer, module)) = layer_module(&t.name) else {
+            out.push(t);
+            continue;
+        };
+        let stacked = ExpertMatrix::ALL
+            .into_iter()
+            .find(|m| m.stacked_name(layer) == t.name);
+        match stacked {
+            Some(ExpertMatrix::Gate) if granite => pending_gate = Some(t),
+            Some(ExpertMatrix::Up) if granite => {
+                let gate = pending_gate.take().expect("gate comes before up");
+                out.push(gate_up_stacked(layer, gate, t));
+            }
+            Some(ExpertMatrix::Down) if granite => out.push(NamedTensor {
+                name: hf_moe_module_name(hf_class, layer, "ffn_down_exps").expect("granite"),
+                ..t
+            }),
+            Some(m) => {
+                let (cols, rows, experts) = (t.shape[0], t.shape[1], t.shape[2]);
+                for (e, data) in t.data.chunks_exact(cols * rows).enumerate().take(experts) {
+                    out.push(NamedTensor {
+                        name: hf_expert_name(hf_class, layer, m, e),
+                        shape: vec![cols, rows],
+                        data: data.to_vec(),
+                    });
+                }
+            }
+            None => match hf_moe_module_name(hf_class, layer, module) {
+                Some(name) => out.push(NamedTensor { name, ..t }),
+                None => out.push(t),
+            },
+        }
+    }
+    out
+}
+
+/// Granite's `input_linear`: per expert, its gate rows then its up rows.
+fn gate_up_stacked(layer: usize, gate: NamedTensor, up: NamedTensor) -> NamedTensor {
+    let (cols, rows, experts) = (gate.shape[0], gate.shape[1], gate.shape[2]);
+    let per = cols * rows;
+    let data = (0..experts)
+        .flat_map(|e| {
+            let range = e * per..(e + 1) * per;
+            gate.data[range.clone()]
+                .iter()
+                .chain(&up.data[range])
+                .copied()
+        })
+        .collect();
+    NamedTensor {
+        name: hf_moe_module_name("GraniteMoeForCausalLM", layer, "ffn_gate_up_exps")
+            .expect("granite"),
+        shape: vec![cols, 2 * rows, experts],
+        data,
+    }
+}
+
+/// `(N, module)` of a canonical `blk.N.module.weight`.
+fn layer_module(name: &str) -> Option<(usize, &str)> {
+    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    Some((layer.parse().ok()?, rest.strip_suffix(".weight")?))
+}
