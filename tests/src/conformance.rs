@@ -15,6 +15,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod moe;
+
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
     RmsNormParams, RopeParams, RopeStyle,
@@ -130,6 +132,8 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.geglu();
     suite.scale();
     suite.gather_rows();
+    suite.moe_route();
+    suite.moe_combine();
     suite.argmax();
     // Manifest order, so reports read like the manifest.
     let mut reports = suite.reports;

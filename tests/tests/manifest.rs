@@ -21,6 +21,8 @@ const BACKEND_KERNEL_METHODS: &[&str] = &[
     "geglu",
     "scale",
     "gather_rows",
+    "moe_route",
+    "moe_combine",
     "argmax",
 ];
 
