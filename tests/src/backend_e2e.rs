@@ -4,6 +4,7 @@
 //! decode steps, and SmolLM2-135M's greedy output for three prompts.
 
 use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
@@ -73,6 +74,37 @@ pub fn tiny_models_match_the_cpu<B: Backend>(
             d1 < tol && d2 < tol,
             "{format}: prefill diff {d1}, decode diff {d2} (tolerance {tol})"
         );
+    }
+}
+
+/// The tiny Mixture-of-Experts model of every MoE family (F16 experts):
+/// greedy tokens and the logits of prompt and generated tokens equal the
+/// CPU's within `tolerance`.
+pub fn moe_models_match_the_cpu<B: Backend>(make_backend: impl Fn() -> B, tolerance: f32) {
+    let presets = [
+        "tiny-mixtral",
+        "tiny-qwen2moe",
+        "tiny-qwen3moe",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+    ];
+    for name in presets {
+        let dir = tempfile::tempdir().unwrap();
+        let model = SyntheticModel::preset(name, WeightFormat::F16, 13).unwrap();
+        let files = tiny_gguf(dir.path(), &model);
+        let prompt: Vec<u32> = (0..19).map(|i| (i * 37 + 11) % 300).collect();
+        let generated = greedy(&mut cpu_engine(&files, 64, 512), &prompt, 8);
+        let mut gpu = engine_on(make_backend(), &files, 64, 512);
+        assert_eq!(
+            greedy(&mut gpu, &prompt, 8),
+            generated,
+            "{name}: greedy tokens"
+        );
+        let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+        let want = cpu_engine(&files, 64, 512).score(&all, 0).unwrap();
+        let got = gpu.score(&all, 0).unwrap();
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < tolerance, "{name}: max |diff| {diff}");
     }
 }
 

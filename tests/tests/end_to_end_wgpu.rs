@@ -34,6 +34,11 @@ fn tiny_model_logits_match_the_cpu_over_prefill_and_decode() {
 }
 
 #[test]
+fn moe_models_match_the_cpu() {
+    backend_e2e::moe_models_match_the_cpu(|| backend(WgpuOptions::default()), 2e-3);
+}
+
+#[test]
 fn smollm2_greedy_output_equals_the_cpu_backend() {
     backend_e2e::smollm2_greedy_matches_the_cpu(backend(WgpuOptions::default()));
 }

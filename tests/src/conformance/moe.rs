@@ -99,9 +99,12 @@ fn moe_route<X: Backend>(be: &X, logits: &[f32], p: MoeRouteParams) -> Out {
     Ok(out)
 }
 
+/// `moe_combine`'s inputs: y, the routed rows, ids, weights, the output's start.
+type CombineInputs<'a> = (&'a [f32], &'a [u32], &'a [u32], &'a [f32], &'a [f32]);
+
 fn moe_combine<X: Backend>(
     be: &X,
-    (y, routed, ids, weights, out): (&[f32], &[u32], &[u32], &[f32], &[f32]),
+    (y, routed, ids, weights, out): CombineInputs<'_>,
     p: MoeCombineParams,
 ) -> Out {
     let ys = be.upload(if y.is_empty() { &[0.0] } else { y })?;
