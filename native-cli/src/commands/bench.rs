@@ -198,6 +198,7 @@ impl WithBackend for BenchArgs {
         let (tg_eager, tg_eager_sd) = summary(&decode_eager);
         let recorded = engine.stats().recorded_steps;
         let weight_bytes = engine.model().weight_bytes;
+        let (total_params, active_params) = engine.model().config.parameter_counts();
         if self.json {
             let obj = serde_json::json!({
                 "model": files.path.display().to_string(),
@@ -211,6 +212,8 @@ impl WithBackend for BenchArgs {
                 "decode_tokens_per_s": tg,
                 "decode_tokens_per_s_sd": tg_sd,
                 "weight_bytes": weight_bytes,
+                "parameters": total_params,
+                "active_parameters": active_params,
                 "kv_dtype": self.model.kv_dtype.name(),
                 "kv_bytes_per_token": engine.kv_bytes_per_token(),
                 "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
@@ -227,6 +230,11 @@ impl WithBackend for BenchArgs {
         } else {
             println!("model:   {}", files.path.display());
             println!("backend: {} ({})", info.name, info.device);
+            println!(
+                "params:  {:.1} M active per token of {:.1} M",
+                active_params as f64 / 1e6,
+                total_params as f64 / 1e6
+            );
             println!(
                 "KV:      {}, {} bytes per token",
                 self.model.kv_dtype,

@@ -55,6 +55,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
     println!("layers:         {}", c.num_layers);
     println!("hidden size:    {}", c.hidden_size);
     println!("ffn size:       {}", c.intermediate_size);
+    if let Some(moe) = &c.moe {
+        let (total, active) = c.parameter_counts();
+        println!(
+            "experts:        {} ({} per token, weights {}renormalised{})",
+            moe.experts,
+            moe.experts_per_token,
+            if moe.normalize_weights { "" } else { "not " },
+            moe.shared_ffn
+                .map_or(String::new(), |w| format!(", shared expert of {w}"))
+        );
+        println!(
+            "active params:  {:.1} M per token of {:.1} M",
+            active as f64 / 1e6,
+            total as f64 / 1e6
+        );
+    }
     println!(
         "heads:          {} (KV heads {}, head dim {})",
         c.num_heads, c.num_kv_heads, c.head_dim
