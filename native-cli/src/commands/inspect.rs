@@ -65,8 +65,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
             moe.shared_ffn
                 .map_or(String::new(), |w| format!(", shared expert of {w}"))
         );
+        // Exact counts too: a tiny model's would all round to 0.1 M.
         println!(
-            "active params:  {:.1} M per token of {:.1} M",
+            "active params:  {:.1} M per token of {:.1} M ({active} of {total})",
             active as f64 / 1e6,
             total as f64 / 1e6
         );
