@@ -29,6 +29,9 @@ enum Command {
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Quantize a model's weights (RTN, INT8, SmoothQuant W8A8, GPTQ, AWQ, mixed precision).
     Quantize(commands::quantize::QuantizeArgs),
+    /// Train a draft model for `--speculate draft:DIR` from the model itself.
+    #[cfg(feature = "distill")]
+    Distill(commands::distill::DistillArgs),
     /// Show a model's architecture, tensors, tokenizer and chat template.
     Inspect(commands::inspect::InspectArgs),
     /// Measure prefill and decode speed (like llama-bench's pp512 / tg128).
@@ -46,6 +49,8 @@ fn main() {
         Command::Chat(a) => commands::chat::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
+        #[cfg(feature = "distill")]
+        Command::Distill(a) => commands::distill::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),

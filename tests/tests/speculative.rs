@@ -1,10 +1,13 @@
 //! Speculative decoding on tiny random models: greedy output identical to
 //! plain decoding for every proposer and draft length, sampled output
 //! distributed exactly as the target's (chi-square against the exact joint
-//! distribution, also with a deliberately bad draft), and the KV
+//! distribution, also with a deliberately bad draft and with a draft
+//! distilled by `tandem-distill` and loaded from its directory), and the KV
 //! bookkeeping consistent through rejections, preemptions and removals.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
 use proptest::prelude::*;
 use tandem_core::engine::Engine;
@@ -16,6 +19,8 @@ use tandem_core::spec::{
     self_draft_candidates, DraftLength, DraftModel, DraftModelConfig, NgramProposer, Proposer,
 };
 use tandem_cpu::CpuBackend;
+use tandem_distill::write::write_student;
+use tandem_distill::{distill, Corpus, Device, Options, Student};
 use tandem_tests::{cpu_engine, tiny, tiny_gguf};
 
 /// A prompt with repeats, so n-gram lookup finds something to propose.
@@ -63,6 +68,53 @@ fn proposer(
     }
 }
 
+/// A one-layer draft distilled from `target` for a few dozen steps on
+/// windows of the test prompt's first 12 tokens followed by random ones
+/// (the sampled test's kind of text), written to `dir` and loaded from
+/// there, as `--speculate draft:DIR` loads it.
+fn distilled_draft(target: &ModelFiles, dir: &Path) -> ModelFiles {
+    let vocab = target.config.vocab_size as u64;
+    let mut rng = tandem_core::sched::Rng::new(5);
+    let mut windows = |n: usize| -> Vec<Vec<u32>> {
+        (0..n)
+            .map(|_| {
+                let random = (0..20).map(|_| (rng.next_u64() % vocab) as u32);
+                PROMPT[..12].iter().copied().chain(random).collect()
+            })
+            .collect()
+    };
+    let corpus = Corpus {
+        train: windows(64),
+        eval: windows(2),
+    };
+    let student = Student::from_target(target, &[1], &Device::Cpu).unwrap();
+    let options = Options {
+        steps: 40,
+        batch: 4,
+        lr: 3e-3,
+        seed: 1,
+        eval_every: 0,
+        teacher_threads: 1,
+    };
+    let stop = AtomicBool::new(false);
+    let summary = distill(
+        target,
+        &student,
+        &corpus,
+        &options,
+        &stop,
+        &mut |_| {},
+        &mut |_, _| Ok(()),
+    )
+    .unwrap();
+    eprintln!(
+        "distilled draft: KL {:.3} -> {:.3}, agreement {:.2} -> {:.2}",
+        summary.before.kl, summary.after.kl, summary.before.agreement, summary.after.agreement
+    );
+    write_student(target, &student, WeightFormat::F32, dir).unwrap();
+    tandem_core::model::load(dir).unwrap()
+}
+
 /// Runs every prompt to completion together; returns each one's generated tokens.
 fn generate(
     engine: &mut Engine<CpuBackend>,
@@ -108,13 +160,16 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
     let target = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 11));
     let other_dir = tempfile::tempdir().unwrap();
     let other = tiny_gguf(other_dir.path(), &tiny(WeightFormat::Q8_0, 12));
+    let distilled_dir = tempfile::tempdir().unwrap();
+    let distilled = distilled_draft(&target, distilled_dir.path());
     let greedy = |_: usize| SamplingParams::default();
     let want = generate(&mut cpu_engine(&target, 1024, 64), &prompts(), &greedy, 40);
-    for method in [
-        Method::Ngram,
-        Method::OtherModel,
-        Method::SelfLayers,
-        Method::Cascade,
+    for (method, draft) in [
+        (Method::Ngram, &other),
+        (Method::OtherModel, &other),
+        (Method::OtherModel, &distilled),
+        (Method::SelfLayers, &other),
+        (Method::Cascade, &other),
     ] {
         for length in [
             DraftLength::Fixed(1),
@@ -124,7 +179,7 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
         ] {
             // A small step budget cuts some verifications short.
             let mut engine = cpu_engine(&target, 1024, 13);
-            let p = proposer(&method, &engine, &target, &other);
+            let p = proposer(&method, &engine, &target, draft);
             let name = p.describe();
             engine.set_speculation(p, length).unwrap();
             let got = generate(&mut engine, &prompts(), &greedy, 40);
@@ -222,6 +277,8 @@ fn sampled_output_has_exactly_the_targets_distribution() {
     // are accepted and rejected with non-trivial probability ratios.
     let near_dir = tempfile::tempdir().unwrap();
     let near = tiny_gguf(near_dir.path(), &tiny(WeightFormat::Q4_0, 21));
+    let distilled_dir = tempfile::tempdir().unwrap();
+    let distilled = distilled_draft(&target, distilled_dir.path());
     let params = SamplingParams {
         temperature: 0.7,
         top_k: 4,
@@ -240,6 +297,7 @@ fn sampled_output_has_exactly_the_targets_distribution() {
     for (method, draft) in [
         (Method::OtherModel, &near),
         (Method::OtherModel, &other),
+        (Method::OtherModel, &distilled),
         (Method::Cascade, &near),
         (Method::Ngram, &other),
         (Method::SelfLayers, &other),
@@ -264,6 +322,15 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         }
         let stats = engine.stats().speculation;
         assert!(stats.proposed_tokens > 0, "{name} proposed nothing");
+        // Its drafts must be accepted (the random model's never are) for the
+        // test to weigh them.
+        if std::ptr::eq(draft, &distilled) {
+            assert!(
+                stats.acceptance_rate() > 0.05,
+                "{name}: acceptance {:.2}",
+                stats.acceptance_rate()
+            );
+        }
         // Cells expected fewer than 5 times are pooled into one.
         let n = samples as f64;
         let (mut chi2, mut cells, mut pooled_obs, mut pooled_exp) = (0.0, 0usize, 0.0, 0.0);

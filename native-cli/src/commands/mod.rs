@@ -4,6 +4,8 @@
 pub mod bench;
 pub mod bench_serve;
 pub mod chat;
+#[cfg(feature = "distill")]
+pub mod distill;
 pub mod inspect;
 pub mod perplexity;
 pub mod quantize;

@@ -141,7 +141,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
 /// Refuses, before any work, an `--out` that is not a model directory this
 /// run may replace: a file, a directory holding something else, or the
 /// source model itself.
-fn check_destination(out: &Path, source: &Path) -> Result<()> {
+pub(crate) fn check_destination(out: &Path, source: &Path) -> Result<()> {
     if !out.exists() {
         return Ok(());
     }
@@ -151,7 +151,7 @@ fn check_destination(out: &Path, source: &Path) -> Result<()> {
     let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
     if same(out, source) {
         bail!(
-            "--out {} is the source model; write the quantized model elsewhere",
+            "--out {} is the source model; write the new model elsewhere",
             out.display()
         );
     }
@@ -170,7 +170,7 @@ fn check_destination(out: &Path, source: &Path) -> Result<()> {
 
 /// A directory written beside its destination, renamed there by
 /// [`StagedDir::commit`] once complete and removed if dropped before.
-struct StagedDir {
+pub(crate) struct StagedDir {
     path: PathBuf,
     destination: PathBuf,
     committed: bool,
@@ -179,7 +179,7 @@ struct StagedDir {
 impl StagedDir {
     /// A fresh, empty `.NAME.partial-PID` beside `destination` (whose
     /// parents are created).
-    fn beside(destination: &Path) -> Result<StagedDir> {
+    pub(crate) fn beside(destination: &Path) -> Result<StagedDir> {
         let path = sibling(destination, "partial")?;
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
@@ -196,14 +196,14 @@ impl StagedDir {
         })
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Moves the directory to its destination, replacing the model there:
     /// the old one is renamed aside first and removed once the new one is in
     /// place (and put back if that fails).
-    fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         let destination = &self.destination;
         let into_place = |from: &Path| {
             fs::rename(from, destination)
