@@ -97,7 +97,7 @@ impl Rope {
 /// `Qwen2MoeSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `OlmoeSparseMoeBlock`
 /// (renormalised when `norm_topk_prob`), `GraniteMoeTopKGating` (softmax of
 /// the top-k logits: the same as renormalising); llama.cpp `build_moe_ffn`
-/// with `norm_w`.
+/// with `norm_w`. Which family does which: [`MoeRouting`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeSpec {
     pub experts: usize,
@@ -208,9 +208,41 @@ pub struct Family {
     /// `x * (1 + w)`); llama.cpp's converter adds the 1, and so does the
     /// safetensors loader, so a model holds the GGUF convention.
     pub hf_norm_offset: bool,
-    /// `Some(normalize)` for a Mixture-of-Experts family: whether it
-    /// renormalises the top-k routing weights unless its config says.
-    pub moe_normalize: Option<bool>,
+    /// `Some` for a Mixture-of-Experts family: whether it renormalises its
+    /// top-k routing weights.
+    pub moe_routing: Option<MoeRouting>,
+}
+
+/// Whether a MoE family renormalises the top-k routing weights, as its
+/// reference implementations decide it. Each one softmaxes the router
+/// logits over all experts and keeps the k largest; they differ only here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeRouting {
+    /// llama.cpp's `norm_w` argument to `build_moe_ffn` (llama-graph.cpp)
+    /// in the architecture's graph (`src/models/{arch}.cpp`): fixed per
+    /// architecture, not read from the file.
+    pub gguf_normalize: bool,
+    /// Hugging Face: `Some(default)` where the sparse-MoE block reads
+    /// `config.norm_topk_prob` (the configuration class's default);
+    /// `None` where it always renormalises, whatever the config says.
+    pub hf_norm_topk_prob: Option<bool>,
+}
+
+impl MoeRouting {
+    /// Always renormalised: Mixtral, Granite-MoE.
+    const ALWAYS: MoeRouting = MoeRouting {
+        gguf_normalize: true,
+        hf_norm_topk_prob: None,
+    };
+
+    /// Renormalised in GGUF files when `gguf_normalize`; in Hugging Face
+    /// ones when `norm_topk_prob` (default false) says so.
+    const fn config(gguf_normalize: bool) -> MoeRouting {
+        MoeRouting {
+            gguf_normalize,
+            hf_norm_topk_prob: Some(false),
+        }
+    }
 }
 
 impl Family {
@@ -238,7 +270,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: None,
+        moe_routing: None,
     },
     Family {
         gguf: "mistral",
@@ -247,7 +279,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: None,
+        moe_routing: None,
     },
     Family {
         gguf: "qwen2",
@@ -256,7 +288,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: true,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: None,
+        moe_routing: None,
     },
     Family {
         gguf: "qwen3",
@@ -268,7 +300,7 @@ pub const FAMILIES: &[Family] = &[
             ..BlockSpec::LLAMA
         },
         hf_norm_offset: false,
-        moe_normalize: None,
+        moe_routing: None,
     },
     Family {
         gguf: "gemma3",
@@ -283,10 +315,13 @@ pub const FAMILIES: &[Family] = &[
             scaled_embedding: true,
         },
         hf_norm_offset: true,
-        moe_normalize: None,
+        moe_routing: None,
     },
-    // Mixtral is a `llama` GGUF with experts (llama.cpp LLM_ARCH_LLAMA,
-    // `build_moe_ffn(..., norm_w = true)`).
+    // Mixtral is a `llama` GGUF with experts. Always renormalised:
+    // llama.cpp src/models/llama.cpp `graph` (`build_moe_ffn` with
+    // norm_w = true); transformers modeling_mixtral.py
+    // `MixtralSparseMoeBlock.forward` divides the top k by their sum
+    // unconditionally.
     Family {
         gguf: "llama",
         hf: "MixtralForCausalLM",
@@ -294,7 +329,7 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: Some(true),
+        moe_routing: Some(MoeRouting::ALWAYS),
     },
     Family {
         gguf: "qwen2moe",
@@ -303,7 +338,10 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: true,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: Some(false),
+        // llama.cpp src/models/qwen2moe.cpp: norm_w = false; transformers
+        // modeling_qwen2_moe.py `Qwen2MoeSparseMoeBlock.forward`: only
+        // when `norm_topk_prob` (`Qwen2MoeConfig` default false).
+        moe_routing: Some(MoeRouting::config(false)),
     },
     Family {
         gguf: "qwen3moe",
@@ -315,7 +353,11 @@ pub const FAMILIES: &[Family] = &[
             ..BlockSpec::LLAMA
         },
         hf_norm_offset: false,
-        moe_normalize: Some(true),
+        // llama.cpp src/models/qwen3moe.cpp: norm_w = true; transformers
+        // modeling_qwen3_moe.py `Qwen3MoeSparseMoeBlock.forward`: only when
+        // `norm_topk_prob`, whose `Qwen3MoeConfig` default is false (the
+        // published checkpoints set it true).
+        moe_routing: Some(MoeRouting::config(true)),
     },
     Family {
         gguf: "olmoe",
@@ -328,7 +370,10 @@ pub const FAMILIES: &[Family] = &[
             ..BlockSpec::LLAMA
         },
         hf_norm_offset: false,
-        moe_normalize: Some(false),
+        // llama.cpp src/models/olmoe.cpp: norm_w = false; transformers
+        // modeling_olmoe.py `OlmoeSparseMoeBlock.forward`: only when
+        // `norm_topk_prob` (`OlmoeConfig` default false).
+        moe_routing: Some(MoeRouting::config(false)),
     },
     // llama.cpp converts Granite like Llama: Q/K rows permuted.
     Family {
@@ -338,7 +383,11 @@ pub const FAMILIES: &[Family] = &[
         qkv_bias: false,
         block: BlockSpec::LLAMA,
         hf_norm_offset: false,
-        moe_normalize: Some(true),
+        // llama.cpp src/models/granite.cpp `build_layer_ffn`: norm_w = true;
+        // transformers modeling_granitemoe.py `GraniteMoeTopKGating.forward`
+        // softmaxes the top-k logits alone, which equals renormalising the
+        // top k of the full softmax.
+        moe_routing: Some(MoeRouting::ALWAYS),
     },
 ];
 
@@ -352,7 +401,7 @@ pub fn by_gguf_name(name: &str) -> Option<&'static Family> {
 pub fn by_gguf_name_moe(name: &str, moe: bool) -> Option<&'static Family> {
     FAMILIES
         .iter()
-        .find(|f| f.gguf == name && f.moe_normalize.is_some() == moe)
+        .find(|f| f.gguf == name && f.moe_routing.is_some() == moe)
         .or_else(|| by_gguf_name(name))
 }
 
@@ -415,7 +464,7 @@ mod tests {
     #[test]
     fn names_are_unique_and_found() {
         for f in FAMILIES {
-            let moe = f.moe_normalize.is_some();
+            let moe = f.moe_routing.is_some();
             assert_eq!(by_gguf_name_moe(f.gguf, moe).unwrap().hf, f.hf);
             assert_eq!(by_hf_class(f.hf).unwrap().gguf, f.gguf);
         }

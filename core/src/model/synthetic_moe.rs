@@ -47,7 +47,7 @@ pub fn moe_preset(name: &str, tiny: &ModelConfig) -> Option<ModelConfig> {
         moe: Some(MoeSpec {
             experts,
             experts_per_token: k,
-            normalize_weights: family.moe_normalize.unwrap_or(false),
+            normalize_weights: family.moe_routing.is_some_and(|r| r.gguf_normalize),
             shared_ffn,
         }),
         multipliers,
@@ -71,7 +71,9 @@ pub fn moe_gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
             m.push((key("expert_shared_feed_forward_length"), u(width)));
         }
         if Some(moe.normalize_weights)
-            != arch::by_gguf_name_moe(&c.arch, true).and_then(|f| f.moe_normalize)
+            != arch::by_gguf_name_moe(&c.arch, true)
+                .and_then(|f| f.moe_routing)
+                .map(|r| r.gguf_normalize)
         {
             m.push((
                 key("expert_weights_norm"),

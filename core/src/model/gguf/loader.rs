@@ -301,7 +301,7 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
 /// Counts that disagree with each other fail here, naming the key; counts
 /// that disagree with the tensors fail in `check_tensors`.
 fn moe_from_gguf(family: &arch::Family, keys: &ArchKeys) -> Result<Option<MoeSpec>> {
-    let Some(default_normalize) = family.moe_normalize else {
+    let Some(routing) = family.moe_routing else {
         return Ok(None);
     };
     let experts = keys.required_usize("expert_count")?;
@@ -314,7 +314,7 @@ fn moe_from_gguf(family: &arch::Family, keys: &ArchKeys) -> Result<Option<MoeSpe
     let spec = MoeSpec {
         experts,
         experts_per_token: used,
-        normalize_weights: normalize.unwrap_or(default_normalize),
+        normalize_weights: normalize.unwrap_or(routing.gguf_normalize),
         shared_ffn,
     };
     spec.validate().map_err(|e| {

@@ -62,7 +62,7 @@ impl HfMoe {
         family: &Family,
         path: &std::path::Path,
     ) -> Result<(Option<MoeSpec>, Option<usize>)> {
-        let Some(default_normalize) = family.moe_normalize else {
+        let Some(routing) = family.moe_routing else {
             return Ok((None, None));
         };
         let bad = |m: String| Err(Error::bad_file(path, m));
@@ -96,7 +96,10 @@ impl HfMoe {
         let spec = MoeSpec {
             experts,
             experts_per_token: used,
-            normalize_weights: self.norm_topk_prob.unwrap_or(default_normalize),
+            normalize_weights: match routing.hf_norm_topk_prob {
+                Some(default) => self.norm_topk_prob.unwrap_or(default),
+                None => true,
+            },
             shared_ffn: self.shared_expert_intermediate_size,
         };
         if let Err(e) = spec.validate() {
@@ -132,7 +135,12 @@ pub(super) fn write_moe_fields(c: &ModelConfig, family: &Family, config: &mut Va
         };
         config[experts_key] = moe.experts.into();
         config["num_experts_per_tok"] = moe.experts_per_token.into();
-        config["norm_topk_prob"] = moe.normalize_weights.into();
+        if family
+            .moe_routing
+            .is_some_and(|r| r.hf_norm_topk_prob.is_some())
+        {
+            config["norm_topk_prob"] = moe.normalize_weights.into();
+        }
         if matches!(family.gguf, "qwen2moe" | "qwen3moe") {
             config["moe_intermediate_size"] = c.intermediate_size.into();
             config["decoder_sparse_step"] = 1.into();
@@ -155,5 +163,48 @@ pub(super) fn write_moe_fields(c: &ModelConfig, family: &Family, config: &mut Va
     }
     if family.gguf == "granitemoe" {
         config["attention_multiplier"] = c.attention_scale.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::model::safetensors::hf_config::HfConfig;
+    use crate::model::TensorStore;
+
+    /// Whether a config.json of `class` with the fields `extra` renormalises.
+    fn normalizes(class: &str, extra: &str) -> bool {
+        let json = format!(
+            r#"{{"architectures": ["{class}"], "vocab_size": 4, "hidden_size": 64,
+                "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000,
+                "max_position_embeddings": 256, "tie_word_embeddings": true,
+                "num_experts_per_tok": 2{extra}}}"#
+        );
+        let path = Path::new("config.json");
+        let config = HfConfig::from_json(&json, path)
+            .and_then(|c| c.to_model_config(&TensorStore::default(), path))
+            .unwrap();
+        config.moe.unwrap().normalize_weights
+    }
+
+    #[test]
+    fn each_family_renormalises_as_its_reference_does() {
+        let experts = r#", "num_experts": 8"#;
+        for class in [
+            "Qwen2MoeForCausalLM",
+            "Qwen3MoeForCausalLM",
+            "OlmoeForCausalLM",
+        ] {
+            assert!(!normalizes(class, experts), "{class}: default");
+            let asked = format!(r#"{experts}, "norm_topk_prob": true"#);
+            assert!(normalizes(class, &asked), "{class}: norm_topk_prob");
+        }
+        // Mixtral and Granite-MoE renormalise whatever the config says.
+        let local = r#", "num_local_experts": 8, "norm_topk_prob": false"#;
+        for class in ["MixtralForCausalLM", "GraniteMoeForCausalLM"] {
+            assert!(normalizes(class, local), "{class}");
+        }
     }
 }
