@@ -12,6 +12,7 @@ pub mod dense_reference;
 pub mod faulty_cpu;
 pub mod http_client;
 pub mod recording_cpu;
+pub mod upcycle;
 
 use std::path::PathBuf;
 
