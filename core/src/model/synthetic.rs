@@ -61,6 +61,20 @@ impl SyntheticModel {
         })
     }
 
+    /// The same model cut to its first `layers` layers (1 or more), so a
+    /// large shape fits a test or a benchmark.
+    pub fn with_layers(mut self, layers: usize) -> Result<Self> {
+        if layers == 0 || layers > self.config.num_layers {
+            return Err(Error::InvalidRequest(format!(
+                "{layers} layers of a {}-layer model",
+                self.config.num_layers
+            )));
+        }
+        self.config.num_layers = layers;
+        self.config.layers.truncate(layers);
+        Ok(self)
+    }
+
     /// Every tensor's canonical name and shape (innermost first), in file order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         expected_tensors(&self.config)
@@ -237,7 +251,7 @@ impl SyntheticModel {
 }
 
 /// The names [`SyntheticModel::preset`] knows.
-pub const PRESETS: [&str; 13] = [
+pub const PRESETS: [&str; 17] = [
     "tiny",
     "tiny-llama3",
     "tiny-mistral",
@@ -251,6 +265,10 @@ pub const PRESETS: [&str; 13] = [
     "tiny-qwen3moe",
     "tiny-olmoe",
     "tiny-granitemoe",
+    "olmoe-1b-7b",
+    "olmoe-1b-7b-dense",
+    "qwen1.5-moe-a2.7b",
+    "mixtral-8x7b",
 ];
 
 fn preset_config(name: &str) -> Option<ModelConfig> {

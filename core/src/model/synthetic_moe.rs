@@ -2,7 +2,8 @@
 //! expert tensors under Hugging Face names (`safetensors::moe_names`): one
 //! tensor per expert, or Granite's stacked `input_linear`/`output_linear`.
 
-use super::arch::{self, MoeSpec, Multipliers};
+use super::arch::{self, LayerSpec, MoeSpec, Multipliers, Rope};
+use super::config::RopeScaling;
 use super::experts::ExpertMatrix;
 use super::gguf::GgufValue;
 use super::safetensors::moe_names::{hf_expert_name, hf_moe_module_name};
@@ -12,6 +13,9 @@ use super::ModelConfig;
 /// The configuration of a MoE preset, from `dense` (the family's tiny
 /// dense shape: attention sizes, vocabulary) or `None` for another name.
 pub fn moe_preset(name: &str, tiny: &ModelConfig) -> Option<ModelConfig> {
+    if let Some(real) = real_moe_shape(name) {
+        return Some(real);
+    }
     let (gguf, experts, k, shared_ffn) = match name {
         "tiny-mixtral" => ("llama", 4, 2, None),
         // An odd expert count and a shared expert wider than the routed ones.
@@ -52,6 +56,92 @@ pub fn moe_preset(name: &str, tiny: &ModelConfig) -> Option<ModelConfig> {
         }),
         multipliers,
         ..tiny.clone()
+    })
+}
+
+/// The shapes of published MoE checkpoints, at full depth, from their
+/// `config.json`: `olmoe-1b-7b` (allenai/OLMoE-1B-7B-0924),
+/// `qwen1.5-moe-a2.7b` (Qwen/Qwen1.5-MoE-A2.7B), `mixtral-8x7b`
+/// (mistralai/Mixtral-8x7B-v0.1); and `olmoe-1b-7b-dense`, OLMoE's
+/// attention with one dense FFN as wide as its 8 active experts together
+/// (the same active parameters but the router), to benchmark against.
+fn real_moe_shape(name: &str) -> Option<ModelConfig> {
+    // (arch, hidden, expert width, layers, heads, KV heads, vocab, context,
+    //  RoPE theta, RMS eps, experts, per token, shared expert width)
+    let (
+        gguf,
+        hidden,
+        ffn,
+        layers,
+        heads,
+        kv_heads,
+        vocab,
+        context,
+        theta,
+        eps,
+        experts,
+        k,
+        shared,
+    ) = match name {
+        "olmoe-1b-7b" | "olmoe-1b-7b-dense" => (
+            "olmoe", 2048, 1024, 16, 16, 16, 50304, 4096, 10_000.0, 1e-5, 64, 8, None,
+        ),
+        "qwen1.5-moe-a2.7b" => (
+            "qwen2moe",
+            2048,
+            1408,
+            24,
+            16,
+            16,
+            151936,
+            8192,
+            1e6,
+            1e-6,
+            60,
+            4,
+            Some(5632),
+        ),
+        "mixtral-8x7b" => (
+            "llama", 4096, 14336, 32, 32, 8, 32000, 32768, 1e6, 1e-5, 8, 2, None,
+        ),
+        _ => return None,
+    };
+    let family = arch::by_gguf_name_moe(gguf, true)?;
+    let head_dim = hidden / heads;
+    let moe = MoeSpec {
+        experts,
+        experts_per_token: k,
+        normalize_weights: family.moe_routing.is_some_and(|r| r.gguf_normalize),
+        shared_ffn: shared,
+    };
+    let dense = name.ends_with("-dense");
+    Some(ModelConfig {
+        arch: gguf.into(),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: if dense { k * ffn } else { ffn },
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        rotary_dim: head_dim,
+        rms_eps: eps,
+        rope_style: family.gguf_rope_style,
+        max_context: context,
+        tied_embeddings: false,
+        qkv_bias: family.qkv_bias,
+        block: family.block,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        layers: LayerSpec::uniform(
+            layers,
+            None,
+            Rope {
+                theta,
+                scaling: RopeScaling::None,
+            },
+        ),
+        moe: (!dense).then_some(moe),
+        multipliers: Multipliers::default(),
     })
 }
 
