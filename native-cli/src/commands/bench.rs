@@ -35,9 +35,16 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Benchmark a model of this shape with random weights instead of a file:
-    /// `smollm2-135m`, `llama3-8b`, `tiny`.
+    /// `smollm2-135m`, `llama3-8b`, `tiny`, the MoE shapes `olmoe-1b-7b`
+    /// (and `olmoe-1b-7b-dense`, its active parameters as one dense FFN),
+    /// `qwen1.5-moe-a2.7b`, `mixtral-8x7b`. `TANDEM_MOE_GROUPING=off` runs
+    /// each expert on one row at a time (the ungrouped baseline).
     #[arg(long, value_name = "SHAPE")]
     pub random_weights: Option<String>,
+    /// Only the first N layers of the random-weights shape (a large MoE
+    /// shape at reduced depth).
+    #[arg(long, value_name = "N", requires = "random_weights")]
+    pub layers: Option<usize>,
     /// Storage format of the random weights' matrices.
     #[arg(long, value_enum, default_value = "q4_1", requires = "random_weights")]
     pub weight_format: RandomWeightFormat,
@@ -145,7 +152,14 @@ impl WithBackend for BenchArgs {
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let files = match &self.random_weights {
-            Some(shape) => SyntheticModel::preset(shape, self.weight_format.into(), 0)?.files()?,
+            Some(shape) => {
+                let model = SyntheticModel::preset(shape, self.weight_format.into(), 0)?;
+                match self.layers {
+                    Some(n) => model.with_layers(n)?,
+                    None => model,
+                }
+                .files()?
+            }
             None => self.model.load_files()?,
         };
         // The speculation prompts are chat-templated and under 256 tokens.
