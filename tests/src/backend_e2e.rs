@@ -10,6 +10,7 @@ use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
 use tandem_core::Backend;
 
+use crate::kquant_moe::{q4_k_m_gguf, widened_moe, KQUANT_MOE_PRESETS};
 use crate::{cpu_engine, max_abs_diff, smollm2_path, tiny, tiny_gguf};
 
 /// An engine on the backend under test with room for `tokens` tokens.
@@ -92,20 +93,41 @@ pub fn moe_models_match_the_cpu<B: Backend>(make_backend: impl Fn() -> B, tolera
         let dir = tempfile::tempdir().unwrap();
         let model = SyntheticModel::preset(name, WeightFormat::F16, 13).unwrap();
         let files = tiny_gguf(dir.path(), &model);
-        let prompt: Vec<u32> = (0..19).map(|i| (i * 37 + 11) % 300).collect();
-        let generated = greedy(&mut cpu_engine(&files, 64, 512), &prompt, 8);
-        let mut gpu = engine_on(make_backend(), &files, 64, 512);
-        assert_eq!(
-            greedy(&mut gpu, &prompt, 8),
-            generated,
-            "{name}: greedy tokens"
-        );
-        let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
-        let want = cpu_engine(&files, 64, 512).score(&all, 0).unwrap();
-        let got = gpu.score(&all, 0).unwrap();
-        let diff = max_abs_diff(&got, &want);
-        assert!(diff < tolerance, "{name}: max |diff| {diff}");
+        moe_model_matches_the_cpu(make_backend(), &files, name, tolerance);
     }
+}
+
+/// MoE models 256 wide with k-quant experts in llama.cpp's Q4_K_M mix
+/// (`kquant_moe`): as [`moe_models_match_the_cpu`].
+pub fn kquant_moe_models_match_the_cpu<B: Backend>(make_backend: impl Fn() -> B, tolerance: f32) {
+    for name in KQUANT_MOE_PRESETS {
+        let dir = tempfile::tempdir().unwrap();
+        let files = q4_k_m_gguf(dir.path(), &widened_moe(name, 13));
+        moe_model_matches_the_cpu(make_backend(), &files, name, tolerance);
+    }
+}
+
+/// Greedy tokens equal the CPU's, and the logits of prompt and generated
+/// tokens within `tolerance`.
+fn moe_model_matches_the_cpu<B: Backend>(
+    backend: B,
+    files: &ModelFiles,
+    name: &str,
+    tolerance: f32,
+) {
+    let prompt: Vec<u32> = (0..19).map(|i| (i * 37 + 11) % 300).collect();
+    let generated = greedy(&mut cpu_engine(files, 64, 512), &prompt, 8);
+    let mut gpu = engine_on(backend, files, 64, 512);
+    assert_eq!(
+        greedy(&mut gpu, &prompt, 8),
+        generated,
+        "{name}: greedy tokens"
+    );
+    let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+    let want = cpu_engine(files, 64, 512).score(&all, 0).unwrap();
+    let got = gpu.score(&all, 0).unwrap();
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff < tolerance, "{name}: max |diff| {diff}");
 }
 
 /// SmolLM2-135M: 16 greedy tokens for three prompts equal the CPU backend's.

@@ -2,7 +2,8 @@
 //! models written to disk, and an independent dense forward pass (no KV
 //! cache, no paging, no fusion) that the engine is checked against, a CPU
 //! backend that records steps like CUDA graphs (`recording_cpu`), and one
-//! that fails chosen calls on purpose (`faulty_cpu`); and a minimal HTTP
+//! that fails chosen calls on purpose (`faulty_cpu`); MoE models in
+//! k-quants and the NumPy MoE reference (`kquant_moe`); and a minimal HTTP
 //! client for the server (`http_client`).
 
 pub mod backend_e2e;
@@ -11,6 +12,7 @@ pub mod decode_mix;
 pub mod dense_reference;
 pub mod faulty_cpu;
 pub mod http_client;
+pub mod kquant_moe;
 pub mod recording_cpu;
 pub mod upcycle;
 

@@ -37,6 +37,17 @@ fn moe_models_match_the_cpu() {
 }
 
 #[test]
+fn kquant_moe_models_match_the_cpu() {
+    if cuda().is_none() {
+        return;
+    }
+    backend_e2e::kquant_moe_models_match_the_cpu(
+        || CudaBackend::new(0).expect("CUDA device"),
+        2e-3,
+    );
+}
+
+#[test]
 fn tiny_model_logits_match_the_cpu_over_prefill_and_decode() {
     if cuda().is_none() {
         return;

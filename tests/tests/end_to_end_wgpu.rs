@@ -39,6 +39,11 @@ fn moe_models_match_the_cpu() {
 }
 
 #[test]
+fn kquant_moe_models_match_the_cpu() {
+    backend_e2e::kquant_moe_models_match_the_cpu(|| backend(WgpuOptions::default()), 2e-3);
+}
+
+#[test]
 fn smollm2_greedy_output_equals_the_cpu_backend() {
     backend_e2e::smollm2_greedy_matches_the_cpu(backend(WgpuOptions::default()));
 }

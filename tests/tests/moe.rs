@@ -11,7 +11,9 @@ use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelConfig;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
-use tandem_tests::http_client::venv_python;
+use tandem_tests::kquant_moe::{
+    moe_reference_logits, q4_k_m_gguf, widened_moe, KQUANT_MOE_PRESETS,
+};
 use tandem_tests::{cpu_engine, max_abs_diff, tiny_gguf};
 
 const MOE_PRESETS: [&str; 5] = [
@@ -55,8 +57,6 @@ fn every_moe_family_loads_alike_from_gguf_and_hugging_face_files() {
 /// reads the GGUF file with the `gguf` package and routes with its own code.
 #[test]
 fn moe_logits_match_the_numpy_reference() {
-    let python = venv_python();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/reference/moe_reference.py");
     for (name, format) in [
         ("tiny-mixtral", WeightFormat::F32),
         ("tiny-qwen2moe", WeightFormat::Q8_0),
@@ -73,28 +73,42 @@ fn moe_logits_match_the_numpy_reference() {
         let model = SyntheticModel::preset(name, format, 5).unwrap();
         let files = tiny_gguf(dir.path(), &model);
         let got = cpu_engine(&files, 64, 512).score(&PROMPT, 0).unwrap();
-        let tokens: Vec<String> = PROMPT.iter().map(u32::to_string).collect();
-        let out = std::process::Command::new(&python)
-            .arg(script)
-            .arg(dir.path().join("tiny.gguf"))
-            .arg(tokens.join(","))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let want: Vec<f32> = String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(|v| v.parse().unwrap())
-            .collect();
+        let want = moe_reference_logits(&dir.path().join("tiny.gguf"), &PROMPT);
         assert_eq!(want.len(), got.len(), "{name}");
         // Quantized activations apart (none here), f32 against f64.
         let diff = max_abs_diff(&got, &want);
         assert!(diff < 2e-3, "{name} {format}: max |diff| {diff}");
     }
+}
+
+/// Experts in k-quants, mixed as llama.cpp's Q4_K_M does (Q4_K and Q6_K,
+/// Q5_0 and Q8_0 where a row is not whole 256-element super-blocks), on
+/// models 256 wide: the CPU logits against the NumPy reference.
+#[test]
+fn k_quant_experts_match_the_numpy_reference() {
+    let mut expert_formats = std::collections::BTreeSet::new();
+    for name in KQUANT_MOE_PRESETS {
+        let dir = tempfile::tempdir().unwrap();
+        let files = q4_k_m_gguf(dir.path(), &widened_moe(name, 17));
+        expert_formats.extend(
+            files
+                .tensors
+                .tensors()
+                .iter()
+                .filter(|t| t.name.contains("_exps") || t.name.contains("_shexp"))
+                .map(|t| t.format.to_string()),
+        );
+        let got = cpu_engine(&files, 64, 512).score(&PROMPT, 0).unwrap();
+        let want = moe_reference_logits(&dir.path().join("model.gguf"), &PROMPT);
+        assert_eq!(want.len(), got.len(), "{name}");
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < 2e-3, "{name}: max |diff| {diff}");
+    }
+    let want = ["Q4_K", "Q5_0", "Q6_K", "Q8_0"].map(String::from);
+    assert!(
+        want.iter().all(|f| expert_formats.contains(f)),
+        "expert formats {expert_formats:?}"
+    );
 }
 
 #[test]

@@ -95,6 +95,17 @@ impl SyntheticModel {
     /// The model as a GGUF file: matrices in `self.format`, Q/K rows permuted
     /// for interleaved RoPE, plus the synthetic tokenizer.
     pub fn to_gguf(&self) -> Result<Vec<u8>> {
+        self.to_gguf_with_formats(&|_, _| self.format)
+    }
+
+    /// [`to_gguf`](Self::to_gguf) with each matrix in the format
+    /// `format_of(name, shape)` picks (vectors stay F32): a mix of formats
+    /// as llama.cpp's Q4_K_M writes (Q6_K for some matrices, Q5_0 or Q8_0
+    /// where a row is not a whole number of 256-element super-blocks).
+    pub fn to_gguf_with_formats(
+        &self,
+        format_of: &dyn Fn(&str, &[usize]) -> WeightFormat,
+    ) -> Result<Vec<u8>> {
         let c = &self.config;
         let mut w = GgufWriter::new();
         for (k, v) in gguf_metadata(c) {
@@ -116,7 +127,7 @@ impl SyntheticModel {
             let format = if t.shape.len() == 1 {
                 WeightFormat::F32
             } else {
-                self.format
+                format_of(&t.name, &t.shape)
             };
             let bytes = quantize_row(format, &data);
             w.add_tensor(&t.name, format, &t.shape, bytes)?;
