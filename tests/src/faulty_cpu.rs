@@ -8,7 +8,9 @@
 //! Faults are armed through [`Faults`], shared with the test, so a test can
 //! arm one while the backend runs on the server's engine thread. A test can
 //! also hold the engine inside a call ([`Faults::hold`]) to arm a fault for
-//! a step whose sequences it knows.
+//! a step whose sequences it knows. It also logs the rows of every `matmul`
+//! call ([`Faults::matmul_rows`]), so a test can see how the work was cut
+//! into calls.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -63,6 +65,8 @@ struct FaultState {
     hold_next: Option<&'static str>,
     /// A call is waiting for [`Faults::release`].
     holding: bool,
+    /// The rows of every `matmul` call, in order.
+    matmul_rows: Vec<usize>,
 }
 
 impl Faults {
@@ -83,6 +87,11 @@ impl Faults {
     /// The operations whose faults fired, in order.
     pub fn fired(&self) -> Vec<&'static str> {
         self.lock().fired.clone()
+    }
+
+    /// The rows of every `matmul` call so far, in order.
+    pub fn matmul_rows(&self) -> Vec<usize> {
+        self.lock().matmul_rows.clone()
     }
 
     /// Whether an armed fault has not fired yet.
@@ -269,6 +278,7 @@ impl Backend for FaultyCpu {
         out: &mut Tensor,
     ) -> Result<()> {
         self.faults.call("matmul")?;
+        self.faults.lock().matmul_rows.push(p.rows);
         self.cpu.matmul(x, w, bias, p, out)
     }
 

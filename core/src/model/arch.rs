@@ -107,6 +107,11 @@ pub struct MoeSpec {
     /// scaled by `sigmoid(x·ffn_gate_inp_shexp)` (Hugging Face
     /// `Qwen2MoeSparseMoeBlock.shared_expert_gate`); `None` without one.
     pub shared_ffn: Option<usize>,
+    /// How the routed rows go through an expert: all of them in one call,
+    /// each expert's matrices read once per step (`true`, what every loader
+    /// sets), or one row per call (`false`: the baseline `tandem bench
+    /// --ungrouped-experts` measures grouping against). Not in any file.
+    pub group_rows: bool,
 }
 
 /// Most experts a row may be routed to: the routing kernels keep the chosen

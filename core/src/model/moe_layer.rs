@@ -11,10 +11,10 @@
 //! experts no row chose are not read at all. The read-back makes the pass
 //! unrecordable: MoE models decode eagerly.
 //!
-//! `TANDEM_MOE_GROUPING=off` in the environment when a model loads runs
-//! each expert on one row at a time instead, reading its matrices once per
-//! row routed to it: the baseline that shows what grouping buys in
-//! prefill (`tandem bench`, README).
+//! `MoeSpec::group_rows` false runs each expert on one row at a time
+//! instead, reading its matrices once per row routed to it: the baseline
+//! that shows what grouping buys in prefill (`tandem bench
+//! --ungrouped-experts`, README).
 
 use super::experts::{expert_view, router_name, shared_gate_name, ExpertMatrix};
 use super::{ModelFiles, MoeSpec};
@@ -36,14 +36,6 @@ pub(super) struct MoeLayer<B: Backend> {
     /// `[router_width, hidden]` F32: the router's rows, then the shared gate.
     router: B::Weight,
     experts: Vec<Expert<B>>,
-    /// Rows per expert call: all of an expert's rows, or 1 when grouping
-    /// is off.
-    rows_per_call: usize,
-}
-
-/// Whether `TANDEM_MOE_GROUPING` leaves grouping rows by expert on.
-fn grouping_on() -> bool {
-    std::env::var("TANDEM_MOE_GROUPING").map_or(true, |v| v != "off")
 }
 
 /// The activations of one MoE pass beyond the dense FFN's (whose gate, up
@@ -137,7 +129,6 @@ impl<B: Backend> MoeLayer<B> {
                 spec,
                 router,
                 experts,
-                rows_per_call: if grouping_on() { usize::MAX } else { 1 },
             },
             unread,
         ))
@@ -177,8 +168,9 @@ impl<B: Backend> MoeLayer<B> {
         let groups = rows_by_expert(&ids, route.slots(), self.experts.len())
             .map_err(|m| Error::backend(backend.info().name, m))?;
         backend.scale(out, rows * hidden, 0.0)?;
+        let rows_per_call = if spec.group_rows { usize::MAX } else { 1 };
         for (e, (expert, group)) in self.experts.iter().zip(&groups).enumerate() {
-            for expert_rows in group.chunks(self.rows_per_call) {
+            for expert_rows in group.chunks(rows_per_call) {
                 let n = expert_rows.len();
                 let rows_of = backend.upload_indices(expert_rows)?;
                 backend.gather_rows(x, &rows_of, n, hidden, &mut buffers.gathered)?;

@@ -53,6 +53,7 @@ pub fn moe_preset(name: &str, tiny: &ModelConfig) -> Option<ModelConfig> {
             experts_per_token: k,
             normalize_weights: family.moe_routing.is_some_and(|r| r.gguf_normalize),
             shared_ffn,
+            group_rows: true,
         }),
         multipliers,
         ..tiny.clone()
@@ -113,6 +114,7 @@ fn real_moe_shape(name: &str) -> Option<ModelConfig> {
         experts_per_token: k,
         normalize_weights: family.moe_routing.is_some_and(|r| r.gguf_normalize),
         shared_ffn: shared,
+        group_rows: true,
     };
     let dense = name.ends_with("-dense");
     Some(ModelConfig {

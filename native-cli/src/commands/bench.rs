@@ -37,10 +37,13 @@ pub struct BenchArgs {
     /// Benchmark a model of this shape with random weights instead of a file:
     /// `smollm2-135m`, `llama3-8b`, `tiny`, the MoE shapes `olmoe-1b-7b`
     /// (and `olmoe-1b-7b-dense`, its active parameters as one dense FFN),
-    /// `qwen1.5-moe-a2.7b`, `mixtral-8x7b`. `TANDEM_MOE_GROUPING=off` runs
-    /// each expert on one row at a time (the ungrouped baseline).
+    /// `qwen1.5-moe-a2.7b`, `mixtral-8x7b`.
     #[arg(long, value_name = "SHAPE")]
     pub random_weights: Option<String>,
+    /// Run each MoE expert on one row at a time instead of on all the rows
+    /// routed to it together (the ungrouped baseline of prefill).
+    #[arg(long)]
+    pub ungrouped_experts: bool,
     /// Only the first N layers of the random-weights shape (a large MoE
     /// shape at reduced depth).
     #[arg(long, value_name = "N", requires = "random_weights")]
@@ -151,7 +154,7 @@ impl WithBackend for BenchArgs {
     type Output = ();
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let files = match &self.random_weights {
+        let mut files = match &self.random_weights {
             Some(shape) => {
                 let model = SyntheticModel::preset(shape, self.weight_format.into(), 0)?;
                 match self.layers {
@@ -162,6 +165,9 @@ impl WithBackend for BenchArgs {
             }
             None => self.model.load_files()?,
         };
+        if let Some(moe) = files.config.moe.as_mut() {
+            moe.group_rows = !self.ungrouped_experts;
+        }
         // The speculation prompts are chat-templated and under 256 tokens.
         let spec_ctx = if self.speculation.is_on() {
             256 + self.spec_tokens

@@ -316,6 +316,7 @@ fn moe_from_gguf(family: &arch::Family, keys: &ArchKeys) -> Result<Option<MoeSpe
         experts_per_token: used,
         normalize_weights: normalize.unwrap_or(routing.gguf_normalize),
         shared_ffn,
+        group_rows: true,
     };
     spec.validate().map_err(|e| {
         Error::bad_file(

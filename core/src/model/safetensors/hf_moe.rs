@@ -101,6 +101,7 @@ impl HfMoe {
                 None => true,
             },
             shared_ffn: self.shared_expert_intermediate_size,
+            group_rows: true,
         };
         if let Err(e) = spec.validate() {
             return bad(format!(
