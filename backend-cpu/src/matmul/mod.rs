@@ -29,8 +29,9 @@
 //! 3. Inside a task, a micro-kernel computes tiles of `R` weight rows × `T`
 //!    tokens: each weight block is decoded once per `T` tokens and each
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
-//!    instruction set ([`MicroKernels`]): AVX2, AVX-512 (a 32-element block
-//!    per 512-bit vector, `x86` says how), and portable Rust. Within one
+//!    instruction set ([`MicroKernels`]): AVX2, AVX-512 (runs in pairs,
+//!    `avx512` says how; with two tokens or more a row tile's codes are
+//!    unpacked once into scratch for all of them), and portable Rust. Within one
 //!    instruction set every output element is computed with the same
 //!    arithmetic in the same order whatever tile it falls in, so results do
 //!    not depend on the thread count. The block heads of a row tile are
@@ -38,6 +39,8 @@
 //!    the first to touch the tile's weights and prefetches those of the
 //!    rows ahead.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod formats;
 mod portable;
 mod quantize;
@@ -58,7 +61,8 @@ use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
 use formats::{BlockFormat, BlockKind};
 use quantize::{
-    quantize_activations, quantize_activations_i8, I8Activations, QuantRow, QuantizedActivations,
+    quantize_activations, quantize_activations_i8, BlockQuants, I8Activations, QuantRow,
+    QuantizedActivations,
 };
 
 /// A call with at least this many tokens per thread splits tokens across
@@ -77,6 +81,11 @@ const MIN_TASK_MACS: usize = 64 * 1024;
 /// stalls on each cache miss, most when the matrix streams from memory
 /// (decode). Distances from 2 to 8 KiB, and one row tile, measure alike.
 const PREFETCH_AHEAD: usize = 4096;
+
+/// Fewest tokens for which kernels that can read repacked weight codes
+/// ([`MicroKernels::REPACKS_CODES`]) get them: one token reads each code
+/// once, and unpacking it straight into registers saves a store and a load.
+const REPACK_MIN_TOKENS: usize = 2;
 
 /// `out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r])` for `rows` tokens.
 pub(crate) fn matmul(
@@ -301,6 +310,16 @@ trait MicroKernels {
     /// (`F::HEAD_FLOATS` values per run).
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
 
+    /// Whether [`MicroKernels::block_tile`] can read a row tile's weight
+    /// codes as [`MicroKernels::repack_codes`] wrote them (when its
+    /// `w_codes` are not empty), rather than the rows' bytes, with the same
+    /// results.
+    const REPACKS_CODES: bool = false;
+
+    /// The codes of a weight row of `runs` runs in the layout `block_tile`
+    /// reads them in, into `codes` (two blocks per pair of runs).
+    unsafe fn repack_codes<F: BlockFormat>(_row: &[u8], _runs: usize, _codes: &mut [BlockQuants]) {}
+
     /// Weight runs of format `F` times quantized activations:
     /// `sum_b w_scale[b] * x_scale[b] * (w_codes_b · x_quants_b) +
     /// w_offset[b] * x_sum[b]`, with the scales and offsets read from
@@ -309,6 +328,7 @@ trait MicroKernels {
     /// taking the activations' sums per half.
     unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         w: [&[u8]; R],
+        w_codes: [&[BlockQuants]; R],
         w_heads: [&[f32]; R],
         x: [QuantRow<'_>; T],
     ) -> [[f32; T]; R];
@@ -362,8 +382,9 @@ unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(row: &[u8], k: usize) 
 
 /// A task over a quantized weight matrix: tiles of `R` rows × `T` tokens,
 /// with single-row and single-token tiles for the edges. The run heads
-/// (scales and offsets) of a row tile are decoded once into scratch and
-/// reused by every token tile.
+/// (scales and offsets) of a row tile, and its codes where the kernels
+/// repack them, are decoded once into scratch and reused by every token
+/// tile.
 ///
 /// # Safety
 /// The CPU supports `K`'s instruction set.
@@ -378,15 +399,21 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
     let row_bytes = F::row_bytes(blocks);
     let row_heads = F::HEAD_FLOATS * blocks;
     let mut heads = vec![0f32; R * row_heads];
+    let row_codes = if K::REPACKS_CODES && task.tokens.len() >= REPACK_MIN_TOKENS {
+        2 * blocks.div_ceil(2)
+    } else {
+        0
+    };
+    let mut codes = vec![BlockQuants([0; QK]); R * row_codes];
     let mut r = task.rows.start;
     while r < task.rows.end {
         let height = if task.rows.end - r >= R { R } else { 1 };
-        for (i, heads) in heads
-            .chunks_exact_mut(row_heads.max(1))
-            .take(height)
-            .enumerate()
-        {
-            K::decode_block_heads::<F>(&w[(r + i) * row_bytes..][..row_bytes], heads);
+        for i in 0..height {
+            let row = &w[(r + i) * row_bytes..][..row_bytes];
+            K::decode_block_heads::<F>(row, &mut heads[i * row_heads..][..row_heads]);
+            if row_codes > 0 {
+                K::repack_codes::<F>(row, blocks, &mut codes[i * row_codes..][..row_codes]);
+            }
         }
         let rows = QuantRowTile {
             w,
@@ -394,6 +421,8 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
             blocks,
             first: r,
             heads: &heads,
+            codes: &codes,
+            row_codes,
         };
         if height == R {
             quant_row_tile::<K, F, R, T>(&rows, x, &mut task);
@@ -412,6 +441,9 @@ struct QuantRowTile<'a> {
     first: usize,
     /// Per row, `F::HEAD_FLOATS` per run.
     heads: &'a [f32],
+    /// Per row, `row_codes` repacked codes (none unless the kernels repack).
+    codes: &'a [BlockQuants],
+    row_codes: usize,
 }
 
 /// # Safety
@@ -426,14 +458,17 @@ unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const 
     let w: [&[u8]; R] =
         std::array::from_fn(|i| &rows.w[(rows.first + i) * rows.row_bytes..][..rows.row_bytes]);
     let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * row_heads..][..row_heads]);
+    let w_codes: [&[BlockQuants]; R] =
+        std::array::from_fn(|i| &rows.codes[i * rows.row_codes..][..rows.row_codes]);
     let mut t = task.tokens.start;
     while t < task.tokens.end {
         let width = if task.tokens.end - t >= T { T } else { 1 };
         if width == T {
-            let acc = K::block_tile::<F, R, T>(w, w_heads, std::array::from_fn(|j| x.row(t + j)));
+            let x = std::array::from_fn(|j| x.row(t + j));
+            let acc = K::block_tile::<F, R, T>(w, w_codes, w_heads, x);
             store_tile(task, rows.first, t, acc);
         } else {
-            let acc = K::block_tile::<F, R, 1>(w, w_heads, [x.row(t)]);
+            let acc = K::block_tile::<F, R, 1>(w, w_codes, w_heads, [x.row(t)]);
             store_tile(task, rows.first, t, acc);
         }
         t += width;

@@ -6,7 +6,7 @@ use half::f16;
 use tandem_core::quant::QK;
 
 use super::formats::{run_codes, with_block_format, BlockFormat};
-use super::quantize::QuantRow;
+use super::quantize::{BlockQuants, QuantRow};
 use super::{
     decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, MicroKernels,
     Operands, Task,
@@ -50,6 +50,7 @@ impl MicroKernels for Portable {
     #[inline(always)]
     unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         w: [&[u8]; R],
+        _w_codes: [&[BlockQuants]; R],
         w_heads: [&[f32]; R],
         x: [QuantRow<'_>; T],
     ) -> [[f32; T]; R] {

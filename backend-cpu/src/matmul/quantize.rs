@@ -13,6 +13,11 @@
 //! kernels decode from weight rows, so the offset term of the 4-bit formats
 //! is one elementwise product of two arrays. Formats with an offset per
 //! 16-element half of a run (Q2_K) also take `[scale, sum]` per half.
+//!
+//! The AVX-512 kernel reads the quants of each pair of blocks permuted into
+//! its pair layout (`avx512` defines it), a row being padded with a zero
+//! block when its block count is odd; the statistics stay per block in
+//! row order.
 
 use tandem_core::quant::{quantize_activation_row_i8, QK};
 
@@ -30,19 +35,24 @@ const QUANT_MAX: f32 = 32767.0;
 /// The activation matrix `[rows, blocks_per_row * 32]` in 16-bit blocks.
 pub(super) struct QuantizedActivations {
     blocks_per_row: usize,
-    /// `[rows, blocks_per_row]`.
+    /// Blocks stored per row: `blocks_per_row`, rounded up to even in the
+    /// pair layout.
+    stride: usize,
+    /// `[rows, stride]`.
     quants: Vec<BlockQuants>,
-    /// `[rows, blocks_per_row, 2]`: `[scale, sum]` per block.
+    /// `[rows, stride, 2]`: `[scale, sum]` per block.
     stats: Vec<f32>,
-    /// `[rows, blocks_per_row, 4]`: `[scale, sum]` per 16-element half of
-    /// a block, when asked for (empty otherwise).
+    /// `[rows, stride, 4]`: `[scale, sum]` per 16-element half of a block,
+    /// when asked for (empty otherwise).
     half_stats: Vec<f32>,
 }
 
 /// One quantized activation row.
 #[derive(Clone, Copy)]
 pub(super) struct QuantRow<'a> {
-    /// One entry per block.
+    /// The row's blocks (the padding block of the pair layout excluded).
+    blocks: usize,
+    /// One entry per block, in the pair layout for the AVX-512 kernel.
     pub(super) quants: &'a [BlockQuants],
     /// `[scale, sum]` per block, where `sum` is `scale * sum(quants)`:
     /// multiplied by a 4-bit weight block's offset (`m`, or `-8 * d` for
@@ -54,14 +64,15 @@ pub(super) struct QuantRow<'a> {
 
 impl QuantRow<'_> {
     pub(super) fn blocks(&self) -> usize {
-        self.quants.len()
+        self.blocks
     }
 }
 
 impl QuantizedActivations {
     pub(super) fn row(&self, t: usize) -> QuantRow<'_> {
-        let nb = self.blocks_per_row;
+        let nb = self.stride;
         QuantRow {
+            blocks: self.blocks_per_row,
             quants: &self.quants[t * nb..(t + 1) * nb],
             stats: &self.stats[2 * t * nb..2 * (t + 1) * nb],
             half_stats: self
@@ -86,28 +97,37 @@ pub(super) fn quantize_activations(
     half_sums: bool,
 ) -> QuantizedActivations {
     let nb = cols / QK;
-    let mut quants = vec![BlockQuants([0; QK]); rows * nb];
-    let mut stats = vec![0f32; 2 * rows * nb];
+    let pairs = isa.kind() == IsaKind::Avx512Vnni;
+    let stride = if pairs { nb.next_multiple_of(2) } else { nb };
+    let mut quants = vec![BlockQuants([0; QK]); rows * stride];
+    let mut stats = vec![0f32; 2 * rows * stride];
     let rows_per_chunk = MIN_CHUNK_VALUES.div_ceil(cols.max(1));
     workers.for_each_chunk_pair(
-        (&mut quants, rows_per_chunk * nb),
-        (&mut stats, rows_per_chunk * 2 * nb),
+        (&mut quants, rows_per_chunk * stride),
+        (&mut stats, rows_per_chunk * 2 * stride),
         |i, quants, stats| {
-            let x = &x[i * rows_per_chunk * cols..][..quants.len() * QK];
-            match isa.kind() {
-                // SAFETY: an `Isa` exists only for instruction sets the CPU has.
-                #[cfg(target_arch = "x86_64")]
-                IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe {
-                    quantize_blocks_avx2(x, quants, stats)
-                },
-                IsaKind::Portable => quantize_blocks(x, quants, stats),
+            let x = &x[i * rows_per_chunk * cols..];
+            for ((quants, stats), x) in quants
+                .chunks_exact_mut(stride)
+                .zip(stats.chunks_exact_mut(2 * stride))
+                .zip(x.chunks_exact(cols))
+            {
+                let (quants, stats) = (&mut quants[..nb], &mut stats[..2 * nb]);
+                match isa.kind() {
+                    // SAFETY: an `Isa` exists only for instruction sets the CPU has.
+                    #[cfg(target_arch = "x86_64")]
+                    IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe {
+                        quantize_blocks_avx2(x, quants, stats)
+                    },
+                    IsaKind::Portable => quantize_blocks(x, quants, stats),
+                }
             }
         },
     );
     let mut half_stats = Vec::new();
     if half_sums {
-        half_stats = vec![0f32; 4 * rows * nb];
-        let blocks_per_chunk = rows_per_chunk * nb;
+        half_stats = vec![0f32; 4 * rows * stride];
+        let blocks_per_chunk = rows_per_chunk * stride;
         workers.for_each_chunk(&mut half_stats, 4 * blocks_per_chunk, |i, half_stats| {
             let first = i * blocks_per_chunk;
             for (k, half) in half_stats.chunks_exact_mut(4).enumerate() {
@@ -118,8 +138,16 @@ pub(super) fn quantize_activations(
             }
         });
     }
+    #[cfg(target_arch = "x86_64")]
+    if pairs {
+        workers.for_each_chunk(&mut quants, rows_per_chunk * stride, |_, quants| {
+            // SAFETY: the pair layout is only asked for with AVX-512.
+            unsafe { super::avx512::to_pair_layout(quants) }
+        });
+    }
     QuantizedActivations {
         blocks_per_row: nb,
+        stride,
         quants,
         stats,
         half_stats,

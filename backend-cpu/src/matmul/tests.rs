@@ -87,6 +87,86 @@ fn every_instruction_set_matches_the_reference() {
     }
 }
 
+/// Element `i` of block `b` of a quantized row, in the layout `isa`'s
+/// kernels read.
+fn element(isa: Isa, row: &QuantRow<'_>, b: usize, i: usize) -> i16 {
+    match isa.kind() {
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx512Vnni => avx512::pair_element(row.quants, b, i),
+        _ => row.quants[b].0[i],
+    }
+}
+
+/// The pair layout holds every element once, where `pair_element` says.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_pair_layout_is_a_permutation() {
+    if !Isa::available()
+        .iter()
+        .any(|isa| isa.kind() == IsaKind::Avx512Vnni)
+    {
+        return;
+    }
+    let mut blocks: Vec<BlockQuants> = (0..4)
+        .map(|b| BlockQuants(std::array::from_fn(|i| (b * QK + i) as i16)))
+        .collect();
+    // SAFETY: checked above that the CPU has AVX-512.
+    unsafe { avx512::to_pair_layout(&mut blocks) };
+    let mut seen = [false; 4 * QK];
+    for b in 0..4 {
+        for i in 0..QK {
+            let v = avx512::pair_element(&blocks, b, i);
+            assert_eq!(v as usize, b * QK + i);
+            seen[v as usize] = true;
+        }
+    }
+    assert!(seen.iter().all(|&s| s));
+}
+
+/// A token's outputs are the same bits whether it is multiplied alone, which
+/// unpacks the weight codes straight into registers, or within a batch,
+/// which repacks them first (and, on AVX-512, whatever the tile it lands
+/// in): greedy decoding and speculative verification rely on it.
+#[test]
+fn a_token_gets_the_same_bits_alone_and_in_a_batch() {
+    for isa in Isa::available() {
+        let workers = Workers::new(2);
+        for format in WeightFormat::ALL {
+            if !format.is_quantized() {
+                continue;
+            }
+            let block = format.block_elems();
+            for cols in [block, 3 * block] {
+                let (rows, n) = (9, 7);
+                let mut values = Values(0x5eed ^ (cols * 31 + n) as u64);
+                let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));
+                let view = WeightView {
+                    format,
+                    rows: n,
+                    cols,
+                    data: &bytes,
+                };
+                let weight = Weight::from_view(view).unwrap();
+                let x = values.take(rows * cols, 1.0);
+                let mut batch = vec![0f32; rows * n];
+                matmul(&workers, isa, &x, &weight, None, rows, &mut batch).unwrap();
+                for t in 0..rows {
+                    let mut alone = vec![0f32; n];
+                    let x = &x[t * cols..][..cols];
+                    matmul(&workers, isa, x, &weight, None, 1, &mut alone).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&alone),
+                        bits(&batch[t * n..][..n]),
+                        "{} {format} cols {cols} token {t}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);
@@ -100,8 +180,8 @@ fn quantized_activations_round_to_the_nearest_step() {
                 let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let scale = row.stats[2 * b];
                 assert_eq!(scale, max_abs / 32767.0);
-                let quants = &row.quants[b].0;
-                for (v, &q) in block.iter().zip(quants) {
+                let quants: Vec<i16> = (0..QK).map(|i| element(isa, &row, b, i)).collect();
+                for (v, &q) in block.iter().zip(&quants) {
                     assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
                 }
                 let sum: i32 = quants.iter().map(|&q| q as i32).sum();
@@ -114,7 +194,7 @@ fn quantized_activations_round_to_the_nearest_step() {
 #[test]
 fn an_all_zero_block_quantizes_to_zeros() {
     let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32, true);
-    assert_eq!(q.row(0).stats, &[0.0, 0.0]);
+    assert_eq!(q.row(0).stats[..2], [0.0, 0.0]);
     assert_eq!(q.row(0).quants[0].0, [0; 32]);
 }
 

@@ -13,24 +13,11 @@
 //! - AVX2 works on 256-bit vectors: the codes are two vectors of sixteen
 //!   i16, multiplied with the activation block's two halves by two
 //!   `vpmaddwd` and added into eight i32 lanes.
-//! - AVX-512 works on whole 512-bit vectors: a run's 32 codes are unpacked
-//!   into one 32-byte vector and widened into one vector of 32 i16, and one
-//!   `vpmaddwd` against the activation block (one aligned 64-byte load)
-//!   sums them in pairs into sixteen i32 lanes, converted and accumulated
-//!   with one multiply-add. (`vpdpwssd` would add into a zeroed register
-//!   for the same result: a block's sum cannot be carried into the next,
-//!   whose scales differ.) Lanes 0..8 hold elements 0..16 and lanes 8..16
-//!   elements 16..32, so the formats with a scale per 16-element half take
-//!   both halves in the same multiply-add, with a scale vector of
-//!   `[low × 8, high × 8]`. The block scales are multiplied a chunk of runs
-//!   at a time, one vector of weight heads by one of activation stats per
-//!   row and token, and the multiply-add takes each run's scale as a
-//!   broadcast load. The unpacking uses AVX-512BW's byte masks: the fifth
-//!   bits of Q5_0, Q5_1 and Q5_K and the third bit of Q3_K become a mask
-//!   register that selects the bytes taking the bit's value. The sixteen
-//!   lanes are folded to eight before the offset term, which both
-//!   instruction sets add the same way. AVX-512 VNNI itself serves W8A8
-//!   (`vpdpbusd`, on 256-bit vectors).
+//! - AVX-512 has its own block kernel (`avx512`): runs taken two at a
+//!   time in a pair layout that sums four products per i32 lane, one
+//!   conversion and one multiply-add per 64 elements. The AVX2 kernel's
+//!   lanes are folded to eight before the offset term. AVX-512 VNNI itself
+//!   serves W8A8 (`vpdpbusd`, on 256-bit vectors).
 //!
 //! Both decode the block heads of the k-quants with vectors (all of a
 //! super-block's sub-block scales in one conversion), and prefetch the
@@ -44,8 +31,9 @@ use std::arch::x86_64::*;
 
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
+use super::avx512::{block_tile_512, repack_codes};
 use super::formats::{with_block_format, BlockFormat, Codes, Head};
-use super::quantize::QuantRow;
+use super::quantize::{BlockQuants, QuantRow};
 use super::{
     decode_block_heads_scalar, float_task, prefetch_ahead, quant_task, w8a8_task, FloatElem,
     FloatKind, MicroKernels, Operands, Task,
@@ -113,10 +101,14 @@ impl ByteDot for Vnni {
     }
 }
 
-/// The [`MicroKernels`] of `$isa`, with `$block_tile` as its block kernel.
+/// The [`MicroKernels`] of `$isa`, with `$block_tile` as its block kernel
+/// and `$repack` the items that repack the weight codes for it, if it
+/// reads them repacked.
 macro_rules! delegate_micro_kernels {
-    ($isa:ty, $block_tile:ident) => {
+    ($isa:ty, $block_tile:ident $(, $repack:item)*) => {
         impl MicroKernels for $isa {
+            $($repack)*
+
             #[inline(always)]
             unsafe fn f16_to_f32(bits: u16) -> f32 {
                 _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
@@ -135,10 +127,11 @@ macro_rules! delegate_micro_kernels {
             #[inline(always)]
             unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
                 w: [&[u8]; R],
+                w_codes: [&[BlockQuants]; R],
                 w_heads: [&[f32]; R],
                 x: [QuantRow<'_>; T],
             ) -> [[f32; T]; R] {
-                $block_tile::<F, R, T>(w, w_heads, x)
+                $block_tile::<F, R, T>(w, w_codes, w_heads, x)
             }
 
             #[inline(always)]
@@ -161,7 +154,15 @@ macro_rules! delegate_micro_kernels {
 }
 
 delegate_micro_kernels!(Avx2, block_tile);
-delegate_micro_kernels!(Vnni, block_tile_512);
+delegate_micro_kernels!(
+    Vnni,
+    block_tile_512,
+    const REPACKS_CODES: bool = true;,
+    #[inline(always)]
+    unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
+        repack_codes::<F>(row, runs, codes)
+    }
+);
 
 /// Decodes the run heads of a row. Formats with one f16 `d` (and `m`) at
 /// the start of each block of one run go fast: one 8-byte load and one F16C
@@ -354,6 +355,7 @@ fn check_block_tile<F: BlockFormat, const R: usize, const T: usize>(
 #[inline(always)]
 unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
+    _w_codes: [&[BlockQuants]; R],
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
@@ -387,89 +389,6 @@ unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         }
     }
     finish_block_tile::<F, R, T>(acc, w_heads, x, blocks)
-}
-
-/// The AVX-512 block kernel. `vpmaddwd` sums each pair of products in i32
-/// (at most 2 * 128 * 32767 < 2^24 in magnitude, so the conversion to f32
-/// is exact). Its scales come from chunks of runs whose heads fill one
-/// vector: per row and token, one multiply of the chunk's weight heads by
-/// the activation stats (`[scale, sum]`, repeated per half with `HALVES`)
-/// leaves every run's scale in an even lane, the same product of the same
-/// two floats whichever tile computes it.
-///
-/// # Safety
-/// The CPU supports AVX2, FMA and AVX-512 F, BW, VL and VNNI.
-#[inline(always)]
-unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usize>(
-    w: [&[u8]; R],
-    w_heads: [&[f32]; R],
-    x: [QuantRow<'_>; T],
-) -> [[f32; T]; R] {
-    const LANES: usize = 16;
-    let blocks = check_block_tile::<F, R, T>(&w, &w_heads, &x);
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    // Per row and token, the products of a chunk's heads and stats.
-    let mut products = [[[0f32; LANES]; T]; R];
-    let chunk_runs = LANES / F::HEAD_FLOATS;
-    let mut c = 0;
-    while c < blocks {
-        let runs = chunk_runs.min(blocks - c);
-        // SAFETY (all loads below): `check_block_tile` checked that every
-        // row and activation holds `blocks` runs, and masked lanes are not
-        // read; activation blocks are 64-byte aligned.
-        let lanes = _cvtu32_mask16((1u32 << (F::HEAD_FLOATS * runs)) - 1);
-        let x_stats: [__m512; T] = std::array::from_fn(|t| {
-            let stats = x[t].stats.as_ptr().add(2 * c);
-            if F::HALVES {
-                let stats = _mm512_maskz_loadu_ps(_cvtu32_mask16((1 << (2 * runs)) - 1), stats);
-                let repeat = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
-                _mm512_permutexvar_ps(repeat, stats)
-            } else {
-                _mm512_maskz_loadu_ps(lanes, stats)
-            }
-        });
-        for r in 0..R {
-            let heads = _mm512_maskz_loadu_ps(lanes, w_heads[r].as_ptr().add(F::HEAD_FLOATS * c));
-            for t in 0..T {
-                let scales = _mm512_mul_ps(heads, x_stats[t]);
-                _mm512_storeu_ps(products[r][t].as_mut_ptr(), scales);
-            }
-        }
-        // Kept in memory: each scale is then a broadcast load folded into
-        // its multiply-add, not a shuffle out of a register.
-        std::hint::black_box(&mut products);
-        for j in 0..runs {
-            let b = c + j;
-            for r in 0..R {
-                let block = w[r].as_ptr().add(F::block_at(b));
-                let codes = widen_run_512::<F>(block, b % F::RUNS);
-                for t in 0..T {
-                    let quants = _mm512_load_si512(x[t].quants.as_ptr().add(b).cast());
-                    let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(codes, quants));
-                    let scales = products[r][t].as_ptr().add(F::HEAD_FLOATS * j);
-                    // Lanes 0..8 sum elements 0..16, lanes 8..16 elements 16..32.
-                    let scale = if F::HALVES {
-                        let (low, high) = (_mm512_set1_ps(*scales), _mm512_set1_ps(*scales.add(2)));
-                        _mm512_mask_blend_ps(0xff00, low, high)
-                    } else {
-                        _mm512_set1_ps(*scales)
-                    };
-                    acc[r][t] = _mm512_fmadd_ps(dot, scale, acc[r][t]);
-                }
-            }
-        }
-        c += runs;
-    }
-    // Lanes `i` and `i + 8` add up: the halves' scales are already applied.
-    let mut folded = [[_mm256_setzero_ps(); T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            let v = acc[r][t];
-            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            folded[r][t] = _mm256_add_ps(_mm512_castps512_ps256(v), high);
-        }
-    }
-    finish_block_tile::<F, R, T>(folded, w_heads, x, blocks)
 }
 
 /// Adds the offset terms to a block tile's accumulators (with
@@ -623,87 +542,6 @@ unsafe fn widen_i8(v: __m256i) -> [__m256i; 2] {
         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
         _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
     ]
-}
-
-/// The 32 codes of run `j` of the block at `block` widened to one vector of
-/// i16, in element order ([`Codes`] says which are signed). The codes are
-/// unpacked as 32 bytes first. The fifth bits of Q5_0, Q5_1 and Q5_K and
-/// the third of Q3_K become a byte mask, the bytes where it is set (or
-/// clear) taking the bit's value; a masked bit field and the bits above it
-/// merge in one `vpternlogd`.
-///
-/// # Safety
-/// A whole block of format `F` is readable at `block`; the CPU supports
-/// AVX2 and AVX-512 F, BW and VL.
-#[inline(always)]
-unsafe fn widen_run_512<F: BlockFormat>(block: *const u8, j: usize) -> __m512i {
-    let (h, s) = (j / 4, j % 4);
-    let bytes = |at: usize| _mm256_loadu_si256(block.add(at).cast());
-    // Bytes shifted right by `n` bits (the bits moving in from the next byte
-    // are masked off by every caller).
-    let shift = |v: __m256i, n: usize| _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
-    let mask = |v: __m256i, m: i8| _mm256_and_si256(v, _mm256_set1_epi8(m));
-    let splat = _mm256_set1_epi8;
-    // `(low & 0x0f) | high` per byte.
-    let merge = |low: __m256i, high: __m256i| {
-        _mm256_ternarylogic_epi32::<0b1110_1100>(low, high, splat(0x0f))
-    };
-    // 16 in the bytes of `bits` whose bit `bit` is set, 0 elsewhere.
-    let fifth = |bits: __mmask32| _mm256_maskz_mov_epi8(bits, splat(16));
-    match F::CODES {
-        Codes::Bytes => _mm512_cvtepi8_epi16(bytes(F::QUANTS_AT + QK * j)),
-        Codes::Nibbles => {
-            let q = mask(nibble_halves(block.add(F::QUANTS_AT + QK / 2 * j)), 0x0f);
-            _mm512_cvtepu8_epi16(q)
-        }
-        Codes::Nibbles5 => {
-            let low = nibble_halves(block.add(F::QUANTS_AT));
-            let qh = block.add(F::QUANTS_AT - 4).cast::<u32>().read_unaligned();
-            _mm512_cvtepu8_epi16(merge(low, fifth(_cvtu32_mask32(qh))))
-        }
-        Codes::NonLinear => {
-            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast()));
-            let q = mask(nibble_halves(block.add(F::QUANTS_AT)), 0x0f);
-            _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, q))
-        }
-        Codes::Q4K => {
-            _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * (j / 2)), 4 * (j % 2)), 0x0f))
-        }
-        Codes::Q5K => {
-            let low = shift(bytes(48 + QK * (j / 2)), 4 * (j % 2));
-            let bits = _mm256_test_epi8_mask(bytes(16), splat((1u8 << j) as i8));
-            _mm512_cvtepu8_epi16(merge(low, fifth(bits)))
-        }
-        Codes::Q6K => {
-            let low = shift(bytes(64 * h + QK * (s & 1)), 4 * (s / 2));
-            // Rotating each 32-bit lane left by `4 - 2s` moves bits `2s` and
-            // `2s + 1` of every byte to bits 4 and 5 of the same byte.
-            let rotation = _mm256_set1_epi32((4 - 2 * s as i32).rem_euclid(32));
-            let high = mask(_mm256_rolv_epi32(bytes(128 + QK * h), rotation), 0x30);
-            _mm512_cvtepi8_epi16(_mm256_sub_epi8(merge(low, high), splat(32)))
-        }
-        Codes::Q3K => {
-            let low = mask(shift(bytes(32 + QK * h), 2 * s), 3);
-            // `(low | 4 * bit) - 4`: `low - 4` where the bit is clear.
-            let clear = _mm256_testn_epi8_mask(bytes(0), splat((1u8 << (4 * h + s)) as i8));
-            _mm512_cvtepi8_epi16(_mm256_mask_sub_epi8(low, clear, low, splat(4)))
-        }
-        Codes::Q2K => _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * h), 2 * s), 3)),
-    }
-}
-
-/// 16 bytes of nibbles at `packed` spread over 32 bytes, the low nibbles
-/// in bytes `0..16` and the high ones in `16..32`, each in the low four
-/// bits of its byte (the high four are left to mask).
-///
-/// # Safety
-/// 16 bytes are readable at `packed`; the CPU supports AVX2, AVX-512BW and
-/// AVX-512VL.
-#[inline(always)]
-unsafe fn nibble_halves(packed: *const u8) -> __m256i {
-    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(packed.cast()));
-    // The upper copy's 16-bit lanes (8..16) shifted down by a nibble.
-    _mm256_mask_srli_epi16::<4>(both, 0xff00, both)
 }
 
 /// The offsets' share of a dot product, `sum_b offset[b] * x_sum[b]`,
