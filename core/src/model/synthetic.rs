@@ -15,6 +15,8 @@ use super::arch::{self, BlockSpec, LayerSpec, Multipliers, Rope};
 use super::gguf::{GgufArray, GgufFile, GgufValue, GgufWriter};
 #[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::{hf_name, SafetensorsWriter};
+#[cfg(not(target_arch = "wasm32"))]
+use super::synthetic_moe::HfPiece;
 use super::{
     expected_tensors, Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore,
 };
@@ -198,7 +200,9 @@ impl SyntheticModel {
 impl SyntheticModel {
     /// Writes the model as a Hugging Face directory: `config.json`,
     /// `model.safetensors` (matrices in F32, or F16/BF16 when that is the
-    /// model's format), `tokenizer.json` and `tokenizer_config.json`.
+    /// model's format), `tokenizer.json` and `tokenizer_config.json`. The
+    /// weights are drawn and written one piece at a time (an expert's
+    /// matrix at most), so shapes of real MoE models fit in memory.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn write_hf_dir(&self, dir: &Path) -> Result<()> {
         let c = &self.config;
@@ -206,42 +210,58 @@ impl SyntheticModel {
             WeightFormat::F16 | WeightFormat::BF16 => self.format,
             _ => WeightFormat::F32,
         };
-        let mut st = SafetensorsWriter::new();
-        st.add_metadata("format", "pt");
+        let format_of = |shape: &[usize]| match shape.len() {
+            1 => WeightFormat::F32,
+            _ => format,
+        };
         let family = arch::by_gguf_name_moe(&c.arch, c.moe.is_some())
             .expect("presets are of known families");
-        for t in super::synthetic_moe::hf_moe_tensors(family.hf, self.f32_tensors()) {
-            let name = match t.name.starts_with("model.") {
-                true => t.name.clone(),
-                false => hf_name(&t.name, c.block.post_norms)
-                    .expect("synthetic tensors have Hugging Face names"),
-            };
-            let tensor_format = if t.shape.len() == 1 {
-                WeightFormat::F32
-            } else {
-                format
-            };
-            let data = if family.hf_norm_offset && t.name.ends_with("norm.weight") {
-                t.data.iter().map(|w| w - 1.0).collect()
-            } else {
-                t.data
-            };
-            let shape: Vec<usize> = t.shape.iter().rev().copied().collect();
-            st.add_tensor(
-                &name,
-                tensor_format,
-                &shape,
-                quantize_row(tensor_format, &data),
-            )?;
-        }
-        let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
-            r.map_err(|source| Error::Io { path, source })
+        let pieces_of = |name: &str, shape: &[usize]| {
+            super::synthetic_moe::hf_moe_pieces(family.hf, name, shape).unwrap_or_else(|| {
+                let name = hf_name(name, c.block.post_norms)
+                    .expect("synthetic tensors have Hugging Face names");
+                let shape = shape.to_vec();
+                vec![HfPiece {
+                    name,
+                    shape,
+                    offset: 0,
+                }]
+            })
         };
+        let shapes = self.tensor_shapes();
+        let mut st = SafetensorsWriter::new();
+        st.add_metadata("format", "pt");
+        let mut declared = std::collections::HashSet::new();
+        for (name, shape) in &shapes {
+            for piece in pieces_of(name, shape) {
+                if declared.insert(piece.name.clone()) {
+                    let outer_first: Vec<usize> = piece.shape.iter().rev().copied().collect();
+                    st.declare_tensor(&piece.name, format_of(&piece.shape), &outer_first)?;
+                }
+            }
+        }
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
             source,
         })?;
-        st.write(&dir.join("model.safetensors"))?;
+        let mut file = st.create(&dir.join("model.safetensors"))?;
+        let mut rng = Rng::new(self.seed);
+        for (name, shape) in &shapes {
+            let pieces = pieces_of(name, shape);
+            let run = shape.iter().product::<usize>() / pieces.len();
+            let tensor_format = format_of(shape);
+            for piece in pieces {
+                let mut values = random_run(&mut rng, name, shape, run);
+                if family.hf_norm_offset && name.ends_with("norm.weight") {
+                    values.iter_mut().for_each(|w| *w -= 1.0);
+                }
+                let offset = piece.offset * tensor_format.row_bytes(1).unwrap_or(0);
+                file.write_at(&piece.name, offset, &quantize_row(tensor_format, &values))?;
+            }
+        }
+        let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
+            r.map_err(|source| Error::Io { path, source })
+        };
         let config = super::safetensors::hf_config_json(c)?;
         let path = dir.join("config.json");
         io(path.clone(), std::fs::write(&path, config.to_string()))?;
@@ -607,7 +627,12 @@ pub fn permute_for_interleaved_rope(w: &[f32], heads: usize, cols: usize) -> Vec
 /// Norm weights near 1, biases small, matrices scaled by 1/sqrt(fan-in) so
 /// activations stay in a realistic range through many layers.
 fn random_values(rng: &mut Rng, name: &str, shape: &[usize]) -> Vec<f32> {
-    let n: usize = shape.iter().product();
+    random_run(rng, name, shape, shape.iter().product())
+}
+
+/// The next `n` values of tensor `name` (of `shape`): its values drawn in
+/// runs give what one draw gives.
+fn random_run(rng: &mut Rng, name: &str, shape: &[usize], n: usize) -> Vec<f32> {
     let uniform = |rng: &mut Rng| (rng.next_f64() * 2.0 - 1.0) as f32;
     if name.contains("norm") {
         (0..n).map(|_| 1.0 + 0.1 * uniform(rng)).collect()

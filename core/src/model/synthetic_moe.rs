@@ -4,10 +4,11 @@
 
 use super::arch::{self, LayerSpec, MoeSpec, Multipliers, Rope};
 use super::config::RopeScaling;
+#[cfg(not(target_arch = "wasm32"))]
 use super::experts::ExpertMatrix;
 use super::gguf::GgufValue;
+#[cfg(not(target_arch = "wasm32"))]
 use super::safetensors::moe_names::{hf_expert_name, hf_moe_module_name};
-use super::synthetic::NamedTensor;
 use super::ModelConfig;
 
 /// The configuration of a MoE preset, from `dense` (the family's tiny
@@ -189,71 +190,68 @@ pub fn moe_gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
     m
 }
 
-/// `tensors` with every MoE tensor under its Hugging Face name for the
-/// family `hf_class` (shape still innermost first), stacked experts split
-/// per expert except Granite's; other tensors as they are.
-pub fn hf_moe_tensors(hf_class: &str, tensors: Vec<NamedTensor>) -> Vec<NamedTensor> {
-    let granite = hf_class == "GraniteMoeForCausalLM";
-    let mut out = Vec::with_capacity(tensors.len());
-    let mut pending_gate: Option<NamedTensor> = None;
-    for t in tensors {
-        let Some((layer, module)) = layer_module(&t.name) else {
-            out.push(t);
-            continue;
-        };
-        let stacked = ExpertMatrix::ALL
-            .into_iter()
-            .find(|m| m.stacked_name(layer) == t.name);
-        match stacked {
-            Some(ExpertMatrix::Gate) if granite => pending_gate = Some(t),
-            Some(ExpertMatrix::Up) if granite => {
-                let gate = pending_gate.take().expect("gate comes before up");
-                out.push(gate_up_stacked(layer, gate, t));
-            }
-            Some(ExpertMatrix::Down) if granite => out.push(NamedTensor {
-                name: hf_moe_module_name(hf_class, layer, "ffn_down_exps").expect("granite"),
-                ..t
-            }),
-            Some(m) => {
-                let (cols, rows, experts) = (t.shape[0], t.shape[1], t.shape[2]);
-                for (e, data) in t.data.chunks_exact(cols * rows).enumerate().take(experts) {
-                    out.push(NamedTensor {
-                        name: hf_expert_name(hf_class, layer, m, e),
-                        shape: vec![cols, rows],
-                        data: data.to_vec(),
-                    });
-                }
-            }
-            None => match hf_moe_module_name(hf_class, layer, module) {
-                Some(name) => out.push(NamedTensor { name, ..t }),
-                None => out.push(t),
-            },
-        }
-    }
-    out
+#[cfg(not(target_arch = "wasm32"))]
+/// Where one piece of a canonical tensor's values goes in a Hugging Face
+/// file: into tensor `name` (of `shape`, innermost first) from element
+/// `offset` on.
+pub struct HfPiece {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
 }
 
-/// Granite's `input_linear`: per expert, its gate rows then its up rows.
-fn gate_up_stacked(layer: usize, gate: NamedTensor, up: NamedTensor) -> NamedTensor {
-    let (cols, rows, experts) = (gate.shape[0], gate.shape[1], gate.shape[2]);
+#[cfg(not(target_arch = "wasm32"))]
+/// The pieces of canonical MoE tensor `name` (of `shape`) for the family
+/// `hf_class`, one per equal consecutive run of its values: per expert for
+/// stacked experts, which land in one tensor each, or interleaved in
+/// Granite's `input_linear` (per expert its gate rows, then its up rows);
+/// one piece for a router or shared expert. `None` for a tensor that is not
+/// a MoE tensor.
+pub fn hf_moe_pieces(hf_class: &str, name: &str, shape: &[usize]) -> Option<Vec<HfPiece>> {
+    let (layer, module) = layer_module(name)?;
+    let stacked = ExpertMatrix::ALL
+        .into_iter()
+        .find(|m| m.stacked_name(layer) == name);
+    let whole = |name: String, shape: Vec<usize>| {
+        vec![HfPiece {
+            name,
+            shape,
+            offset: 0,
+        }]
+    };
+    let Some(matrix) = stacked else {
+        return Some(whole(
+            hf_moe_module_name(hf_class, layer, module)?,
+            shape.to_vec(),
+        ));
+    };
+    let (cols, rows, experts) = (shape[0], shape[1], shape[2]);
     let per = cols * rows;
-    let data = (0..experts)
-        .flat_map(|e| {
-            let range = e * per..(e + 1) * per;
-            gate.data[range.clone()]
-                .iter()
-                .chain(&up.data[range])
-                .copied()
-        })
-        .collect();
-    NamedTensor {
-        name: hf_moe_module_name("GraniteMoeForCausalLM", layer, "ffn_gate_up_exps")
-            .expect("granite"),
-        shape: vec![cols, 2 * rows, experts],
-        data,
-    }
+    let granite =
+        |module: &str| hf_moe_module_name("GraniteMoeForCausalLM", layer, module).expect("granite");
+    Some(match (hf_class == "GraniteMoeForCausalLM", matrix) {
+        (true, ExpertMatrix::Down) => whole(granite("ffn_down_exps"), shape.to_vec()),
+        (true, gate_or_up) => {
+            let after_gate = usize::from(gate_or_up == ExpertMatrix::Up) * per;
+            (0..experts)
+                .map(|e| HfPiece {
+                    name: granite("ffn_gate_up_exps"),
+                    shape: vec![cols, 2 * rows, experts],
+                    offset: 2 * per * e + after_gate,
+                })
+                .collect()
+        }
+        (false, m) => (0..experts)
+            .map(|e| HfPiece {
+                name: hf_expert_name(hf_class, layer, m, e),
+                shape: vec![cols, rows],
+                offset: 0,
+            })
+            .collect(),
+    })
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 /// `(N, module)` of a canonical `blk.N.module.weight`.
 fn layer_module(name: &str) -> Option<(usize, &str)> {
     let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
