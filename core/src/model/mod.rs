@@ -24,6 +24,8 @@ pub mod recorded;
 pub mod safetensors;
 mod step_buffers;
 pub mod synthetic;
+#[cfg(not(target_arch = "wasm32"))]
+mod synthetic_hf;
 mod synthetic_moe;
 
 use std::collections::HashMap;

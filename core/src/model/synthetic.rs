@@ -13,10 +13,6 @@ use std::sync::Arc;
 
 use super::arch::{self, BlockSpec, LayerSpec, Multipliers, Rope};
 use super::gguf::{GgufArray, GgufFile, GgufValue, GgufWriter};
-#[cfg(not(target_arch = "wasm32"))]
-use super::safetensors::{hf_name, SafetensorsWriter};
-#[cfg(not(target_arch = "wasm32"))]
-use super::synthetic_moe::HfPiece;
 use super::{
     expected_tensors, Bytes, ModelConfig, ModelFiles, RopeScaling, TensorInfo, TensorStore,
 };
@@ -194,90 +190,6 @@ impl SyntheticModel {
             path: path.to_path_buf(),
             source,
         })
-    }
-}
-
-impl SyntheticModel {
-    /// Writes the model as a Hugging Face directory: `config.json`,
-    /// `model.safetensors` (matrices in F32, or F16/BF16 when that is the
-    /// model's format), `tokenizer.json` and `tokenizer_config.json`. The
-    /// weights are drawn and written one piece at a time (an expert's
-    /// matrix at most), so shapes of real MoE models fit in memory.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn write_hf_dir(&self, dir: &Path) -> Result<()> {
-        let c = &self.config;
-        let format = match self.format {
-            WeightFormat::F16 | WeightFormat::BF16 => self.format,
-            _ => WeightFormat::F32,
-        };
-        let format_of = |shape: &[usize]| match shape.len() {
-            1 => WeightFormat::F32,
-            _ => format,
-        };
-        let family = arch::by_gguf_name_moe(&c.arch, c.moe.is_some())
-            .expect("presets are of known families");
-        let pieces_of = |name: &str, shape: &[usize]| {
-            super::synthetic_moe::hf_moe_pieces(family.hf, name, shape).unwrap_or_else(|| {
-                let name = hf_name(name, c.block.post_norms)
-                    .expect("synthetic tensors have Hugging Face names");
-                let shape = shape.to_vec();
-                vec![HfPiece {
-                    name,
-                    shape,
-                    offset: 0,
-                }]
-            })
-        };
-        let shapes = self.tensor_shapes();
-        let mut st = SafetensorsWriter::new();
-        st.add_metadata("format", "pt");
-        let mut declared = std::collections::HashSet::new();
-        for (name, shape) in &shapes {
-            for piece in pieces_of(name, shape) {
-                if declared.insert(piece.name.clone()) {
-                    let outer_first: Vec<usize> = piece.shape.iter().rev().copied().collect();
-                    st.declare_tensor(&piece.name, format_of(&piece.shape), &outer_first)?;
-                }
-            }
-        }
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let mut file = st.create(&dir.join("model.safetensors"))?;
-        let mut rng = Rng::new(self.seed);
-        for (name, shape) in &shapes {
-            let pieces = pieces_of(name, shape);
-            let run = shape.iter().product::<usize>() / pieces.len();
-            let tensor_format = format_of(shape);
-            for piece in pieces {
-                let mut values = random_run(&mut rng, name, shape, run);
-                if family.hf_norm_offset && name.ends_with("norm.weight") {
-                    values.iter_mut().for_each(|w| *w -= 1.0);
-                }
-                let offset = piece.offset * tensor_format.row_bytes(1).unwrap_or(0);
-                file.write_at(&piece.name, offset, &quantize_row(tensor_format, &values))?;
-            }
-        }
-        let io = |path: std::path::PathBuf, r: std::io::Result<()>| {
-            r.map_err(|source| Error::Io { path, source })
-        };
-        let config = super::safetensors::hf_config_json(c)?;
-        let path = dir.join("config.json");
-        io(path.clone(), std::fs::write(&path, config.to_string()))?;
-        let tokenizer = synthetic_tokenizer(c.vocab_size)?;
-        let path = dir.join("tokenizer.json");
-        io(path.clone(), std::fs::write(&path, tokenizer.to_hf_json()?))?;
-        let tokenizer_config = serde_json::json!({
-            "bos_token": SPECIAL_TOKENS[0],
-            "eos_token": SPECIAL_TOKENS[0],
-            "add_bos_token": false,
-        });
-        let path = dir.join("tokenizer_config.json");
-        io(
-            path.clone(),
-            std::fs::write(&path, tokenizer_config.to_string()),
-        )
     }
 }
 
@@ -595,7 +507,7 @@ pub fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, GgufValue)> {
     ]
 }
 
-fn synthetic_tokenizer(vocab_size: usize) -> Result<Tokenizer> {
+pub(super) fn synthetic_tokenizer(vocab_size: usize) -> Result<Tokenizer> {
     let file = GgufFile {
         version: 3,
         metadata: tokenizer_metadata(vocab_size),
@@ -632,7 +544,7 @@ fn random_values(rng: &mut Rng, name: &str, shape: &[usize]) -> Vec<f32> {
 
 /// The next `n` values of tensor `name` (of `shape`): its values drawn in
 /// runs give what one draw gives.
-fn random_run(rng: &mut Rng, name: &str, shape: &[usize], n: usize) -> Vec<f32> {
+pub(super) fn random_run(rng: &mut Rng, name: &str, shape: &[usize], n: usize) -> Vec<f32> {
     let uniform = |rng: &mut Rng| (rng.next_f64() * 2.0 - 1.0) as f32;
     if name.contains("norm") {
         (0..n).map(|_| 1.0 + 0.1 * uniform(rng)).collect()

@@ -1,14 +1,9 @@
-//! The tiny random Mixture-of-Experts models of every MoE family, and their
-//! expert tensors under Hugging Face names (`safetensors::moe_names`): one
-//! tensor per expert, or Granite's stacked `input_linear`/`output_linear`.
+//! The tiny random Mixture-of-Experts models of every MoE family, the
+//! published MoE shapes, and their GGUF metadata.
 
 use super::arch::{self, LayerSpec, MoeSpec, Multipliers, Rope};
 use super::config::RopeScaling;
-#[cfg(not(target_arch = "wasm32"))]
-use super::experts::ExpertMatrix;
 use super::gguf::GgufValue;
-#[cfg(not(target_arch = "wasm32"))]
-use super::safetensors::moe_names::{hf_expert_name, hf_moe_module_name};
 use super::ModelConfig;
 
 /// The configuration of a MoE preset, from `dense` (the family's tiny
@@ -188,72 +183,4 @@ pub fn moe_gguf_metadata(c: &ModelConfig) -> Vec<(String, GgufValue)> {
         m.push((key("attention.scale"), GgufValue::F32(c.attention_scale)));
     }
     m
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-/// Where one piece of a canonical tensor's values goes in a Hugging Face
-/// file: into tensor `name` (of `shape`, innermost first) from element
-/// `offset` on.
-pub struct HfPiece {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub offset: usize,
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-/// The pieces of canonical MoE tensor `name` (of `shape`) for the family
-/// `hf_class`, one per equal consecutive run of its values: per expert for
-/// stacked experts, which land in one tensor each, or interleaved in
-/// Granite's `input_linear` (per expert its gate rows, then its up rows);
-/// one piece for a router or shared expert. `None` for a tensor that is not
-/// a MoE tensor.
-pub fn hf_moe_pieces(hf_class: &str, name: &str, shape: &[usize]) -> Option<Vec<HfPiece>> {
-    let (layer, module) = layer_module(name)?;
-    let stacked = ExpertMatrix::ALL
-        .into_iter()
-        .find(|m| m.stacked_name(layer) == name);
-    let whole = |name: String, shape: Vec<usize>| {
-        vec![HfPiece {
-            name,
-            shape,
-            offset: 0,
-        }]
-    };
-    let Some(matrix) = stacked else {
-        return Some(whole(
-            hf_moe_module_name(hf_class, layer, module)?,
-            shape.to_vec(),
-        ));
-    };
-    let (cols, rows, experts) = (shape[0], shape[1], shape[2]);
-    let per = cols * rows;
-    let granite =
-        |module: &str| hf_moe_module_name("GraniteMoeForCausalLM", layer, module).expect("granite");
-    Some(match (hf_class == "GraniteMoeForCausalLM", matrix) {
-        (true, ExpertMatrix::Down) => whole(granite("ffn_down_exps"), shape.to_vec()),
-        (true, gate_or_up) => {
-            let after_gate = usize::from(gate_or_up == ExpertMatrix::Up) * per;
-            (0..experts)
-                .map(|e| HfPiece {
-                    name: granite("ffn_gate_up_exps"),
-                    shape: vec![cols, 2 * rows, experts],
-                    offset: 2 * per * e + after_gate,
-                })
-                .collect()
-        }
-        (false, m) => (0..experts)
-            .map(|e| HfPiece {
-                name: hf_expert_name(hf_class, layer, m, e),
-                shape: vec![cols, rows],
-                offset: 0,
-            })
-            .collect(),
-    })
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-/// `(N, module)` of a canonical `blk.N.module.weight`.
-fn layer_module(name: &str) -> Option<(usize, &str)> {
-    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
-    Some((layer.parse().ok()?, rest.strip_suffix(".weight")?))
 }
