@@ -15,6 +15,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+// An explicit path: `web/kernel-tests` includes this file by `#[path]`,
+// where a bare `mod moe;` would be looked for beside it.
+#[path = "conformance/moe.rs"]
 mod moe;
 
 use tandem_core::backend::{
