@@ -12,8 +12,9 @@ pub(crate) struct Isa(IsaKind);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IsaKind {
     /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL and VNNI: the
-    /// quantized matmul kernels on 512-bit vectors (one `vpdpwssd` per
-    /// 32-element block), byte masks, and 32 vector registers.
+    /// quantized matmul kernels on 512-bit vectors (`vpmaddwd` and
+    /// `vpdpwssd` per pair of 32-element runs), byte masks, and 32 vector
+    /// registers.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
     /// x86-64 AVX2 + FMA + F16C.

@@ -97,7 +97,11 @@ pub(super) fn quantize_activations(
     half_sums: bool,
 ) -> QuantizedActivations {
     let nb = cols / QK;
+    // The AVX-512 kernel's pair layout.
+    #[cfg(target_arch = "x86_64")]
     let pairs = isa.kind() == IsaKind::Avx512Vnni;
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs = false;
     let stride = if pairs { nb.next_multiple_of(2) } else { nb };
     let mut quants = vec![BlockQuants([0; QK]); rows * stride];
     let mut stats = vec![0f32; 2 * rows * stride];
