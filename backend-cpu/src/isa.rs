@@ -11,10 +11,11 @@ pub(crate) struct Isa(IsaKind);
 /// Instruction sets of the matmul micro-kernels, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IsaKind {
-    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL and VNNI: the
+    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL, VNNI and VBMI: the
     /// quantized matmul kernels on 512-bit vectors (`vpmaddwd` and
-    /// `vpdpwssd` per pair of 32-element runs), byte masks, and 32 vector
-    /// registers.
+    /// `vpdpwssd` per pair of 32-element runs, whose codes one VBMI byte
+    /// permute puts in place), byte masks, and 32 vector registers. CPUs
+    /// with VNNI but not VBMI (Cascade Lake) take the AVX2 kernels.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
     /// x86-64 AVX2 + FMA + F16C.
@@ -49,6 +50,7 @@ impl Isa {
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vbmi")
             {
                 isas.push(Isa(IsaKind::Avx512Vnni));
             }
@@ -67,7 +69,7 @@ impl Isa {
     pub(crate) fn name(self) -> &'static str {
         match self.0 {
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx512Vnni => "AVX2+AVX512-VNNI",
+            IsaKind::Avx512Vnni => "AVX2+AVX512-VNNI+VBMI",
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => "AVX2",
             IsaKind::Portable => "portable",

@@ -51,6 +51,20 @@ const fn pair_words(high: bool) -> [i16; 32] {
 const PAIR_A: [i16; 32] = pair_words(false);
 const PAIR_B: [i16; 32] = pair_words(true);
 
+/// `PAIR_A` then `PAIR_B` as one byte permute of two runs' 32 bytes each,
+/// held in the low halves of two vectors (indices from 64 pick from the
+/// second).
+const PAIR_BYTES: [u8; 64] = {
+    let mut bytes = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let element = if i < 32 { PAIR_A[i] } else { PAIR_B[i - 32] } as usize;
+        bytes[i] = if element < 32 { element } else { 32 + element } as u8;
+        i += 1;
+    }
+    bytes
+};
+
 /// Runs `c0` and `c1` (32 i16 each, in element order) as a pair's `A`
 /// and `B`.
 ///
@@ -98,7 +112,7 @@ pub(super) fn pair_element(quants: &[BlockQuants], b: usize, i: usize) -> i16 {
 ///
 /// # Safety
 /// `codes` holds `runs.div_ceil(2)` pairs and `row` `runs` runs; the CPU
-/// supports AVX2 and AVX-512 F, BW and VL.
+/// supports AVX2 and AVX-512 F, BW, VL and VBMI.
 #[inline(always)]
 pub(super) unsafe fn repack_codes<F: BlockFormat>(
     row: &[u8],
@@ -117,19 +131,50 @@ pub(super) unsafe fn repack_codes<F: BlockFormat>(
 /// Pair `p` of `row`'s codes (`runs` runs) as `A` and `B`, the codes of a
 /// missing last run zero. The one unpacking of both the repacked codes
 /// and the kernel's own, so a token's result does not depend on which
-/// the kernel read.
+/// the kernel read. The two runs' bytes go into the pair layout by one
+/// byte permute before they are widened: word permutes cost twice as much.
 ///
 /// # Safety
 /// `row` holds `runs` runs and `p < runs.div_ceil(2)`; the CPU supports
-/// AVX2 and AVX-512 F, BW and VL.
+/// AVX2 and AVX-512 F, BW, VL and VBMI.
 #[inline(always)]
 unsafe fn pair_codes<F: BlockFormat>(row: &[u8], runs: usize, p: usize) -> [__m512i; 2] {
+    let c0 = _mm512_castsi256_si512(row_run_bytes::<F>(row, 2 * p));
     let c1 = if 2 * p + 1 < runs {
-        run_codes::<F>(row, 2 * p + 1)
+        _mm512_castsi256_si512(row_run_bytes::<F>(row, 2 * p + 1))
     } else {
         _mm512_setzero_si512()
     };
-    to_pair(run_codes::<F>(row, 2 * p), c1)
+    let order = _mm512_loadu_si512(PAIR_BYTES.as_ptr().cast());
+    let both = _mm512_permutex2var_epi8(c0, order, c1);
+    let (a, b) = (
+        _mm512_castsi512_si256(both),
+        _mm512_extracti64x4_epi64::<1>(both),
+    );
+    if signed_codes::<F>() {
+        [_mm512_cvtepi8_epi16(a), _mm512_cvtepi8_epi16(b)]
+    } else {
+        [_mm512_cvtepu8_epi16(a), _mm512_cvtepu8_epi16(b)]
+    }
+}
+
+/// The 32 codes of run `b` of `row` as bytes. (Not a closure: closures do
+/// not inherit the caller's target features, and the intrinsics would not
+/// inline into one.)
+///
+/// # Safety
+/// `row` holds run `b`; the CPU supports AVX2 and AVX-512 F, BW and VL.
+#[inline(always)]
+unsafe fn row_run_bytes<F: BlockFormat>(row: &[u8], b: usize) -> __m256i {
+    run_bytes::<F>(row.as_ptr().add(F::block_at(b)), b % F::RUNS)
+}
+
+/// Whether `F`'s codes are signed bytes ([`Codes`]).
+fn signed_codes<F: BlockFormat>() -> bool {
+    matches!(
+        F::CODES,
+        Codes::Bytes | Codes::NonLinear | Codes::Q3K | Codes::Q6K
+    )
 }
 
 /// `acc + scales * f32(a · x_a + b · x_b)` for one pair of one row and
@@ -171,17 +216,6 @@ unsafe fn pair_step(
     acc
 }
 
-/// The codes of run `b` of `row` in element order. (Not a closure:
-/// closures do not inherit the caller's target features, and the
-/// intrinsics would not inline into one.)
-///
-/// # Safety
-/// `row` holds run `b`; the CPU supports AVX2 and AVX-512 F, BW and VL.
-#[inline(always)]
-unsafe fn run_codes<F: BlockFormat>(row: &[u8], b: usize) -> __m512i {
-    widen_run_512::<F>(row.as_ptr().add(F::block_at(b)), b % F::RUNS)
-}
-
 /// The mask of the first `n` (at most 16) lanes.
 #[inline(always)]
 fn floats(n: usize) -> __mmask16 {
@@ -208,7 +242,7 @@ const HALF_SCALES: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 2
 /// `[scale, sum]` whose odd lanes are the terms.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and AVX-512 F, BW, VL and VNNI.
+/// The CPU supports AVX2, FMA and AVX-512 F, BW, VL, VNNI and VBMI.
 #[inline(always)]
 pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
@@ -328,9 +362,8 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
     sums
 }
 
-/// The 32 codes of run `j` of the block at `block` widened to one vector of
-/// i16, in element order ([`Codes`] says which are signed). The codes are
-/// unpacked as 32 bytes first. The fifth bits of Q5_0, Q5_1 and Q5_K and
+/// The 32 codes of run `j` of the block at `block` as bytes, in element
+/// order ([`Codes`] says which are signed, [`signed_codes`] too). The fifth bits of Q5_0, Q5_1 and Q5_K and
 /// the third of Q3_K become a byte mask, the bytes where it is set (or
 /// clear) taking the bit's value; a masked bit field and the bits above it
 /// merge in one `vpternlogd`.
@@ -339,7 +372,7 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
 /// A whole block of format `F` is readable at `block`; the CPU supports
 /// AVX2 and AVX-512 F, BW and VL.
 #[inline(always)]
-unsafe fn widen_run_512<F: BlockFormat>(block: *const u8, j: usize) -> __m512i {
+unsafe fn run_bytes<F: BlockFormat>(block: *const u8, j: usize) -> __m256i {
     let (h, s) = (j / 4, j % 4);
     let bytes = |at: usize| _mm256_loadu_si256(block.add(at).cast());
     // Bytes shifted right by `n` bits (the bits moving in from the next byte
@@ -354,28 +387,23 @@ unsafe fn widen_run_512<F: BlockFormat>(block: *const u8, j: usize) -> __m512i {
     // 16 in the bytes of `bits` whose bit `bit` is set, 0 elsewhere.
     let fifth = |bits: __mmask32| _mm256_maskz_mov_epi8(bits, splat(16));
     match F::CODES {
-        Codes::Bytes => _mm512_cvtepi8_epi16(bytes(F::QUANTS_AT + QK * j)),
-        Codes::Nibbles => {
-            let q = mask(nibble_halves(block.add(F::QUANTS_AT + QK / 2 * j)), 0x0f);
-            _mm512_cvtepu8_epi16(q)
-        }
+        Codes::Bytes => bytes(F::QUANTS_AT + QK * j),
+        Codes::Nibbles => mask(nibble_halves(block.add(F::QUANTS_AT + QK / 2 * j)), 0x0f),
         Codes::Nibbles5 => {
             let low = nibble_halves(block.add(F::QUANTS_AT));
             let qh = block.add(F::QUANTS_AT - 4).cast::<u32>().read_unaligned();
-            _mm512_cvtepu8_epi16(merge(low, fifth(_cvtu32_mask32(qh))))
+            merge(low, fifth(_cvtu32_mask32(qh)))
         }
         Codes::NonLinear => {
             let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast()));
             let q = mask(nibble_halves(block.add(F::QUANTS_AT)), 0x0f);
-            _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, q))
+            _mm256_shuffle_epi8(table, q)
         }
-        Codes::Q4K => {
-            _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * (j / 2)), 4 * (j % 2)), 0x0f))
-        }
+        Codes::Q4K => mask(shift(bytes(16 + QK * (j / 2)), 4 * (j % 2)), 0x0f),
         Codes::Q5K => {
             let low = shift(bytes(48 + QK * (j / 2)), 4 * (j % 2));
             let bits = _mm256_test_epi8_mask(bytes(16), splat((1u8 << j) as i8));
-            _mm512_cvtepu8_epi16(merge(low, fifth(bits)))
+            merge(low, fifth(bits))
         }
         Codes::Q6K => {
             let low = shift(bytes(64 * h + QK * (s & 1)), 4 * (s / 2));
@@ -383,15 +411,15 @@ unsafe fn widen_run_512<F: BlockFormat>(block: *const u8, j: usize) -> __m512i {
             // `2s + 1` of every byte to bits 4 and 5 of the same byte.
             let rotation = _mm256_set1_epi32((4 - 2 * s as i32).rem_euclid(32));
             let high = mask(_mm256_rolv_epi32(bytes(128 + QK * h), rotation), 0x30);
-            _mm512_cvtepi8_epi16(_mm256_sub_epi8(merge(low, high), splat(32)))
+            _mm256_sub_epi8(merge(low, high), splat(32))
         }
         Codes::Q3K => {
             let low = mask(shift(bytes(32 + QK * h), 2 * s), 3);
             // `(low | 4 * bit) - 4`: `low - 4` where the bit is clear.
             let clear = _mm256_testn_epi8_mask(bytes(0), splat((1u8 << (4 * h + s)) as i8));
-            _mm512_cvtepi8_epi16(_mm256_mask_sub_epi8(low, clear, low, splat(4)))
+            _mm256_mask_sub_epi8(low, clear, low, splat(4))
         }
-        Codes::Q2K => _mm512_cvtepu8_epi16(mask(shift(bytes(16 + QK * h), 2 * s), 3)),
+        Codes::Q2K => mask(shift(bytes(16 + QK * h), 2 * s), 3),
     }
 }
 

@@ -1,5 +1,5 @@
-//! x86-64 micro-kernels: AVX2, and a variant with AVX-512 (F, BW, VL and
-//! VNNI).
+//! x86-64 micro-kernels: AVX2, and a variant with AVX-512 (F, BW, VL,
+//! VNNI and VBMI).
 //!
 //! The block kernels follow llama.cpp with 16-bit activations: a run's 32
 //! weight codes are widened to i16 (a 4-bit block's 16 bytes spread to
@@ -59,8 +59,8 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
 }
 
 /// # Safety
-/// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+/// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI and VBMI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // AVX-512 gives 32 vector registers: 4×4 accumulators fit.
     match operands {
