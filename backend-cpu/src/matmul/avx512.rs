@@ -179,35 +179,34 @@ fn signed_codes<F: BlockFormat>() -> bool {
 
 /// `acc + scales * f32(a · x_a + b · x_b)` for one pair of one row and
 /// token, the sums taken in pairs of i16 products (`vpmaddwd`, then
-/// `vpdpwssd`), `x` pointing at the activations' `A` then `B` and `scales`
-/// at the pair's four segment scales. Written out: LLVM splits
-/// `vpdpwssd` back into `vpmaddwd` and `vpaddd`, and hoists the scale
-/// broadcasts of a whole tile into registers, which then spill.
+/// `vpdpwssd`), `scales` pointing at the pair's four segment scales.
+/// Written out: LLVM splits `vpdpwssd` back into `vpmaddwd` and `vpaddd`,
+/// and hoists the scale broadcasts of a whole tile into registers, which
+/// then spill.
 ///
 /// # Safety
-/// 128 bytes are readable at `x`, 64-byte aligned, and 16 at `scales`; the
-/// CPU supports AVX-512 F and VNNI.
+/// 16 bytes are readable at `scales`; the CPU supports AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
 unsafe fn pair_step(
     mut acc: __m512,
-    a: __m512i,
-    b: __m512i,
-    x: *const BlockQuants,
+    [a, b]: [__m512i; 2],
+    [x_a, x_b]: [__m512i; 2],
     scales: *const f32,
 ) -> __m512 {
     // Typed scratch registers: LLVM misallocates untyped `_` ones here.
     let (_sums, _scales): (__m512i, __m512);
     std::arch::asm!(
-        "vpmaddwd {s:z}, {a:z}, zmmword ptr [{x}]",
-        "vpdpwssd {s:z}, {b:z}, zmmword ptr [{x} + 64]",
+        "vpmaddwd {s:z}, {a:z}, {x_a:z}",
+        "vpdpwssd {s:z}, {b:z}, {x_b:z}",
         "vcvtdq2ps {s:z}, {s:z}",
         "vbroadcastf32x4 {c:z}, xmmword ptr [{scales}]",
         "vfmadd231ps {acc:z}, {s:z}, {c:z}",
         acc = inout(zmm_reg) acc,
         a = in(zmm_reg) a,
         b = in(zmm_reg) b,
-        x = in(reg) x,
+        x_a = in(zmm_reg) x_a,
+        x_b = in(zmm_reg) x_b,
         scales = in(reg) scales,
         s = out(zmm_reg) _sums,
         c = out(zmm_reg) _scales,
@@ -334,8 +333,17 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
         }
         for j in 0..chunk {
             let q = 2 * (p + j);
+            // Each token's activations, loaded once for the tile's rows.
+            let mut x_pair = [[_mm512_setzero_si512(); 2]; T];
+            for t in 0..T {
+                let quants: *const __m512i = x[t].quants.as_ptr().add(q).cast();
+                x_pair[t] = [
+                    _mm512_load_si512(quants.cast()),
+                    _mm512_load_si512(quants.add(1).cast()),
+                ];
+            }
             for r in 0..R {
-                let [a, b] = if repacked {
+                let codes = if repacked {
                     let codes: *const __m512i = w_codes[r].as_ptr().add(q).cast();
                     [
                         _mm512_load_si512(codes.cast()),
@@ -345,9 +353,8 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
                     pair_codes::<F>(w[r], runs, p + j)
                 };
                 for t in 0..T {
-                    let x = x[t].quants.as_ptr().add(q);
                     let scales = scales[r][t].as_ptr().add(4 * j);
-                    acc[r][t] = pair_step(acc[r][t], a, b, x, scales);
+                    acc[r][t] = pair_step(acc[r][t], codes, x_pair[t], scales);
                 }
             }
         }
