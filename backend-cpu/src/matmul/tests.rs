@@ -24,15 +24,20 @@ impl Values {
     }
 }
 
-fn check(isa: Isa, workers: &Workers, format: WeightFormat, rows: usize, n: usize, cols: usize) {
-    let mut values = Values(0x2545_f491_4f6c_dd1d ^ (rows * 1000 + n * 10 + cols) as u64);
-    let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));
-    let view = WeightView {
+/// `n` rows of `cols` values in `format`, stored in `bytes`.
+fn matrix_view(format: WeightFormat, n: usize, cols: usize, bytes: &[u8]) -> WeightView<'_> {
+    WeightView {
         format,
         rows: n,
         cols,
-        data: &bytes,
-    };
+        data: bytes,
+    }
+}
+
+fn check(isa: Isa, workers: &Workers, format: WeightFormat, rows: usize, n: usize, cols: usize) {
+    let mut values = Values(0x2545_f491_4f6c_dd1d ^ (rows * 1000 + n * 10 + cols) as u64);
+    let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));
+    let view = matrix_view(format, n, cols, &bytes);
     let weight = Weight::from_view(view).unwrap();
     let x = values.take(rows * cols, 1.0);
     let bias_bytes = quantize_row(WeightFormat::F32, &values.take(n, 1.0));
@@ -140,13 +145,7 @@ fn a_token_gets_the_same_bits_alone_and_in_a_batch() {
                 let (rows, n) = (9, 7);
                 let mut values = Values(0x5eed ^ (cols * 31 + n) as u64);
                 let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));
-                let view = WeightView {
-                    format,
-                    rows: n,
-                    cols,
-                    data: &bytes,
-                };
-                let weight = Weight::from_view(view).unwrap();
+                let weight = Weight::from_view(matrix_view(format, n, cols, &bytes)).unwrap();
                 let x = values.take(rows * cols, 1.0);
                 let mut batch = vec![0f32; rows * n];
                 matmul(&workers, isa, &x, &weight, None, rows, &mut batch).unwrap();
