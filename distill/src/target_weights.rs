@@ -4,6 +4,7 @@
 //! NeoX RoPE), and the shape checks that refuse what the student cannot be.
 
 use tandem_core::backend::RopeStyle;
+use tandem_core::model::safetensors::rows_from_interleaved;
 use tandem_core::model::{BlockSpec, ModelFiles};
 use tandem_core::quant::WeightView;
 
@@ -72,31 +73,11 @@ pub fn load(files: &ModelFiles, name: &str) -> Result<F32Tensor> {
     let data = if c.rope_style == RopeStyle::Interleaved && heads > 0 {
         // A bias is a vector: its elements move like a matrix's rows.
         let row_len = if rows == 1 { 1 } else { cols };
-        from_interleaved(&data, row_len, heads)
+        rows_from_interleaved(&data, row_len, heads)
     } else {
         data
     };
     Ok(F32Tensor { rows, cols, data })
-}
-
-/// Undoes llama.cpp's Q/K permutation: within each head, interleaved row
-/// `2i` goes back to row `i` and row `2i + 1` to `i + head_dim / 2`.
-fn from_interleaved(data: &[f32], row_len: usize, heads: usize) -> Vec<f32> {
-    let head_dim = data.len() / row_len / heads;
-    let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for (dst, src) in [(i, 2 * i), (i + half, 2 * i + 1)] {
-                let (d, s) = (
-                    (h * head_dim + dst) * row_len,
-                    (h * head_dim + src) * row_len,
-                );
-                out[d..d + row_len].copy_from_slice(&data[s..s + row_len]);
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -110,6 +91,6 @@ mod tests {
         let hf: Vec<f32> = (0..heads * head_dim * cols).map(|i| i as f32).collect();
         let permuted = permute_for_interleaved_rope(&hf, heads, cols);
         assert_ne!(permuted, hf);
-        assert_eq!(from_interleaved(&permuted, cols, heads), hf);
+        assert_eq!(rows_from_interleaved(&permuted, cols, heads), hf);
     }
 }

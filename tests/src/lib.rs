@@ -16,12 +16,14 @@ pub mod kquant_moe;
 pub mod recording_cpu;
 pub mod upcycle;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
+use tandem_core::sched::SamplingParams;
 use tandem_cpu::CpuBackend;
 
 /// The default model, fetched by `make model` (which `make test` runs first).
@@ -77,6 +79,37 @@ pub fn cpu_engine(
     }
     .with_capacity_tokens(tokens);
     Engine::new(CpuBackend::new(2), files, config, &mut |_, _| {}).expect("engine")
+}
+
+/// Runs every prompt to completion together, prompt `i` sampled with
+/// `params(i)`; returns each one's generated tokens.
+pub fn generate(
+    engine: &mut Engine<CpuBackend>,
+    prompts: &[Vec<u32>],
+    params: &dyn Fn(usize) -> SamplingParams,
+    max_new: usize,
+) -> Vec<Vec<u32>> {
+    let ids: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            engine
+                .add_request(p.clone(), params(i), max_new, vec![])
+                .expect("request")
+        })
+        .collect();
+    let mut out: HashMap<_, Vec<u32>> = HashMap::new();
+    while engine.has_work() {
+        for ev in engine.step().expect("step") {
+            out.entry(ev.seq).or_default().push(ev.token);
+        }
+    }
+    ids.iter()
+        .map(|id| {
+            engine.remove(*id);
+            out.remove(id).unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Largest `|a - b|` over two equally long slices.

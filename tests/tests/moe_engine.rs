@@ -4,8 +4,6 @@
 //! MoE family as they run the dense model: logits close to an F32 cache's,
 //! most greedy tokens kept, INT8 output independent of batching.
 
-use std::collections::HashMap;
-
 use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::synthetic::SyntheticModel;
@@ -14,7 +12,7 @@ use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
 use tandem_core::spec::{DraftLength, DraftModel, DraftModelConfig, NgramProposer, Proposer};
 use tandem_cpu::CpuBackend;
-use tandem_tests::{cpu_engine, tiny_gguf};
+use tandem_tests::{cpu_engine, generate, tiny_gguf};
 
 const MOE_PRESETS: [&str; 6] = [
     "tiny",
@@ -40,37 +38,12 @@ fn prompts() -> Vec<Vec<u32>> {
     ]
 }
 
-fn moe_model(dir: &std::path::Path, name: &str, format: WeightFormat, seed: u64) -> ModelFiles {
-    tiny_gguf(dir, &SyntheticModel::preset(name, format, seed).unwrap())
+fn greedy(_: usize) -> SamplingParams {
+    SamplingParams::default()
 }
 
-/// Runs every prompt to completion together; returns each one's generated
-/// tokens.
-fn generate(
-    engine: &mut Engine<CpuBackend>,
-    prompts: &[Vec<u32>],
-    max_new: usize,
-) -> Vec<Vec<u32>> {
-    let ids: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            engine
-                .add_request(p.clone(), SamplingParams::default(), max_new, vec![])
-                .unwrap()
-        })
-        .collect();
-    let mut out: HashMap<_, Vec<u32>> = HashMap::new();
-    while engine.has_work() {
-        for ev in engine.step().unwrap() {
-            out.entry(ev.seq).or_default().push(ev.token);
-        }
-    }
-    ids.iter()
-        .map(|id| {
-            engine.remove(*id);
-            out.remove(id).unwrap_or_default()
-        })
-        .collect()
+fn moe_model(dir: &std::path::Path, name: &str, format: WeightFormat, seed: u64) -> ModelFiles {
+    tiny_gguf(dir, &SyntheticModel::preset(name, format, seed).unwrap())
 }
 
 fn draft_config() -> DraftModelConfig {
@@ -89,7 +62,7 @@ fn speculation_on_a_moe_model_gives_the_greedy_tokens_of_plain_decoding() {
     let target = moe_model(dir.path(), "tiny-qwen2moe", WeightFormat::Q8_0, 11);
     let other_dir = tempfile::tempdir().unwrap();
     let other = moe_model(other_dir.path(), "tiny-olmoe", WeightFormat::Q8_0, 12);
-    let want = generate(&mut cpu_engine(&target, 1024, 64), &prompts(), 32);
+    let want = generate(&mut cpu_engine(&target, 1024, 64), &prompts(), &greedy, 32);
     let proposer = |name: &str, b: &CpuBackend| -> Box<dyn Proposer<CpuBackend>> {
         match name {
             "n-gram" => Box::new(NgramProposer::default()),
@@ -105,7 +78,7 @@ fn speculation_on_a_moe_model_gives_the_greedy_tokens_of_plain_decoding() {
             let mut engine = cpu_engine(&target, 1024, 13);
             let p = proposer(name, engine.backend());
             engine.set_speculation(p, length).unwrap();
-            let got = generate(&mut engine, &prompts(), 32);
+            let got = generate(&mut engine, &prompts(), &greedy, 32);
             assert_eq!(got, want, "{name}, {length:?}");
             let stats = engine.stats().speculation;
             assert!(
@@ -184,10 +157,18 @@ fn quantized_kv_runs_every_moe_family() {
                 PROMPT.len()
             );
             if dtype == KvDtype::Int8 {
-                let batched = generate(&mut engine_with_kv(&files, dtype, 64), &prompts(), 16);
+                let batched = generate(
+                    &mut engine_with_kv(&files, dtype, 64),
+                    &prompts(),
+                    &greedy,
+                    16,
+                );
                 let alone: Vec<Vec<u32>> = prompts()
                     .into_iter()
-                    .map(|p| generate(&mut engine_with_kv(&files, dtype, 64), &[p], 16).remove(0))
+                    .map(|p| {
+                        generate(&mut engine_with_kv(&files, dtype, 64), &[p], &greedy, 16)
+                            .remove(0)
+                    })
                     .collect();
                 assert_eq!(
                     batched, alone,

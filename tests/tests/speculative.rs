@@ -21,7 +21,7 @@ use tandem_core::spec::{
 use tandem_cpu::CpuBackend;
 use tandem_distill::write::write_student;
 use tandem_distill::{distill, Corpus, Device, Options, Student};
-use tandem_tests::{cpu_engine, tiny, tiny_gguf};
+use tandem_tests::{cpu_engine, generate, tiny, tiny_gguf};
 
 /// A prompt with repeats, so n-gram lookup finds something to propose.
 const PROMPT: [u32; 29] = [
@@ -113,36 +113,6 @@ fn distilled_draft(target: &ModelFiles, dir: &Path) -> ModelFiles {
     );
     write_student(target, &student, WeightFormat::F32, dir).unwrap();
     tandem_core::model::load(dir).unwrap()
-}
-
-/// Runs every prompt to completion together; returns each one's generated tokens.
-fn generate(
-    engine: &mut Engine<CpuBackend>,
-    prompts: &[Vec<u32>],
-    params: &dyn Fn(usize) -> SamplingParams,
-    max_new: usize,
-) -> Vec<Vec<u32>> {
-    let ids: Vec<SeqId> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            engine
-                .add_request(p.clone(), params(i), max_new, vec![])
-                .unwrap()
-        })
-        .collect();
-    let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
-    while engine.has_work() {
-        for ev in engine.step().unwrap() {
-            out.entry(ev.seq).or_default().push(ev.token);
-        }
-    }
-    ids.iter()
-        .map(|id| {
-            engine.remove(*id);
-            out.remove(id).unwrap_or_default()
-        })
-        .collect()
 }
 
 fn prompts() -> Vec<Vec<u32>> {

@@ -40,7 +40,7 @@ pub use hf::load_hf_dir;
 pub use hf_config::hf_config_json;
 pub use model_dir::OutputTensor;
 #[cfg(not(target_arch = "wasm32"))]
-pub use model_dir::{write_model_dir, write_tokenizer_files};
+pub use model_dir::{rows_from_interleaved, write_model_dir, write_tokenizer_files};
 pub use names::{canonical_name, hf_name};
 pub use writer::SafetensorsWriter;
 

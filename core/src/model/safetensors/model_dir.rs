@@ -134,14 +134,15 @@ pub fn write_model_dir(
     write_tokenizer_files(source, dir)
 }
 
-/// Undoes llama.cpp's Q/K permutation: within each of `heads` heads,
-/// interleaved row `2i` goes back to row `i` and row `2i + 1` to `i + d/2`.
-/// A row is `unit` bytes.
-fn rows_from_interleaved(data: &[u8], unit: usize, heads: usize) -> Vec<u8> {
+/// Undoes llama.cpp's Q/K permutation (`synthetic::permute_for_interleaved_rope`
+/// does it): within each of `heads` heads, interleaved row `2i` goes back to
+/// row `i` and row `2i + 1` to `i + d/2`. A row is `unit` elements (bytes of
+/// a quantized matrix, or floats).
+pub fn rows_from_interleaved<T: Copy>(data: &[T], unit: usize, heads: usize) -> Vec<T> {
     let rows = data.len() / unit.max(1);
     let head_dim = rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0u8; data.len()];
+    let mut out = data.to_vec();
     for h in 0..heads {
         for i in 0..half {
             for (dst, src) in [(i, 2 * i), (i + half, 2 * i + 1)] {
