@@ -27,13 +27,15 @@ if command -v rustup >/dev/null && rustup toolchain list | grep -q '^nightly' \
     cargo install --locked cargo-fuzz
 fi
 
-# The official OpenAI Python client, for the serving tests (tests/tests/serving_http.rs),
-# and jsonschema, which validates structured output (tests/tests/structured_http.rs),
-# in a virtual environment kept out of git (.tools/ is ignored).
+# In a virtual environment kept out of git (.tools/ is ignored): the official
+# OpenAI Python client, for the serving tests (tests/tests/serving_http.rs);
+# jsonschema, which validates structured output (tests/tests/structured_http.rs);
+# NumPy and gguf, for the independent MoE reference (tests/reference/moe_reference.py).
 VENV="$here/../.tools/venv"
-if ! "$VENV/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import openai, jsonschema, numpy, gguf" 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3" "jsonschema>=4.18,<5"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40,<3" \
+        "jsonschema>=4.18,<5" "numpy>=1.26,<3" "gguf>=0.17,<1"
 fi
 
 # The browser tests (make test-web): Debian's Chromium (WebGPU through
