@@ -13,11 +13,17 @@
 //! colliding prompts offline, and a hit is still checked against the block's
 //! tokens and its parent's content before it is shared: a collision costs a
 //! cache miss, never another client's K/V.
+//!
+//! Eviction ([`KvCacheManager::evict`]) turns table entries into holes
+//! ([`EVICTED_BLOCK`]), releasing the sequence's reference only: a block
+//! shared with other sequences or the prefix cache lives on for them. Once a
+//! sequence has evicted, its later blocks were computed over an incomplete
+//! prefix, so none of them is registered in the prefix cache.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 
-use super::{BlockHash, BlockKey, BlockTable, KvBlockAllocator};
+use super::{BlockHash, BlockKey, BlockTable, EvictionPlan, KvBlockAllocator, EVICTED_BLOCK};
 use crate::{Error, Result};
 
 /// Identifies a sequence in the engine and in the KV cache.
@@ -190,7 +196,7 @@ impl KvCacheManager {
             )));
         }
         let table = self.table_of(parent)?.clone();
-        for &b in table.blocks() {
+        for &b in live(table.blocks()) {
             self.allocator.retain(b);
         }
         self.tables.insert(child, table);
@@ -211,8 +217,16 @@ impl KvCacheManager {
                 table.num_tokens()
             )));
         }
+        // The next write would land in the partly kept block: it must exist.
+        if !n_tokens.is_multiple_of(bs) && table.blocks()[n_tokens / bs] == EVICTED_BLOCK {
+            return Err(Error::InvalidRequest(format!(
+                "cannot truncate sequence {seq} to {n_tokens} tokens: that block was evicted"
+            )));
+        }
         for b in table.truncate_blocks(n_tokens.div_ceil(bs)) {
-            self.allocator.release(b);
+            if b != EVICTED_BLOCK {
+                self.allocator.release(b);
+            }
         }
         table.truncate_keys(n_tokens / bs);
         table.set_num_tokens(n_tokens);
@@ -258,6 +272,9 @@ impl KvCacheManager {
             .tables
             .get_mut(&seq)
             .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        if table.has_evicted() {
+            return Ok(());
+        }
         let full = computed.len().min(table.num_tokens()) / bs;
         for i in table.keys().len()..full {
             let parent = table.keys().last().copied();
@@ -274,11 +291,57 @@ impl KvCacheManager {
     /// Forgets `seq`, releasing its blocks.
     pub fn free(&mut self, seq: SeqId) {
         if let Some(table) = self.tables.remove(&seq) {
-            for &b in table.blocks() {
+            for &b in live(table.blocks()) {
                 self.allocator.release(b);
             }
         }
     }
+
+    /// Evicts table entries `indices` of `seq`: each becomes a hole and the
+    /// sequence's reference to its block is released. The last entry (the
+    /// one being written) and holes cannot be evicted.
+    pub fn evict(&mut self, seq: SeqId, indices: &[usize]) -> Result<()> {
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?;
+        let entries = table.blocks().len();
+        for &i in indices {
+            if i + 1 >= entries || table.blocks()[i] == EVICTED_BLOCK {
+                return Err(Error::InvalidRequest(format!(
+                    "sequence {seq}: block {i} of {entries} cannot be evicted"
+                )));
+            }
+        }
+        for &i in indices {
+            let block = table.evict(i);
+            if block != EVICTED_BLOCK {
+                self.allocator.release(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts what `plan` selects from `seq`; returns how many blocks went.
+    pub fn evict_over_budget(&mut self, seq: SeqId, plan: &EvictionPlan) -> Result<usize> {
+        let chosen = plan.select(self.table_of(seq)?);
+        self.evict(seq, &chosen)?;
+        Ok(chosen.len())
+    }
+
+    /// Adds attention mass per table entry of `seq` (H2O, SnapKV scores).
+    pub fn add_block_scores(&mut self, seq: SeqId, mass: &[f32]) -> Result<()> {
+        self.tables
+            .get_mut(&seq)
+            .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?
+            .add_scores(mass);
+        Ok(())
+    }
+}
+
+/// The entries of a block table that hold a block (not holes).
+fn live(blocks: &[u32]) -> impl Iterator<Item = &u32> {
+    blocks.iter().filter(|&&b| b != EVICTED_BLOCK)
 }
 
 #[cfg(test)]

@@ -10,14 +10,22 @@
 //! Full blocks are also remembered by content (the prefix cache): a block
 //! nobody holds any more keeps its K/V until memory is needed, and a new
 //! sequence whose prompt starts with the same tokens shares it.
+//!
+//! With a KV budget (`eviction`), blocks a sequence no longer needs leave
+//! holes in its table; the prefix cache only ever holds blocks computed
+//! before a sequence's first eviction.
 
 mod allocator;
 mod block_table;
+pub mod eviction;
 mod manager;
+#[cfg(test)]
+mod props;
 pub mod quant;
 
 pub use allocator::{BlockHash, BlockKey, ContentId, KvBlockAllocator};
 pub use block_table::BlockTable;
+pub use eviction::{EvictionConfig, EvictionPlan, EvictionPolicy, KvBudget, EVICTED_BLOCK};
 pub use manager::{BlockHasher, KvCacheManager, SeqId, SlotReservation};
 
 /// Tokens per KV block unless configured otherwise (vLLM's default too).
