@@ -63,9 +63,13 @@ WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = 
 ## The named models the demo page serves (symlinked into $(WEB_SITE)/models).
 WEB_MODELS := smollm2-135m qwen2.5-0.5b
 
-## The npm package (web/pkg, by wasm-pack) and the demo site in target/web-site.
+## The npm package (web/pkg: wasm-pack's build, and web/js's worker-backed Tandem as
+## its entry point) and the demo site in target/web-site.
 web: web-tools model
 	wasm-pack build web --target web --release
+	cp web/js/* web/pkg/
+	jq '.files += ["tandem.js", "tandem.d.ts", "worker.js"] | .main = "tandem.js" | .types = "tandem.d.ts"' \
+		web/pkg/package.json > web/pkg/package.json.new && mv web/pkg/package.json.new web/pkg/package.json
 	rm -rf $(WEB_SITE)
 	mkdir -p $(WEB_SITE)/models
 	cp web/www/* $(WEB_SITE)/

@@ -6,7 +6,7 @@ import { extname, join, normalize } from "node:path";
 import { chromium } from "playwright-core";
 
 const MIME = {
-  ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm",
+  ".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".wasm": "application/wasm",
   ".json": "application/json", ".gguf": "application/octet-stream",
 };
 

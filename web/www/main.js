@@ -1,137 +1,290 @@
-// The demo page: load a GGUF model (one of those served beside the page —
-// SmolLM2-135M, Qwen2.5-Coder-0.5B — fetched and cached by the package; or a
-// file picked or dropped), then stream a completion or a chat reply.
+// The chat page. The engine runs in a Web Worker (pkg/tandem.js), so this
+// thread only keeps the page: model picker and load progress, backend choice,
+// the conversation, settings and the stored models.
 
-import init, { Tandem } from "./pkg/tandem_web.js";
+import { Tandem } from "./pkg/tandem.js";
+
+/** The models served with the page (`make web` links them into models/). */
+const SERVED = [
+  { url: "models/SmolLM2-135M-Instruct.Q4_1.gguf", label: "SmolLM2-135M Instruct (Q4_1, 98 MB)" },
+  { url: "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", label: "Qwen2.5-Coder-0.5B Instruct (Q4_K_M, 491 MB)" },
+];
+const PHASES = {
+  download: "Downloading", cache: "Reading from the browser cache", read: "Reading the file",
+  store: "Storing in the browser cache", upload: "Uploading the weights",
+};
+/** Where each load phase sits on the progress bar (the bar never moves back). */
+const PHASE_SPAN = { download: [0, 0.7], cache: [0, 0.7], read: [0, 0.7], store: [0.7, 0.75], upload: [0.75, 1] };
+const SOURCES = { network: "downloaded", cache: "from the browser cache", caller: "from a file" };
+const FINISH = { stop: "end of text", length: "max tokens", abort: "stopped" };
 
 const $ = (id) => document.getElementById(id);
-let engine = null;
-/** The chat so far: [{ role, content }], sent whole with each turn. */
+const engine = new Tandem();
+/** What is loaded (or loading): { source, label }; reloaded when the backend or KV cache changes. */
+let model = null;
+/** Bumped by each load, so a generation that a load stopped does not report over it. */
+let loads = 0;
+/** The conversation: [{ role, content, element }], system prompt excluded. */
 let conversation = [];
+/** The generation running, or null: { stopped }. */
+let generating = null;
+let progress = 0;
 
-const wasm = await init();
-wireModelInputs();
-$("generate").onclick = generate;
-$("stop").onclick = () => engine?.abort();
-$("new-chat").onclick = () => showConversation([]);
+wireModelPicker();
+wireComposer();
+$("backend").onchange = () => model && loadModel(model.source, model.label);
+$("kv-dtype").onchange = () => model && loadModel(model.source, model.label);
+$("cache-panel").ontoggle = () => $("cache-panel").open && showCache();
 
-/** Wires the model inputs, then enables the buttons (a click before init would be lost). */
-function wireModelInputs() {
-  // One button per served model; its data-model is the model's URL.
-  for (const button of document.querySelectorAll("button[data-model]")) {
-    button.onclick = () => loadModel(button.dataset.model);
-    button.disabled = false;
-  }
+function wireModelPicker() {
+  const picker = $("model");
+  for (const { url, label } of SERVED) picker.add(new Option(label, url));
+  picker.add(new Option("A GGUF file from this computer…", "file"));
+  picker.add(new Option("A GGUF file from a URL…", "url"));
+  picker.onchange = () => {
+    $("model-url").hidden = picker.value !== "url";
+    if (picker.value === "file") $("file").click();
+  };
   $("file").onchange = (e) => {
     const file = e.target.files[0];
-    if (file) loadModel(file);
+    if (file) loadModel(file, file.name);
   };
-  const drop = $("drop");
-  drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
-  drop.ondragleave = () => drop.classList.remove("over");
-  drop.ondrop = (e) => {
+  $("load").onclick = () => {
+    if (picker.value === "file") $("file").click();
+    else if (picker.value === "url") {
+      const url = $("model-url").value.trim();
+      if (url) loadModel(url, url.split("/").pop());
+      else setStatus("Type the model's URL first.");
+    } else loadModel(picker.value, picker.selectedOptions[0].text);
+  };
+  document.body.ondragover = (e) => e.preventDefault();
+  document.body.ondrop = (e) => {
     e.preventDefault();
-    drop.classList.remove("over");
     const file = e.dataTransfer.files[0];
-    if (file) loadModel(file);
+    if (file) loadModel(file, file.name);
   };
+  $("load").disabled = false;
 }
 
-/** Loads `source` (a URL or a File); the phases of the load and their times go to #load-log. */
-async function loadModel(source) {
-  engine?.abort();
-  engine?.free();
-  engine = null;
-  $("generate").disabled = true;
+function wireComposer() {
+  $("composer").onsubmit = (e) => {
+    e.preventDefault();
+    send();
+  };
+  $("prompt").onkeydown = (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  };
+  $("stop").onclick = () => stop();
+  $("regenerate").onclick = () => regenerate();
+  $("new-chat").onclick = () => newChat();
+}
+
+/** Loads `source` (a URL or a File), stopping a running generation first (the worker does). */
+async function loadModel(source, label) {
+  const load = ++loads;
+  model = { source, label };
+  progress = 0;
+  setProgress(0);
+  setReady(false);
+  $("backend-info").textContent = "";
   $("load-log").textContent = "";
-  const memoryBefore = wasm.memory.buffer.byteLength;
+  setStatus(`Loading ${label}…`);
   const phases = new Map();
+  const started = performance.now();
   try {
-    const started = performance.now();
-    setStatus(`Loading ${source.name ?? source}…`);
-    engine = await Tandem.load(source, {
-      backend: $("force-cpu").checked ? "cpu" : "auto",
+    await engine.load(source, {
+      backend: $("backend").value,
+      kvDtype: $("kv-dtype").value,
       cache: !$("no-cache").checked,
       onProgress: (p) => {
+        if (load !== loads) return;
         const now = performance.now();
-        const phase = phases.get(p.phase) ?? { start: now };
-        phases.set(p.phase, { ...phase, end: now, done: p.done, total: p.total });
-        setProgress(p.done, p.total ?? p.done);
+        phases.set(p.phase, { start: phases.get(p.phase)?.start ?? now, end: now, done: p.done });
+        const [from, to] = PHASE_SPAN[p.phase];
+        if (p.total) setProgress(from + (to - from) * (p.done / p.total));
         setStatus(`${PHASES[p.phase]} ${megabytes(p.done)}${p.total ? ` of ${megabytes(p.total)}` : ""}…`);
       },
     });
-    const info = engine.info();
-    $("info").textContent = JSON.stringify(info, null, 2);
-    $("load-log").textContent = [...phases].map(([phase, p]) =>
-      `${phase} ${megabytes(p.done)} in ${seconds(p.end - p.start)}`).join("; ");
-    const fallback = info.fallbackReason ? ` (${info.fallbackReason})` : "";
-    setStatus(`Ready: ${info.model} on ${info.backend}${fallback}, ${SOURCES[info.source]}, ` +
-      `loaded in ${seconds(performance.now() - started)}; wasm memory ` +
-      `${megabytes(wasm.memory.buffer.byteLength)} (${megabytes(memoryBefore)} before) ` +
-      `for a ${megabytes(info.modelBytes)} model.`);
-    $("generate").disabled = false;
   } catch (e) {
-    setStatus(`Loading failed: ${e.message ?? e}`);
+    if (load === loads) setStatus(`Loading failed: ${e.message}`);
+    return;
   }
+  if (load !== loads) return;
+  const info = engine.info();
+  setProgress(1);
+  $("load-log").textContent = [...phases].map(([phase, p]) =>
+    `${phase} ${megabytes(p.done)} in ${seconds(p.end - p.start)}`).join("; ");
+  $("backend-info").textContent = `${BACKENDS[info.backend]}: ${info.backendReason}.` +
+    (info.backend === "webgpu" ? ` Adapter: ${info.adapter}.` : "");
+  setStatus(`Ready: ${info.model}, ${SOURCES[info.source]}, loaded in ${seconds(performance.now() - started)} ` +
+    `(worker memory ${megabytes(info.wasmMemoryBytes)}).`);
+  setReady(true);
+  if ($("cache-panel").open) showCache();
 }
 
-const PHASES = {
-  download: "Downloading", cache: "Reading from the browser cache", read: "Reading the file",
-  store: "Caching the download", upload: "Uploading the weights",
-};
-const SOURCES = { network: "downloaded", cache: "from the browser cache", caller: "from a file" };
+const BACKENDS = { webgpu: "WebGPU", cpu: "CPU backend (wasm, 1 thread)" };
 
-async function generate() {
-  $("generate").disabled = true;
-  $("stop").disabled = false;
-  $("output").textContent = "";
-  $("token-ids").textContent = "";
+function send() {
+  const text = $("prompt").value.trim();
+  if (!text || generating || $("send").disabled) return;
+  $("prompt").value = "";
+  addMessage("user", text);
+  reply();
+}
+
+function regenerate() {
+  if (generating) return;
+  const last = conversation.at(-1);
+  if (last?.role !== "assistant") return;
+  last.element.remove();
+  conversation.pop();
+  reply();
+}
+
+async function newChat() {
+  if (generating) await stop();
+  for (const m of conversation) m.element.remove();
+  conversation = [];
+  $("empty").hidden = false;
+  $("regenerate").disabled = true;
+  $("prompt").focus();
+}
+
+function stop() {
+  if (generating) generating.stopped = true;
+  return engine.abort().catch((e) => setStatus(`Stop failed: ${e.message}`));
+}
+
+/** Streams the assistant's reply to the conversation so far. */
+async function reply() {
+  const load = loads;
+  const run = { stopped: false };
+  generating = run;
+  setGenerating(true);
   setStatus("Generating…");
-  const started = performance.now();
-  let firstToken = 0;
-  let tokens = 0;
+  const asChat = $("chat-template").checked;
+  const history = conversation.filter((m) => !m.failed).map(({ role, content }) => ({ role, content }));
+  const system = $("system-prompt").value.trim();
+  const messages = system ? [{ role: "system", content: system }, ...history] : history;
   const options = {
     maxTokens: Number($("max-tokens").value),
     temperature: Number($("temperature").value),
     topP: Number($("top-p").value),
-    seed: Number($("seed").value),
+    seed: Math.floor(Math.random() * 2 ** 32),
   };
-  const chat = $("chat").checked;
-  const messages = [...conversation, { role: "user", content: $("prompt").value }];
+  const message = addMessage("assistant", "");
+  message.element.classList.add("pending");
+  const bubble = message.element.querySelector(".bubble");
+  const meta = message.element.querySelector(".meta");
+  const started = performance.now();
+  let firstToken = 0;
+  let steps = 0;
   try {
-    const pieces = chat ? engine.chat(messages, options) : engine.generate($("prompt").value, options);
+    const pieces = asChat ? engine.chat(messages, options) : engine.generate(history.at(-1).content, options);
     for await (const piece of pieces) {
-      tokens += 1;
-      if (tokens === 1) firstToken = performance.now() - started;
-      $("output").textContent += piece;
-      const decode = (performance.now() - started - firstToken) / 1000;
-      $("stats").textContent = `first token after ${seconds(firstToken)}; ${tokens} tokens` +
-        (tokens > 1 ? `, ${((tokens - 1) / decode).toFixed(1)} tokens/s` : "");
+      steps += 1;
+      if (steps === 1) firstToken = performance.now() - started;
+      message.content += piece;
+      bubble.textContent = message.content;
+      meta.textContent = `${steps} tokens · ${rate(steps, performance.now() - started - firstToken)}`;
+      scrollDown();
     }
-    $("token-ids").textContent = Array.from(engine.generatedTokens()).join(" ");
-    if (chat) showConversation([...messages, { role: "assistant", content: $("output").textContent }]);
-    setStatus("Done.");
+    const tokens = engine.generatedTokens();
+    const finish = engine.finishReason();
+    message.element.dataset.tokens = Array.from(tokens).join(" ");
+    message.element.dataset.finish = finish;
+    meta.textContent = `${FINISH[finish]} · ${tokens.length} tokens · first token ${seconds(firstToken)} · ` +
+      rate(tokens.length, performance.now() - started - firstToken);
+    if (load === loads) setStatus(finish === "abort" || run.stopped ? "Stopped." : `Done (${FINISH[finish]}).`);
   } catch (e) {
-    setStatus(`Generation failed: ${e.message ?? e}`);
+    message.failed = true;
+    message.element.classList.add("error");
+    bubble.textContent = message.content || e.message;
+    meta.textContent = `failed: ${e.message}`;
+    if (load === loads) setStatus(`Generation failed: ${e.message}`);
   } finally {
-    $("generate").disabled = false;
-    $("stop").disabled = true;
+    message.element.classList.remove("pending");
+    generating = null;
+    setGenerating(false);
   }
 }
 
-function showConversation(messages) {
-  conversation = messages;
-  $("conversation").textContent = messages.map((m) => `${m.role}: ${m.content}`).join("\n");
+/** Adds a bubble; returns its conversation entry. */
+function addMessage(role, content) {
+  $("empty").hidden = true;
+  const element = document.createElement("div");
+  element.className = `message ${role}`;
+  const bubble = document.createElement("div");
+  bubble.className = "bubble";
+  bubble.textContent = content;
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  element.append(bubble, meta);
+  $("messages").append(element);
+  const entry = { role, content, element };
+  conversation.push(entry);
+  scrollDown();
+  return entry;
+}
+
+/** The models in the browser's cache, each with its size and a Delete button. */
+async function showCache() {
+  const list = $("cache-list");
+  const models = await Tandem.cachedModels();
+  list.replaceChildren(...models.map(({ url, bytes }) => {
+    const item = document.createElement("li");
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = decodeURIComponent(new URL(url).pathname.split("/").pop());
+    name.title = url;
+    const size = document.createElement("span");
+    size.className = "muted";
+    size.textContent = bytes === null ? "?" : megabytes(bytes);
+    const remove = document.createElement("button");
+    remove.textContent = "Delete";
+    remove.onclick = async () => {
+      await Tandem.deleteCached(url);
+      showCache();
+    };
+    item.append(name, size, remove);
+    return item;
+  }));
+  if (!models.length) list.innerHTML = '<li class="muted">Nothing stored yet.</li>';
+  const total = models.reduce((sum, m) => sum + (m.bytes ?? 0), 0);
+  const estimate = await navigator.storage?.estimate?.();
+  $("cache-usage").textContent = `${models.length} models, ${megabytes(total)}` +
+    (estimate ? `; this site uses ${megabytes(estimate.usage)} of ${megabytes(estimate.quota)} allowed` : "");
+}
+
+function setReady(ready) {
+  $("send").disabled = !ready;
+  $("regenerate").disabled = !ready || conversation.at(-1)?.role !== "assistant";
+}
+
+function setGenerating(on) {
+  $("stop").hidden = !on;
+  $("send").hidden = on;
+  $("regenerate").disabled = on || $("send").disabled || conversation.at(-1)?.role !== "assistant";
 }
 
 function setStatus(text) {
   $("status").textContent = text;
 }
 
-function setProgress(done, total) {
-  $("progress").max = total || 1;
-  $("progress").value = done;
+function setProgress(fraction) {
+  progress = Math.max(progress, Math.min(fraction, 1));
+  if (fraction === 0) progress = 0;
+  $("progress-bar").style.width = `${(progress * 100).toFixed(1)}%`;
+}
+
+function scrollDown() {
+  const messages = $("messages");
+  messages.scrollTop = messages.scrollHeight;
 }
 
 const megabytes = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
 const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
+const rate = (tokens, ms) => (tokens > 1 && ms > 0 ? `${((tokens - 1) / (ms / 1000)).toFixed(1)} tokens/s` : "");

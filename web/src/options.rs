@@ -1,0 +1,152 @@
+//! The JavaScript side of the API: options read field by field with an error
+//! naming the field, chat messages, and the `info()` object.
+
+use js_sys::{Array, Object, Reflect};
+use wasm_bindgen::prelude::*;
+
+use tandem_core::backend::KvDtype;
+use tandem_core::tokenizer::ChatMessage;
+
+use crate::source::Origin;
+
+/// The Cache API cache downloaded models go to unless `options.cache` names another.
+const DEFAULT_CACHE: &str = "tandem-models-v1";
+
+/// What `Tandem.info()` returns.
+pub struct Info {
+    pub model: String,
+    pub source: Origin,
+    pub model_bytes: usize,
+    pub backend: String,
+    /// Why this backend runs (`backendReason`).
+    pub backend_reason: String,
+    pub adapter: String,
+    pub features: Features,
+    /// Set when `auto` settled on the CPU backend: why WebGPU was not taken.
+    pub fallback_reason: Option<String>,
+    pub kv_dtype: KvDtype,
+    pub kv_bytes_per_token: usize,
+}
+
+#[derive(Default)]
+pub struct Features {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub uses_f16: bool,
+    pub uses_subgroups: bool,
+}
+
+impl Info {
+    pub fn to_js(&self) -> Result<Object, JsError> {
+        let features = Object::new();
+        set(&features, "shaderF16", self.features.shader_f16.into())?;
+        set(&features, "subgroups", self.features.subgroups.into())?;
+        set(&features, "usesF16", self.features.uses_f16.into())?;
+        set(
+            &features,
+            "usesSubgroups",
+            self.features.uses_subgroups.into(),
+        )?;
+        let info = Object::new();
+        set(&info, "model", self.model.as_str().into())?;
+        set(&info, "source", self.source.as_str().into())?;
+        set(&info, "modelBytes", (self.model_bytes as f64).into())?;
+        set(&info, "backend", self.backend.as_str().into())?;
+        set(&info, "backendReason", self.backend_reason.as_str().into())?;
+        set(&info, "adapter", self.adapter.as_str().into())?;
+        set(&info, "features", features.into())?;
+        let reason = self
+            .fallback_reason
+            .as_deref()
+            .map_or(JsValue::NULL, JsValue::from);
+        set(&info, "fallbackReason", reason)?;
+        set(&info, "kvDtype", self.kv_dtype.name().into())?;
+        set(
+            &info,
+            "kvBytesPerToken",
+            (self.kv_bytes_per_token as f64).into(),
+        )?;
+        Ok(info)
+    }
+}
+
+/// `[{ role, content }]` from JavaScript.
+pub fn chat_messages(messages: &JsValue) -> Result<Vec<ChatMessage>, JsError> {
+    let wrong = || {
+        JsError::new(
+            "messages must be a non-empty array of { role, content } objects \
+             whose role and content are strings",
+        )
+    };
+    if !Array::is_array(messages) {
+        return Err(wrong());
+    }
+    let messages = Array::from(messages);
+    if messages.length() == 0 {
+        return Err(wrong());
+    }
+    messages
+        .iter()
+        .map(|m| {
+            let field = |key: &str| {
+                Reflect::get(&m, &key.into())
+                    .ok()
+                    .and_then(|v| v.as_string())
+                    .ok_or_else(wrong)
+            };
+            Ok(ChatMessage::new(field("role")?, field("content")?))
+        })
+        .collect()
+}
+
+pub fn get(object: &Object, key: &str) -> Result<JsValue, JsError> {
+    Reflect::get(object, &key.into())
+        .map_err(|_| JsError::new(&format!("cannot read option {key}")))
+}
+
+fn set(object: &Object, key: &str, value: JsValue) -> Result<(), JsError> {
+    Reflect::set(object, &key.into(), &value)
+        .map(drop)
+        .map_err(|_| JsError::new(&format!("cannot set {key}")))
+}
+
+pub fn number_option(options: &Object, key: &str) -> Result<Option<f64>, JsError> {
+    let value = get(options, key)?;
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    match value.as_f64() {
+        Some(n) if n.is_finite() => Ok(Some(n)),
+        _ => Err(JsError::new(&format!(
+            "option {key} must be a finite number"
+        ))),
+    }
+}
+
+/// `options.cache`: the cache's name, or `None` for no caching.
+pub fn cache_option(options: &Object) -> Result<Option<String>, JsError> {
+    let value = get(options, "cache")?;
+    if value.is_undefined() || value.is_null() || value.as_bool() == Some(true) {
+        return Ok(Some(DEFAULT_CACHE.into()));
+    }
+    if value.as_bool() == Some(false) {
+        return Ok(None);
+    }
+    match value.as_string() {
+        Some(name) if !name.is_empty() => Ok(Some(name)),
+        _ => Err(JsError::new(
+            "option cache must be true, false or the name of a cache",
+        )),
+    }
+}
+
+pub fn string_option(options: &Object, key: &str) -> Result<Option<String>, JsError> {
+    let value = get(options, key)?;
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    value
+        .as_string()
+        .map(Some)
+        .ok_or_else(|| JsError::new(&format!("option {key} must be a string")))
+}
