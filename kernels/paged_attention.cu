@@ -8,7 +8,8 @@
 //   positions[r]  the row's position p: it sees keys at positions
 //                 max(0, p - window + 1) ..= p (window 0: no window)
 //   block_tables  [seqs, max_blocks] physical block ids; key position j lives
-//                 in slot block_tables[seq][j / block_size] * block_size + j % block_size
+//                 in slot block_tables[seq][j / block_size] * block_size + j % block_size;
+//                 EVICTED_BLOCK entries (KV eviction) are skipped
 //
 // Query head h reads KV head h / (heads / kv_heads) (grouped-query attention).
 // head_dim <= MAX_HEAD_DIM; lane l of a warp owns dims l, l + 32, ...
@@ -85,11 +86,17 @@ __device__ __forceinline__ u32 first_key(u32 pos, u32 window) {
     return (window != 0 && pos + 1 > window) ? pos + 1 - window : 0;
 }
 
-// The cache slot of key position j of a sequence, or -1 past its block table.
+// A block-table entry of an evicted block (tandem_core::kv::EVICTED_BLOCK).
+#define EVICTED_BLOCK 0xffffffffu
+
+// The cache slot of key position j of a sequence, or -1 past its block table
+// or in an evicted block.
 __device__ __forceinline__ long long key_slot(const u32* table_row, u32 j, const AttentionShape& s) {
     const u32 block = j / s.block_size;
     if (block >= s.max_blocks) return -1;
-    return (long long)table_row[block] * s.block_size + j % s.block_size;
+    const u32 physical = table_row[block];
+    if (physical == EVICTED_BLOCK) return -1;
+    return (long long)physical * s.block_size + j % s.block_size;
 }
 
 // One warp's running softmax over the keys it has seen: max m, sum l, and
@@ -374,4 +381,85 @@ extern "C" __global__ void paged_attention_prefill_f32(PREFILL_ARGS) { prefill<f
 #undef KV
 #define KV u16
 extern "C" __global__ void paged_attention_prefill_f16(PREFILL_ARGS) { prefill<u16>(PREFILL_PASS); }
+#undef KV
+
+// ---- attention scores (KV eviction by score) ----
+
+// Adds to scores[(r * kv_heads + g) * max_blocks + b] the softmax weights
+// that row r's heads reading KV head g give the keys of table entry b. One
+// warp per (KV head, row), grid (kv_heads, rows): the group's heads in turn,
+// so no two warps add to one entry. Per head a first pass over 32-key tiles
+// finds the softmax's max and sum, a second scores the keys again and the
+// lanes owning one block of the tile add its share. Keys only; no score
+// leaves the warp.
+template <typename SCORE_KEY>
+__device__ __forceinline__ void block_scores(const float* __restrict__ q, const u32* __restrict__ row_seq,
+                                             const u32* __restrict__ positions,
+                                             const u32* __restrict__ block_tables, const AttentionShape& s,
+                                             float* __restrict__ scores, SCORE_KEY score_key) {
+    __shared__ float qs[MAX_HEAD_DIM];
+    __shared__ float p_tile[WARP];
+    const u32 g = blockIdx.x, r = blockIdx.y, lane = threadIdx.x;
+    const u32 hd = s.head_dim, group = s.heads / s.kv_heads;
+    const u32* table_row = block_tables + (u64)row_seq[r] * s.max_blocks;
+    const u32 pos = positions[r];
+    const u32 lo = first_key(pos, s.window), hi = pos + 1;
+    float* out = scores + ((u64)r * s.kv_heads + g) * s.max_blocks;
+    for (u32 h = g * group; h < (g + 1) * group; ++h) {
+        __syncwarp();
+        for (u32 d = lane; d < hd; d += WARP) qs[d] = q[((u64)r * s.heads + h) * hd + d] * s.scale;
+        __syncwarp();
+        float m = NEG_INF, l = 0.0f;
+        for (u32 tile = lo; tile < hi; tile += WARP) {
+            const u32 j = tile + lane;
+            const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
+            const float score = slot >= 0 ? score_key(qs, slot, g) : NEG_INF;
+            const float tile_max = warp_max(score);
+            if (tile_max == NEG_INF) continue;
+            const float new_m = fmaxf(m, tile_max);
+            l = l * expf(m - new_m) + warp_sum(score == NEG_INF ? 0.0f : expf(score - new_m));
+            m = new_m;
+        }
+        for (u32 tile = lo; tile < hi; tile += WARP) {
+            const u32 j = tile + lane;
+            const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
+            const float score = slot >= 0 ? score_key(qs, slot, g) : NEG_INF;
+            p_tile[lane] = score == NEG_INF || l == 0.0f ? 0.0f : expf(score - m) / l;
+            __syncwarp();
+            const u32 keys = min(hi - tile, (u32)WARP);
+            const u32 block = tile / s.block_size + lane;
+            if (block <= (tile + keys - 1) / s.block_size && block < s.max_blocks) {
+                const u32 from = max(block * s.block_size, tile) - tile;
+                const u32 to = min((block + 1) * s.block_size, tile + keys) - tile;
+                float sum = 0.0f;
+                for (u32 k = from; k < to; ++k) sum += p_tile[k];
+                out[block] += sum;
+            }
+            __syncwarp();
+        }
+    }
+}
+
+template <typename KV>
+__device__ __forceinline__ void scores_float(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                                             const u32* __restrict__ row_seq, const u32* __restrict__ positions,
+                                             const u32* __restrict__ block_tables, AttentionShape s,
+                                             float* __restrict__ scores) {
+    const u64 kv_width = (u64)s.kv_heads * s.head_dim;
+    block_scores(q, row_seq, positions, block_tables, s, scores, [&](const float* qs, long long slot, u32 g) {
+        return dot_q_key(qs, k_cache + (u64)slot * kv_width + (u64)g * s.head_dim, s.head_dim);
+    });
+}
+
+#define SCORES_ARGS                                                                                  \
+    const float *__restrict__ q, const KV *__restrict__ k_cache, const u32 *__restrict__ row_seq,     \
+        const u32 *__restrict__ positions, const u32 *__restrict__ block_tables, AttentionShape s, \
+        float *__restrict__ scores
+#define SCORES_PASS q, k_cache, row_seq, positions, block_tables, s, scores
+
+#define KV float
+extern "C" __global__ void paged_attention_scores_f32(SCORES_ARGS) { scores_float<float>(SCORES_PASS); }
+#undef KV
+#define KV u16
+extern "C" __global__ void paged_attention_scores_f16(SCORES_ARGS) { scores_float<u16>(SCORES_PASS); }
 #undef KV

@@ -49,6 +49,33 @@ __device__ __forceinline__ float dequantize_key_block(const u32* __restrict__ k_
     return fmaf((float)q, scale, zero);
 }
 
+// A block-table entry of an evicted block (tandem_core::kv::EVICTED_BLOCK).
+#define EVICTED_BLOCK 0xffffffffu
+
+// The cache slot of key position j of a sequence, or -1 past its block table
+// or in an evicted block.
+__device__ __forceinline__ long long key_slot(const u32* table_row, u32 j, const QuantAttentionShape& s) {
+    const u32 block = j / s.block_size;
+    if (block >= s.max_blocks) return -1;
+    const u32 physical = table_row[block];
+    if (physical == EVICTED_BLOCK) return -1;
+    return (long long)physical * s.block_size + j % s.block_size;
+}
+
+// Scaled q (in `qs`) dot the key in `slot`, KV head elements from `kv_base`.
+__device__ __forceinline__ float key_score(const float* qs, const u32* __restrict__ k_cache,
+                                           const QuantAttentionShape& s, long long slot, u32 kv_base) {
+    float score = 0.0f;
+    if (s.key_channels != 0) {
+        for (u32 d = 0; d < s.head_dim; ++d)
+            score = fmaf(qs[d], dequantize_key_block(k_cache, s, (u64)slot, kv_base + d), score);
+    } else {
+        const u32* key = k_cache + (u64)slot * s.slot_words;
+        for (u32 d = 0; d < s.head_dim; ++d) score = fmaf(qs[d], dequantize(key, s, kv_base + d), score);
+    }
+    return score;
+}
+
 extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, const u32* __restrict__ k_cache,
                                                  const u32* __restrict__ v_cache, const u32* __restrict__ row_seq,
                                                  const u32* __restrict__ positions,
@@ -73,19 +100,8 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
     for (int c = 0; c < DIMS_PER_LANE; ++c) acc[c] = 0.0f;
     for (u32 tile = lo; tile < hi; tile += WARP) {
         const u32 j = tile + lane;
-        long long slot = -1;
-        if (j < hi && j / s.block_size < s.max_blocks)
-            slot = (long long)table_row[j / s.block_size] * s.block_size + j % s.block_size;
-        float score = NEG_INF;
-        if (slot >= 0 && s.key_channels != 0) {
-            score = 0.0f;
-            for (u32 d = 0; d < hd; ++d)
-                score = fmaf(qs[d], dequantize_key_block(k_cache, s, (u64)slot, kv_base + d), score);
-        } else if (slot >= 0) {
-            const u32* key = k_cache + (u64)slot * s.slot_words;
-            score = 0.0f;
-            for (u32 d = 0; d < hd; ++d) score = fmaf(qs[d], dequantize(key, s, kv_base + d), score);
-        }
+        const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
+        const float score = slot >= 0 ? key_score(qs, k_cache, s, slot, kv_base) : NEG_INF;
         const float tile_max = warp_max(score);
         if (tile_max == NEG_INF) continue;  // the whole tile is masked
         const float new_m = fmaxf(m, tile_max);
@@ -112,5 +128,61 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
     for (int c = 0; c < DIMS_PER_LANE; ++c) {
         const u32 d = lane + WARP * c;
         if (d < hd) out[head_row * hd + d] = l > 0.0f ? acc[c] / l : 0.0f;
+    }
+}
+
+// Attention scores (KV eviction by score): adds to
+// scores[(r * kv_heads + g) * max_blocks + b] the softmax weights that row r's
+// heads reading KV head g give the keys of table entry b, as
+// paged_attention_scores_* in paged_attention.cu. One warp per (KV head,
+// row), grid (kv_heads, rows), the group's heads in turn; per head a pass
+// for the softmax's max and sum, then one adding each block's share.
+extern "C" __global__ void paged_attention_quant_scores(const float* __restrict__ q,
+                                                        const u32* __restrict__ k_cache,
+                                                        const u32* __restrict__ row_seq,
+                                                        const u32* __restrict__ positions,
+                                                        const u32* __restrict__ block_tables,
+                                                        QuantAttentionShape s, float* __restrict__ scores) {
+    __shared__ float qs[MAX_HEAD_DIM];
+    __shared__ float p_tile[WARP];
+    const u32 g = blockIdx.x, r = blockIdx.y, lane = threadIdx.x;
+    const u32 hd = s.head_dim, group = s.heads / s.kv_heads, kv_base = g * hd;
+    const u32* table_row = block_tables + (u64)row_seq[r] * s.max_blocks;
+    const u32 pos = positions[r];
+    const u32 lo = (s.window != 0 && pos + 1 > s.window) ? pos + 1 - s.window : 0;
+    const u32 hi = pos + 1;
+    float* out = scores + ((u64)r * s.kv_heads + g) * s.max_blocks;
+    for (u32 h = g * group; h < (g + 1) * group; ++h) {
+        __syncwarp();
+        for (u32 d = lane; d < hd; d += WARP) qs[d] = q[((u64)r * s.heads + h) * hd + d] * s.scale;
+        __syncwarp();
+        float m = NEG_INF, l = 0.0f;
+        for (u32 tile = lo; tile < hi; tile += WARP) {
+            const u32 j = tile + lane;
+            const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
+            const float score = slot >= 0 ? key_score(qs, k_cache, s, slot, kv_base) : NEG_INF;
+            const float tile_max = warp_max(score);
+            if (tile_max == NEG_INF) continue;
+            const float new_m = fmaxf(m, tile_max);
+            l = l * expf(m - new_m) + warp_sum(score == NEG_INF ? 0.0f : expf(score - new_m));
+            m = new_m;
+        }
+        for (u32 tile = lo; tile < hi; tile += WARP) {
+            const u32 j = tile + lane;
+            const long long slot = j < hi ? key_slot(table_row, j, s) : -1;
+            const float score = slot >= 0 ? key_score(qs, k_cache, s, slot, kv_base) : NEG_INF;
+            p_tile[lane] = score == NEG_INF || l == 0.0f ? 0.0f : expf(score - m) / l;
+            __syncwarp();
+            const u32 keys = min(hi - tile, (u32)WARP);
+            const u32 block = tile / s.block_size + lane;
+            if (block <= (tile + keys - 1) / s.block_size && block < s.max_blocks) {
+                const u32 from = max(block * s.block_size, tile) - tile;
+                const u32 to = min((block + 1) * s.block_size, tile + keys) - tile;
+                float sum = 0.0f;
+                for (u32 k = from; k < to; ++k) sum += p_tile[k];
+                out[block] += sum;
+            }
+            __syncwarp();
+        }
     }
 }

@@ -14,7 +14,8 @@
 //! `norm`, `matmul` (with activation quantization and the micro-kernels per
 //! instruction set), `rope`, `kv` (the KV cache, its writes and block
 //! copies), `attention`, `activation` (SwiGLU, GeGLU, scale), `moe` (expert
-//! routing and the weighted combine). `check` holds the size and
+//! routing and the weighted combine), `scores` (attention mass per KV
+//! block, for KV eviction). `check` holds the size and
 //! index checks every kernel runs first, so bad input is an
 //! `Error::Backend`, never a panic.
 
@@ -31,6 +32,7 @@ mod norm;
 pub mod reference;
 mod rope;
 mod rows;
+mod scores;
 mod workers;
 
 pub use buffers::{Indices, Tensor, Weight};
@@ -255,6 +257,23 @@ impl Backend for CpuBackend {
             p,
             out.as_mut_slice(),
         )
+    }
+
+    fn paged_attention_scores(
+        &self,
+        q: &Tensor,
+        cache: &KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut Tensor,
+    ) -> Result<()> {
+        let inputs = AttentionInputs {
+            q: q.as_slice(),
+            row_seq: idx.row_seq.as_slice(),
+            positions: idx.positions.as_slice(),
+            block_tables: idx.block_tables.as_slice(),
+        };
+        scores::paged_attention_scores(&self.workers, cache, &inputs, p, scores.as_mut_slice())
     }
 
     fn swiglu(&self, gate: &Tensor, up: &Tensor, len: usize, out: &mut Tensor) -> Result<()> {

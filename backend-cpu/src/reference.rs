@@ -17,6 +17,7 @@ use tandem_core::backend::{
     AttentionParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kv::quant::KeyBlockLayout;
+use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::quant::{dequantize_row, quantize_activation_row_i8, WeightFormat, WeightView};
 
 /// `out[t] = table[tokens[t]]`, decoding only the rows looked up.
@@ -213,11 +214,15 @@ pub fn paged_attention(
         let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
         let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let slot = |j: usize| table[j / p.block_size] as usize * p.block_size + j % p.block_size;
+        let visible: Vec<usize> = (first..=pos)
+            .filter(|&j| table[j / p.block_size] != EVICTED_BLOCK)
+            .collect();
         for h in 0..p.heads {
             let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
             let kv_offset = (h / group) * p.head_dim;
-            let scores: Vec<f64> = (first..=pos)
-                .map(|j| {
+            let scores: Vec<f64> = visible
+                .iter()
+                .map(|&j| {
                     let key = &k_cache[slot(j) * kv_width + kv_offset..][..p.head_dim];
                     let dot: f64 = q_head
                         .iter()
@@ -233,10 +238,62 @@ pub fn paged_attention(
             let out_head = &mut out[(t * p.heads + h) * p.head_dim..][..p.head_dim];
             for (d, o) in out_head.iter_mut().enumerate() {
                 let mut sum = 0f64;
-                for (j, w) in (first..=pos).zip(&weights) {
+                for (&j, w) in visible.iter().zip(&weights) {
                     sum += w * v_cache[slot(j) * kv_width + kv_offset + d] as f64;
                 }
-                *o = (sum / total) as f32;
+                *o = if total > 0.0 {
+                    (sum / total) as f32
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+/// The attention mass per KV block of [`paged_attention`]'s softmax: adds
+/// to `scores[(t * kv_heads + g) * max_blocks_per_seq + b]` the weights row
+/// `t`'s heads of group `g` give the keys of table entry `b`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_scores(
+    q: &[f32],
+    k_cache: &[f32],
+    row_seq: &[u32],
+    positions: &[u32],
+    block_tables: &[u32],
+    p: AttentionParams,
+    scores: &mut [f32],
+) {
+    let group = p.heads / p.kv_heads;
+    let kv_width = p.kv_heads * p.head_dim;
+    for t in 0..p.rows {
+        let pos = positions[t] as usize;
+        let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
+        let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let slot = |j: usize| table[j / p.block_size] as usize * p.block_size + j % p.block_size;
+        let visible: Vec<usize> = (first..=pos)
+            .filter(|&j| table[j / p.block_size] != EVICTED_BLOCK)
+            .collect();
+        for h in 0..p.heads {
+            let g = h / group;
+            let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
+            let logits: Vec<f64> = visible
+                .iter()
+                .map(|&j| {
+                    let key = &k_cache[slot(j) * kv_width + g * p.head_dim..][..p.head_dim];
+                    let dot: f64 = q_head
+                        .iter()
+                        .zip(key)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    dot * p.scale as f64
+                })
+                .collect();
+            let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = logits.iter().map(|s| (s - max).exp()).sum();
+            let row = &mut scores[(t * p.kv_heads + g) * p.max_blocks_per_seq..];
+            for (&j, s) in visible.iter().zip(&logits) {
+                row[j / p.block_size] += ((s - max).exp() / total) as f32;
             }
         }
     }

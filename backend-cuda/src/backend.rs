@@ -147,6 +147,75 @@ struct AttentionShape {
 // SAFETY: plain `#[repr(C)]` data with the kernel's field order and types.
 unsafe impl DeviceRepr for AttentionShape {}
 
+/// The kernel shape of an attention call (`paged_attention` and its score
+/// variant), once every size is checked; `None` when there is nothing to do.
+/// `out` is the output's length and the length it needs.
+fn attention_shape(
+    layout: &KvCacheLayout,
+    idx: &AttentionIndices<'_, CudaBackend>,
+    p: AttentionParams,
+    q_len: usize,
+    out: (usize, usize),
+) -> Result<Option<AttentionShape>> {
+    if p.head_dim == 0 || p.head_dim > MAX_HEAD_DIM {
+        return Err(backend_error(format!(
+            "paged_attention: head_dim {} outside 1..={MAX_HEAD_DIM}",
+            p.head_dim
+        )));
+    }
+    if p.kv_heads == 0 || !p.heads.is_multiple_of(p.kv_heads) {
+        return Err(backend_error(format!(
+            "paged_attention: {} heads do not share {} KV heads evenly",
+            p.heads, p.kv_heads
+        )));
+    }
+    if p.sliding_window == Some(0) {
+        return Err(backend_error(
+            "paged_attention: sliding_window must be positive",
+        ));
+    }
+    if layout.kv_heads != p.kv_heads
+        || layout.head_dim != p.head_dim
+        || layout.block_size != p.block_size
+    {
+        return Err(backend_error(format!(
+            "paged_attention: parameters {p:?} do not match the cache layout {layout:?}"
+        )));
+    }
+    check_len("paged_attention: q", q_len, p.rows * p.heads * p.head_dim)?;
+    check_len("paged_attention: out", out.0, out.1)?;
+    check_len("paged_attention: row_seq", idx.row_seq.len(), p.rows)?;
+    check_len("paged_attention: positions", idx.positions.len(), p.rows)?;
+    if p.rows == 0 || p.heads == 0 {
+        return Ok(None);
+    }
+    Ok(Some(AttentionShape {
+        rows: to_u32(p.rows, "rows")?,
+        heads: to_u32(p.heads, "heads")?,
+        kv_heads: to_u32(p.kv_heads, "kv_heads")?,
+        head_dim: to_u32(p.head_dim, "head_dim")?,
+        block_size: to_u32(p.block_size, "block_size")?,
+        max_blocks: to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+        window: to_u32(p.sliding_window.unwrap_or(0), "sliding_window")?,
+        scale: p.scale,
+    }))
+}
+
+/// The quantized attention kernels' shape: `shape` and the cache's layout.
+fn quant_shape(
+    layout: &KvCacheLayout,
+    quant: tandem_core::kv::quant::KvQuantLayout,
+    shape: AttentionShape,
+) -> Result<QuantAttentionShape> {
+    Ok(QuantAttentionShape {
+        shape,
+        groups_per_head: to_u32(quant.groups_per_head, "groups per head")?,
+        bits: to_u32(quant.bits, "bits")?,
+        slot_words: to_u32(quant.slot_words(), "slot words")?,
+        key_channels: to_u32(layout.key_blocks().map_or(0, |b| b.channels()), "KV width")?,
+    })
+}
+
 /// Mirror of `QuantAttentionShape` in `kernels/paged_attention_quant.cu`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -923,59 +992,14 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         let layout = cache.layout;
-        if p.head_dim == 0 || p.head_dim > MAX_HEAD_DIM {
-            return Err(backend_error(format!(
-                "paged_attention: head_dim {} outside 1..={MAX_HEAD_DIM}",
-                p.head_dim
-            )));
-        }
-        if p.kv_heads == 0 || !p.heads.is_multiple_of(p.kv_heads) {
-            return Err(backend_error(format!(
-                "paged_attention: {} heads do not share {} KV heads evenly",
-                p.heads, p.kv_heads
-            )));
-        }
-        if p.sliding_window == Some(0) {
-            return Err(backend_error(
-                "paged_attention: sliding_window must be positive",
-            ));
-        }
-        if layout.kv_heads != p.kv_heads
-            || layout.head_dim != p.head_dim
-            || layout.block_size != p.block_size
-        {
-            return Err(backend_error(format!(
-                "paged_attention: parameters {p:?} do not match the cache layout {layout:?}"
-            )));
-        }
-        let width = p.heads * p.head_dim;
-        check_len("paged_attention: q", q.len(), p.rows * width)?;
-        check_len("paged_attention: out", out.len(), p.rows * width)?;
-        check_len("paged_attention: row_seq", idx.row_seq.len(), p.rows)?;
-        check_len("paged_attention: positions", idx.positions.len(), p.rows)?;
-        if p.rows == 0 || p.heads == 0 {
+        let out_len = (out.len(), p.rows * p.heads * p.head_dim);
+        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), out_len)? else {
             return Ok(());
-        }
-        let shape = AttentionShape {
-            rows: to_u32(p.rows, "rows")?,
-            heads: to_u32(p.heads, "heads")?,
-            kv_heads: to_u32(p.kv_heads, "kv_heads")?,
-            head_dim: to_u32(p.head_dim, "head_dim")?,
-            block_size: to_u32(p.block_size, "block_size")?,
-            max_blocks: to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
-            window: to_u32(p.sliding_window.unwrap_or(0), "sliding_window")?,
-            scale: p.scale,
         };
         if let Some(quant) = layout.quant() {
             let entry = "paged_attention_quant";
             let f = self.function(entry, entry)?;
-            let shape = QuantAttentionShape {
-                shape,
-                groups_per_head: to_u32(quant.groups_per_head, "groups per head")?,
-                bits: to_u32(quant.bits, "bits")?,
-                slot_words: to_u32(quant.slot_words(), "slot words")?,
-                key_channels: to_u32(layout.key_blocks().map_or(0, |b| b.channels()), "KV width")?,
-            };
+            let shape = quant_shape(&layout, quant, shape)?;
             let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
             let mut args = self.stream.launch_builder(&f);
             args.arg(&q.buf)
@@ -1014,6 +1038,47 @@ impl Backend for CudaBackend {
                 self.attention_decode(q, cache, &idx, p, shape, suffix, keys_per_split.max(1), out)
             }
         }
+    }
+
+    fn paged_attention_scores(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut CudaTensor,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        let scores_len = (scores.len(), p.rows * p.kv_heads * p.max_blocks_per_seq);
+        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), scores_len)? else {
+            return Ok(());
+        };
+        // One warp per (KV head, row).
+        let grid = (to_u32(p.kv_heads, "kv_heads")?, grid_yz(p.rows, "rows")?, 1);
+        let (file, entry) = match layout.dtype {
+            KvDtype::Int8 | KvDtype::Int4 => {
+                ("paged_attention_quant", "paged_attention_quant_scores")
+            }
+            KvDtype::F16 => ("paged_attention", "paged_attention_scores_f16"),
+            KvDtype::F32 => ("paged_attention", "paged_attention_scores_f32"),
+        };
+        let f = self.function(file, entry)?;
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&q.buf)
+            .arg(&cache.k)
+            .arg(&idx.row_seq.buf)
+            .arg(&idx.positions.buf)
+            .arg(&idx.block_tables.buf);
+        let quant = match layout.quant() {
+            Some(quant) => Some(quant_shape(&layout, quant, shape)?),
+            None => None,
+        };
+        match &quant {
+            Some(quant) => args.arg(quant),
+            None => args.arg(&shape),
+        };
+        args.arg(&mut scores.buf);
+        self.launch(entry, &mut args, config(grid, WARP_THREADS, 0))
     }
 
     fn swiglu(

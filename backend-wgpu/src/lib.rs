@@ -258,6 +258,119 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 }
 
 impl WgpuBackend {
+    /// `paged_attention`, or with `scored` its attention-score variant
+    /// (`out` then holds the scores: `Backend::paged_attention_scores`).
+    fn attention_kernel(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        out: &mut WgpuTensor,
+        scored: bool,
+    ) -> Result<()> {
+        let layout = &cache.layout;
+        if p.kv_heads == 0
+            || !p.heads.is_multiple_of(p.kv_heads)
+            || p.kv_heads != layout.kv_heads
+            || p.head_dim != layout.head_dim
+            || p.block_size != layout.block_size
+        {
+            return Err(backend_error(format!(
+                "paged_attention: {} heads over {} KV heads of {} dims in blocks of {} do not \
+                 fit a cache of {} KV heads of {} dims in blocks of {}",
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.block_size,
+                layout.kv_heads,
+                layout.head_dim,
+                layout.block_size
+            )));
+        }
+        if p.head_dim > MAX_HEAD_DIM {
+            return Err(backend_error(format!(
+                "paged_attention: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
+                p.head_dim
+            )));
+        }
+        let window = match p.sliding_window {
+            None => 0,
+            Some(0) => {
+                return Err(backend_error(
+                    "paged_attention: a sliding window of 0 sees nothing",
+                ))
+            }
+            Some(w) => u32_of(w, "sliding window")?,
+        };
+        let n = p.rows * p.heads * p.head_dim;
+        check_len("paged_attention q", q.len, n)?;
+        let out_len = match scored {
+            true => p.rows * p.kv_heads * p.max_blocks_per_seq,
+            false => n,
+        };
+        check_len("paged_attention out", out.len, out_len)?;
+        check_len("paged_attention row_seq", idx.row_seq.len, p.rows)?;
+        check_len("paged_attention positions", idx.positions.len, p.rows)?;
+        // The score variant runs one workgroup per (row, KV head).
+        let workgroups = p.rows * if scored { p.kv_heads } else { p.heads };
+        let mut params = vec![
+            u32_of(p.rows, "rows")?,
+            u32_of(p.heads, "heads")?,
+            u32_of(p.kv_heads, "kv_heads")?,
+            u32_of(p.head_dim, "head_dim")?,
+            u32_of(p.block_size, "block_size")?,
+            u32_of(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            u32_of(layout.num_blocks, "num_blocks")?,
+            window,
+            u32_of(cache.slot_units, "slot width")?,
+            p.scale.to_bits(),
+        ];
+        let buffers = [
+            &q.buf,
+            &cache.k,
+            &cache.v,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            &out.buf,
+        ];
+        if let Some(quant) = layout.quant() {
+            params.push(u32_of(quant.groups_per_head, "groups per head")?);
+            params.push(u32_of(quant.bits, "bits")?);
+            let key_channels = layout.key_blocks().map_or(0, |b| b.channels());
+            params.push(u32_of(key_channels, "KV width")?);
+            return self.dispatch(
+                simple(if scored {
+                    "paged_attention_quant_scores"
+                } else {
+                    "paged_attention_quant"
+                }),
+                "main",
+                &[READ, READ, READ, READ, READ, READ, WRITE],
+                &buffers,
+                &params,
+                workgroups,
+            );
+        }
+        self.dispatch(
+            ShaderVariant {
+                kernel: if scored {
+                    "paged_attention_scores"
+                } else {
+                    "paged_attention"
+                },
+                format: None,
+                kv_f16: layout.dtype == KvDtype::F16,
+            },
+            "main",
+            &[READ, READ, READ, READ, READ, READ, WRITE],
+            &buffers,
+            &params,
+            workgroups,
+        )
+    }
+
     /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
     fn gated_product(
         &self,
@@ -701,92 +814,18 @@ impl Backend for WgpuBackend {
         p: AttentionParams,
         out: &mut WgpuTensor,
     ) -> Result<()> {
-        let layout = &cache.layout;
-        if p.kv_heads == 0
-            || !p.heads.is_multiple_of(p.kv_heads)
-            || p.kv_heads != layout.kv_heads
-            || p.head_dim != layout.head_dim
-            || p.block_size != layout.block_size
-        {
-            return Err(backend_error(format!(
-                "paged_attention: {} heads over {} KV heads of {} dims in blocks of {} do not \
-                 fit a cache of {} KV heads of {} dims in blocks of {}",
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-                p.block_size,
-                layout.kv_heads,
-                layout.head_dim,
-                layout.block_size
-            )));
-        }
-        if p.head_dim > MAX_HEAD_DIM {
-            return Err(backend_error(format!(
-                "paged_attention: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
-                p.head_dim
-            )));
-        }
-        let window = match p.sliding_window {
-            None => 0,
-            Some(0) => {
-                return Err(backend_error(
-                    "paged_attention: a sliding window of 0 sees nothing",
-                ))
-            }
-            Some(w) => u32_of(w, "sliding window")?,
-        };
-        let n = p.rows * p.heads * p.head_dim;
-        check_len("paged_attention q", q.len, n)?;
-        check_len("paged_attention out", out.len, n)?;
-        check_len("paged_attention row_seq", idx.row_seq.len, p.rows)?;
-        check_len("paged_attention positions", idx.positions.len, p.rows)?;
-        let mut params = vec![
-            u32_of(p.rows, "rows")?,
-            u32_of(p.heads, "heads")?,
-            u32_of(p.kv_heads, "kv_heads")?,
-            u32_of(p.head_dim, "head_dim")?,
-            u32_of(p.block_size, "block_size")?,
-            u32_of(p.max_blocks_per_seq, "max_blocks_per_seq")?,
-            u32_of(layout.num_blocks, "num_blocks")?,
-            window,
-            u32_of(cache.slot_units, "slot width")?,
-            p.scale.to_bits(),
-        ];
-        let buffers = [
-            &q.buf,
-            &cache.k,
-            &cache.v,
-            &idx.row_seq.buf,
-            &idx.positions.buf,
-            &idx.block_tables.buf,
-            &out.buf,
-        ];
-        if let Some(quant) = layout.quant() {
-            params.push(u32_of(quant.groups_per_head, "groups per head")?);
-            params.push(u32_of(quant.bits, "bits")?);
-            let key_channels = layout.key_blocks().map_or(0, |b| b.channels());
-            params.push(u32_of(key_channels, "KV width")?);
-            return self.dispatch(
-                simple("paged_attention_quant"),
-                "main",
-                &[READ, READ, READ, READ, READ, READ, WRITE],
-                &buffers,
-                &params,
-                p.rows * p.heads,
-            );
-        }
-        self.dispatch(
-            ShaderVariant {
-                kernel: "paged_attention",
-                format: None,
-                kv_f16: layout.dtype == KvDtype::F16,
-            },
-            "main",
-            &[READ, READ, READ, READ, READ, READ, WRITE],
-            &buffers,
-            &params,
-            p.rows * p.heads,
-        )
+        self.attention_kernel(q, cache, idx, p, out, false)
+    }
+
+    fn paged_attention_scores(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut WgpuTensor,
+    ) -> Result<()> {
+        self.attention_kernel(q, cache, idx, p, scores, true)
     }
 
     fn swiglu(

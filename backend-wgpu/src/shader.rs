@@ -39,6 +39,10 @@ const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const MATMUL_ENTRY_POINTS: &str = include_str!("wgsl/matmul.wgsl");
 /// The attention algorithm; `paged_attention*.wgsl` supply the cache readers.
 const ATTENTION_ENTRY_POINTS: &str = include_str!("wgsl/attention.wgsl");
+/// The attention-score variant (KV eviction): kernel names ending in this
+/// suffix are the attention entry's cache readers with `wgsl/attention_scores.wgsl`.
+const SCORES_SUFFIX: &str = "_scores";
+const SCORES_ENTRY_POINTS: &str = include_str!("wgsl/attention_scores.wgsl");
 
 /// The source of each manifest entry, `shaders/NAME.wgsl`.
 const SOURCES: &[(&str, &str)] = &[
@@ -162,6 +166,9 @@ pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String
     } else if variant.kernel.starts_with("matmul_") {
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
         parts.push(MATMUL_ENTRY_POINTS);
+    } else if let Some(entry) = variant.kernel.strip_suffix(SCORES_SUFFIX) {
+        parts.push(kernel_source(entry).ok_or_else(missing)?);
+        parts.push(SCORES_ENTRY_POINTS);
     } else if variant.kernel.starts_with("paged_attention") {
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
         parts.push(ATTENTION_ENTRY_POINTS);
@@ -329,6 +336,18 @@ mod tests {
                 }),
             }
         }
+        for kv_f16 in [false, true] {
+            variants.push(ShaderVariant {
+                kernel: "paged_attention_scores",
+                format: None,
+                kv_f16,
+            });
+        }
+        variants.push(ShaderVariant {
+            kernel: "paged_attention_quant_scores",
+            format: None,
+            kv_f16: false,
+        });
         variants
     }
 

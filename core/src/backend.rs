@@ -262,7 +262,8 @@ pub struct AttentionIndices<'a, B: Backend + ?Sized> {
     pub row_seq: &'a B::Indices,
     /// Per query row: its absolute position; it attends to positions `0..=pos`.
     pub positions: &'a B::Indices,
-    /// `[num_seqs, max_blocks_per_seq]` physical block ids (unused tail entries are 0).
+    /// `[num_seqs, max_blocks_per_seq]` physical block ids (unused tail
+    /// entries are 0; evicted ones [`crate::kv::EVICTED_BLOCK`], skipped).
     pub block_tables: &'a B::Indices,
 }
 
@@ -398,6 +399,30 @@ pub trait Backend: 'static {
         p: AttentionParams,
         out: &mut Self::Tensor,
     ) -> Result<()>;
+
+    /// The attention mass each KV block gets (KV eviction by score): with
+    /// the inputs of [`Backend::paged_attention`], adds to
+    /// `scores[(t * kv_heads + g) * max_blocks_per_seq + b]` the softmax
+    /// weights that query row `t`'s heads reading KV head `g` give the keys
+    /// of table entry `b`, summed over those heads (each head adds 1 over its
+    /// visible blocks). Evicted entries ([`crate::kv::EVICTED_BLOCK`]) get
+    /// nothing. A variant of the attention kernel that reads the keys only
+    /// and never materialises the attention matrix; the plain kernel pays
+    /// nothing for it.
+    fn paged_attention_scores(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut Self::Tensor,
+    ) -> Result<()> {
+        let _ = (q, cache, idx, p, scores);
+        Err(Error::Unsupported(format!(
+            "backend {} has no attention-score kernel (KV eviction by h2o or snapkv)",
+            self.info().name
+        )))
+    }
 
     /// `out = silu(gate) * up`, elementwise over `len` elements.
     fn swiglu(

@@ -179,7 +179,7 @@ pub const MANIFEST: &[KernelSpec] = &[
         name: "paged_attention",
         method: "paged_attention",
         inputs: "q [rows, heads*head_dim]; K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
-        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax)",
+        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax; EVICTED_BLOCK table entries skipped); variant paged_attention_scores: scores [rows, kv_heads, max_blocks] f32 += softmax mass per table entry, summed over each KV head's query heads",
         tolerance: 2e-3,
     },
     KernelSpec {
@@ -200,7 +200,7 @@ pub const MANIFEST: &[KernelSpec] = &[
         name: "paged_attention_quant",
         method: "paged_attention",
         inputs: "q [rows, heads*head_dim]; INT8/INT4 K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
-        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax, K/V dequantized on read)",
+        outputs: "out [rows, heads*head_dim] f32 (causal, online softmax, K/V dequantized on read; EVICTED_BLOCK table entries skipped); variant paged_attention_scores as for paged_attention",
         tolerance: 2e-3,
     },
     KernelSpec {

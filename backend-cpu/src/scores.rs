@@ -1,0 +1,239 @@
+//! `paged_attention_scores`: the attention mass each KV block gets, for KV
+//! eviction by score (H2O, SnapKV). The softmax of `paged_attention` again,
+//! over the keys only: one task per (query row, KV head) computes the
+//! logits of the group's heads over the row's visible keys, then adds each
+//! head's normalised weights into the key's table entry. Only the task's
+//! logits row is held, never an attention matrix.
+
+use tandem_core::backend::AttentionParams;
+use tandem_core::kv::EVICTED_BLOCK;
+use tandem_core::Result;
+
+use crate::attention::AttentionInputs;
+use crate::check;
+use crate::kv::{KvCache, KvStorage};
+use crate::workers::Workers;
+
+/// Adds the attention mass of every (row, KV head) to its `scores` row of
+/// `max_blocks_per_seq` entries (layout: `Backend::paged_attention_scores`).
+pub(crate) fn paged_attention_scores(
+    workers: &Workers,
+    cache: &KvCache,
+    inputs: &AttentionInputs<'_>,
+    p: AttentionParams,
+    scores: &mut [f32],
+) -> Result<()> {
+    check_inputs(cache, inputs, p, scores.len())?;
+    let width = p.max_blocks_per_seq;
+    let tasks = p.rows * p.kv_heads;
+    workers.for_each_chunk(&mut scores[..tasks * width], width, |task, row| {
+        let (t, g) = (task / p.kv_heads, task % p.kv_heads);
+        score_task(cache, inputs, p, t, g, row);
+    });
+    Ok(())
+}
+
+fn score_task(
+    cache: &KvCache,
+    inputs: &AttentionInputs<'_>,
+    p: AttentionParams,
+    t: usize,
+    g: usize,
+    out: &mut [f32],
+) {
+    let (bs, hd) = (p.block_size, p.head_dim);
+    let group = p.heads / p.kv_heads;
+    let pos = inputs.positions[t] as usize;
+    let table = &inputs.block_tables[inputs.row_seq[t] as usize * p.max_blocks_per_seq..]
+        [..p.max_blocks_per_seq];
+    let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let visible: Vec<usize> = (first..=pos)
+        .filter(|&j| table[j / bs] != EVICTED_BLOCK)
+        .collect();
+    let mut logits = vec![0f32; group * visible.len()];
+    let mut key = vec![0f32; hd];
+    for (i, &j) in visible.iter().enumerate() {
+        let slot = table[j / bs] as usize * bs + j % bs;
+        read_key(cache, slot, g, &mut key);
+        for h in 0..group {
+            let q = &inputs.q[(t * p.heads + g * group + h) * hd..][..hd];
+            let dot: f32 = q.iter().zip(&key).map(|(a, b)| a * b).sum();
+            logits[h * visible.len() + i] = dot * p.scale;
+        }
+    }
+    for head in logits.chunks(visible.len().max(1)) {
+        let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = head.iter().map(|s| (s - max).exp()).sum();
+        for (&j, s) in visible.iter().zip(head) {
+            out[j / bs] += (s - max).exp() / total;
+        }
+    }
+}
+
+/// Head `g` of the key in `slot`, as f32.
+fn read_key(cache: &KvCache, slot: usize, g: usize, out: &mut [f32]) {
+    let layout = cache.layout();
+    let (hd, width) = (layout.head_dim, layout.row_width());
+    match cache.storage() {
+        KvStorage::F32 { keys, .. } => out.copy_from_slice(&keys[slot * width + g * hd..][..hd]),
+        KvStorage::F16 { keys, .. } => {
+            for (o, k) in out.iter_mut().zip(&keys[slot * width + g * hd..][..hd]) {
+                *o = k.to_f32();
+            }
+        }
+        KvStorage::Quant {
+            key_blocks: Some(blocks),
+            keys,
+            ..
+        } => {
+            let words = blocks.block_words();
+            let block = &keys[slot / layout.block_size * words..][..words];
+            blocks.dequantize_head(block, slot % layout.block_size, g, out);
+        }
+        KvStorage::Quant { quant, keys, .. } => {
+            let words = quant.slot_words();
+            quant.dequantize_head(&keys[slot * words..][..words], g, out);
+        }
+    }
+}
+
+fn check_inputs(
+    cache: &KvCache,
+    inputs: &AttentionInputs<'_>,
+    p: AttentionParams,
+    scores_len: usize,
+) -> Result<()> {
+    let kernel = "paged_attention_scores";
+    for (name, v) in [
+        ("heads", p.heads),
+        ("kv_heads", p.kv_heads),
+        ("head_dim", p.head_dim),
+        ("block_size", p.block_size),
+        ("max_blocks_per_seq", p.max_blocks_per_seq),
+    ] {
+        check::positive(kernel, name, v)?;
+    }
+    let layout = cache.layout();
+    if !p.heads.is_multiple_of(p.kv_heads)
+        || (layout.kv_heads, layout.head_dim, layout.block_size)
+            != (p.kv_heads, p.head_dim, p.block_size)
+    {
+        return Err(check::error(
+            kernel,
+            format!("parameters {p:?} do not match the cache layout {layout:?}"),
+        ));
+    }
+    if p.sliding_window == Some(0) {
+        return Err(check::error(kernel, "sliding_window must be positive"));
+    }
+    let n = check::product(kernel, &[p.rows, p.heads, p.head_dim])?;
+    check::buffer_len(kernel, "q", inputs.q.len(), n)?;
+    let m = check::product(kernel, &[p.rows, p.kv_heads, p.max_blocks_per_seq])?;
+    check::buffer_len(kernel, "scores", scores_len, m)?;
+    check::buffer_len(kernel, "row_seq", inputs.row_seq.len(), p.rows)?;
+    check::buffer_len(kernel, "positions", inputs.positions.len(), p.rows)?;
+    let num_seqs = inputs.block_tables.len() / p.max_blocks_per_seq;
+    check::indices_below(kernel, "row_seq", &inputs.row_seq[..p.rows], num_seqs)?;
+    for t in 0..p.rows {
+        let last_block = inputs.positions[t] as usize / p.block_size;
+        if last_block >= p.max_blocks_per_seq {
+            return Err(check::error(
+                kernel,
+                format!(
+                    "row {t} needs block {last_block} but block tables have {} columns",
+                    p.max_blocks_per_seq
+                ),
+            ));
+        }
+        let table = &inputs.block_tables[inputs.row_seq[t] as usize * p.max_blocks_per_seq..]
+            [..=last_block];
+        let live: Vec<u32> = table
+            .iter()
+            .copied()
+            .filter(|&b| b != EVICTED_BLOCK)
+            .collect();
+        check::indices_below(kernel, "block_tables", &live, layout.num_blocks)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::{kv, CpuBackend};
+    use tandem_core::backend::{KvCacheLayout, KvDtype};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every dtype, holes, a window, grouped heads: the reference over the
+    /// cache as it dequantizes, and each row's heads add up to their count.
+    #[test]
+    fn scores_match_the_reference_and_sum_to_the_heads() {
+        for dtype in KvDtype::ALL {
+            for window in [None, Some(7)] {
+                let layout = KvCacheLayout {
+                    num_blocks: 12,
+                    block_size: 3,
+                    kv_heads: 2,
+                    head_dim: 40,
+                    dtype,
+                };
+                let p = AttentionParams {
+                    rows: 3,
+                    heads: 6,
+                    kv_heads: 2,
+                    head_dim: 40,
+                    block_size: 3,
+                    max_blocks_per_seq: 7,
+                    scale: 0.3,
+                    sliding_window: window,
+                };
+                let mut cache = KvCache::new(layout).unwrap();
+                let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
+                let (k, v) = (values(slots.len() * 80, 1), values(slots.len() * 80, 2));
+                kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+                let tables = [5, EVICTED_BLOCK, 2, 9, EVICTED_BLOCK, 0, 4];
+                let inputs = AttentionInputs {
+                    q: &values(3 * 6 * 40, 3),
+                    row_seq: &[0, 0, 0],
+                    positions: &[20, 9, 1],
+                    block_tables: &tables,
+                };
+                let mut got = values(3 * 2 * 7, 4);
+                let mut want = got.clone();
+                let backend = CpuBackend::new(2);
+                paged_attention_scores(&backend.workers, &cache, &inputs, p, &mut got).unwrap();
+                reference::paged_attention_scores(
+                    inputs.q,
+                    &cache.keys_f32(),
+                    inputs.row_seq,
+                    inputs.positions,
+                    inputs.block_tables,
+                    p,
+                    &mut want,
+                );
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() < 1e-5,
+                        "{dtype:?} {window:?}: {got:?} vs {want:?}"
+                    );
+                }
+                let base = values(3 * 2 * 7, 4);
+                let added: f32 = got.iter().zip(&base).map(|(g, b)| g - b).sum();
+                assert!((added - 18.0).abs() < 1e-4, "3 rows of 6 heads, {added}");
+                for row in 0..6 {
+                    for b in [1, 4] {
+                        assert_eq!(got[row * 7 + b], base[row * 7 + b], "a hole got mass");
+                    }
+                }
+            }
+        }
+    }
+}
