@@ -1,16 +1,14 @@
 //! Paged attention: causal, grouped-query, optional sliding window, online
 //! softmax.
 //!
-//! One task computes consecutive `(row, head)` outputs. For each it walks the
-//! row's sequence through its block-table row, one KV block at a time, and
-//! keeps the running maximum, the running softmax denominator and the
-//! running weighted sum of values (in the output slice itself): each block's
-//! scores are computed, the old sums are rescaled by `e^(old_max - new_max)`
-//! once per block, then the block's values are added. K and V are read in
-//! place through the block table; an F16 cache is widened and a quantized
-//! (INT8, INT4) one dequantized one head row at a time.
-//! Rows of different sequences, prefill chunks starting mid-sequence and
-//! single-token decode rows are all the same case: a row sees positions
+//! The `(row, head)` outputs are cut into tasks of consecutive outputs, and
+//! a task into query tiles ([`tile`]): the heads that share one KV head, for
+//! up to a few consecutive rows of one sequence. A tile walks its keys
+//! sixteen positions at a time (a key tile), reading each key and value row
+//! once for all of its queries, through the block table: an F16 cache is
+//! widened and a quantized (INT8, INT4) one dequantized one head row at a
+//! time. Rows of different sequences, prefill chunks starting mid-sequence
+//! and single-token decode rows are all the same case: a row sees positions
 //! `0..=positions[t]` (or the last `sliding_window` of them).
 
 use half::f16;
@@ -24,11 +22,16 @@ use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
 #[cfg(target_arch = "x86_64")]
 use crate::math::Fused;
-use crate::math::{dot, exp, MulAdd, Separate};
+use crate::math::Separate;
 use crate::workers::Workers;
+
+mod tile;
 
 /// Fewest multiply-adds worth a task of their own.
 const MIN_TASK_WORK: usize = 64 * 1024;
+/// Tasks per thread. The causal mask makes later rows dearer than earlier
+/// ones, so many small tasks balance the threads better than a few.
+const TASKS_PER_THREAD: usize = 16;
 
 /// The index buffers of one call, as the backend passes them.
 pub(crate) struct AttentionInputs<'a> {
@@ -48,12 +51,7 @@ pub(crate) fn paged_attention(
 ) -> Result<()> {
     let visible_keys = check_inputs(cache, &inputs, p, out.len())?;
     let n = p.rows * p.heads * p.head_dim;
-    let work_per_head = (visible_keys / p.rows.max(1)).max(1) * p.head_dim * 2;
-    let chunk = workers.chunk_len(
-        p.rows * p.heads,
-        p.head_dim,
-        MIN_TASK_WORK.div_ceil(work_per_head),
-    );
+    let chunk = task_len(workers, p, visible_keys);
     let out = &mut out[..n];
     match cache.storage() {
         KvStorage::F32 { keys, values } => {
@@ -88,6 +86,23 @@ pub(crate) fn paged_attention(
     Ok(())
 }
 
+/// Output elements per task: about [`TASKS_PER_THREAD`] tasks per thread,
+/// each worth at least [`MIN_TASK_WORK`], and, when that spans whole query
+/// tiles, a whole number of them, so no tile is cut in two.
+fn task_len(workers: &Workers, p: AttentionParams, visible_keys: usize) -> usize {
+    let work_per_head = (visible_keys / p.rows.max(1)).max(1) * p.head_dim * 2;
+    let heads = (p.rows * p.heads)
+        .div_ceil(workers.threads() * TASKS_PER_THREAD)
+        .max(MIN_TASK_WORK.div_ceil(work_per_head));
+    let tile_heads = tile::rows_per_tile(p) * p.heads;
+    let heads = if heads >= tile_heads {
+        heads.next_multiple_of(tile_heads)
+    } else {
+        heads
+    };
+    heads * p.head_dim
+}
+
 /// Splits the `(row, head)` outputs into tasks of `chunk` elements.
 #[allow(clippy::too_many_arguments)]
 fn attend_all<K: KvRows, V: KvRows>(
@@ -112,8 +127,10 @@ fn attend_all<K: KvRows, V: KvRows>(
         match isa.kind() {
             // SAFETY: an `Isa` exists only for instruction sets the CPU has.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe { attend_heads_avx2(task, out) },
-            IsaKind::Portable => attend_heads::<K, V, Separate>(task, out),
+            IsaKind::Avx512Vnni => unsafe { attend_task_avx512(task, out) },
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { attend_task_avx2(task, out) },
+            IsaKind::Portable => tile::attend_task::<K, V, Separate>(task, out),
         }
     });
 }
@@ -128,26 +145,25 @@ struct Task<'a, K, V> {
     first_head: usize,
 }
 
-/// The task compiled for AVX2 and FMA: the same code, twice as wide and
+/// The task compiled for AVX2 and FMA: the same code, 8 lanes wide and
 /// with fused multiply-adds.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_heads_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
-    attend_heads::<K, V, Fused>(task, out)
+unsafe fn attend_task_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
+    tile::attend_task::<K, V, Fused>(task, out)
 }
 
-#[inline(always)]
-fn attend_heads<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>, out: &mut [f32]) {
-    let p = task.p;
-    let mut scratch = Scratch::new(p);
-    for (k, out) in out.chunks_exact_mut(p.head_dim).enumerate() {
-        let index = task.first_head + k;
-        let (row, head) = (index / p.heads, index % p.heads);
-        attend::<K, V, M>(&task, row, head, &mut scratch, out);
-    }
+/// The task compiled for AVX-512: a key tile's scores are one vector.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn attend_task_avx512<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
+    tile::attend_task::<K, V, Fused>(task, out)
 }
 
 /// Checks every size and index of the call; returns the number of (row, key)
@@ -230,39 +246,21 @@ fn block_table(block_tables: &[u32], seq: u32, p: AttentionParams) -> &[u32] {
     &block_tables[seq as usize * p.max_blocks_per_seq..][..p.max_blocks_per_seq]
 }
 
-/// Per-task buffers: one block's scores (then softmax weights), and four
-/// key or value rows widened to f32 (used only by F16 and quantized caches).
-struct Scratch {
-    weights: Vec<f32>,
-    rows: [Vec<f32>; 4],
-}
-
-impl Scratch {
-    fn new(p: AttentionParams) -> Self {
-        Scratch {
-            weights: vec![0.0; p.block_size],
-            rows: std::array::from_fn(|_| vec![0.0; p.head_dim]),
-        }
-    }
-}
-
 /// A K or V storage read one head row at a time as f32.
 trait KvRows: Sync + Send {
-    /// Elements `at..at + scratch.len()`, borrowed when already f32,
-    /// otherwise widened into `scratch`.
-    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32];
+    /// Elements `at..at + row.len()` into `row`, widened or dequantized.
+    fn read_into(&self, at: usize, row: &mut [f32]);
 }
 
 impl KvRows for &[f32] {
-    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
-        &self[at..at + scratch.len()]
+    fn read_into(&self, at: usize, row: &mut [f32]) {
+        row.copy_from_slice(&self[at..at + row.len()]);
     }
 }
 
 impl KvRows for &[f16] {
-    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
-        self[at..at + scratch.len()].convert_to_f32_slice(scratch);
-        scratch
+    fn read_into(&self, at: usize, row: &mut [f32]) {
+        self[at..at + row.len()].convert_to_f32_slice(row);
     }
 }
 
@@ -281,13 +279,12 @@ impl<'a> QuantRows<'a> {
 }
 
 impl KvRows for QuantRows<'_> {
-    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+    fn read_into(&self, at: usize, row: &mut [f32]) {
         let q = self.quant;
         let width = q.kv_heads * q.head_dim;
         let (slot, head) = (at / width, at % width / q.head_dim);
         let words = q.slot_words();
-        q.dequantize_head(&self.words[slot * words..][..words], head, scratch);
-        scratch
+        q.dequantize_head(&self.words[slot * words..][..words], head, row);
     }
 }
 
@@ -299,90 +296,14 @@ struct KeyBlockRows<'a> {
 }
 
 impl KvRows for KeyBlockRows<'_> {
-    fn read<'a>(&'a self, at: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+    fn read_into(&self, at: usize, row: &mut [f32]) {
         let b = self.blocks;
         let width = b.channels();
         let (slot, head) = (at / width, at % width / b.head_dim);
         let words = b.block_words();
         let block = &self.words[slot / b.block_size * words..][..words];
-        b.dequantize_head(block, slot % b.block_size, head, scratch);
-        scratch
+        b.dequantize_head(block, slot % b.block_size, head, row);
     }
-}
-
-/// Attention output of query head `head` of row `row`, into `out`.
-#[inline(always)]
-fn attend<K: KvRows, V: KvRows, M: MulAdd>(
-    task: &Task<'_, K, V>,
-    row: usize,
-    head: usize,
-    scratch: &mut Scratch,
-    out: &mut [f32],
-) {
-    let (p, inputs) = (task.p, task.inputs);
-    let hd = p.head_dim;
-    let kv_width = p.kv_heads * hd;
-    let kv_offset = head / (p.heads / p.kv_heads) * hd;
-    let q = &inputs.q[(row * p.heads + head) * hd..][..hd];
-    let pos = inputs.positions[row] as usize;
-    let table = block_table(inputs.block_tables, inputs.row_seq[row], p);
-
-    let mut running_max = f32::NEG_INFINITY;
-    let mut denominator = 0f32;
-    out.fill(0.0);
-    let mut start = first_visible(pos, p.sliding_window);
-    while start <= pos {
-        let block = start / p.block_size;
-        let end = ((block + 1) * p.block_size).min(pos + 1);
-        let first_slot = table[block] as usize * p.block_size;
-        let block_start = block * p.block_size;
-        // Position `j` of this block lives in slot `first_slot + j - block_start`.
-        let at = |j: usize| (first_slot + j - block_start) * kv_width + kv_offset;
-
-        let weights = &mut scratch.weights[..end - start];
-        for (score, j) in weights.iter_mut().zip(start..end) {
-            *score = dot::<M>(q, task.keys.read(at(j), &mut scratch.rows[0])) * p.scale;
-        }
-        let block_max = weights.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let new_max = running_max.max(block_max);
-        let rescale = exp(running_max - new_max);
-        // Scores become softmax weights in a loop of their own, so the
-        // exponentials vectorize.
-        for w in weights.iter_mut() {
-            *w = exp(*w - new_max);
-        }
-        denominator = denominator * rescale + weights.iter().sum::<f32>();
-        out.iter_mut().for_each(|o| *o *= rescale);
-        // Four value rows per pass over `out`: a quarter of the loads and
-        // stores of the accumulator.
-        let quads = weights.len() / 4 * 4;
-        for (k, w) in weights[..quads].chunks_exact(4).enumerate() {
-            let j = start + 4 * k;
-            let [s0, s1, s2, s3] = &mut scratch.rows;
-            let (v0, v1) = (task.values.read(at(j), s0), task.values.read(at(j + 1), s1));
-            let (v2, v3) = (
-                task.values.read(at(j + 2), s2),
-                task.values.read(at(j + 3), s3),
-            );
-            let (v0, v1, v2, v3) = (&v0[..hd], &v1[..hd], &v2[..hd], &v3[..hd]);
-            for d in 0..hd {
-                let sum = M::mul_add(w[0], v0[d], out[d]);
-                let sum = M::mul_add(w[1], v1[d], sum);
-                let sum = M::mul_add(w[2], v2[d], sum);
-                out[d] = M::mul_add(w[3], v3[d], sum);
-            }
-        }
-        for (&weight, j) in weights[quads..].iter().zip(start + quads..end) {
-            let value = task.values.read(at(j), &mut scratch.rows[0]);
-            for (o, &v) in out.iter_mut().zip(value) {
-                *o = M::mul_add(weight, v, *o);
-            }
-        }
-        running_max = new_max;
-        start = end;
-    }
-    let inv = 1.0 / denominator;
-    out.iter_mut().for_each(|o| *o *= inv);
 }
 
 #[cfg(test)]
@@ -457,6 +378,86 @@ mod tests {
                             "{} [{i}]: got {g}, want {w}",
                             isa.name()
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row's output does not depend on what else is in the call: each
+    /// row of a 45-token prefill (several query tiles, tasks cutting rows,
+    /// 5-token blocks, a head size that is not a multiple of 16) has the
+    /// bits it has alone, with and without a sliding window.
+    #[test]
+    fn a_row_gets_the_same_bits_alone_and_in_a_batch() {
+        let mut rng = tandem_core::sched::Rng::new(7);
+        let mut values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| (rng.next_f64() * 4.0 - 2.0) as f32)
+                .collect()
+        };
+        let (tokens, heads, kv_heads, head_dim, block_size) = (45, 6, 2, 20, 5);
+        let block_tables: Vec<u32> = (0..9).rev().collect();
+        for dtype in KvDtype::ALL {
+            let layout = KvCacheLayout {
+                num_blocks: 9,
+                block_size,
+                kv_heads,
+                head_dim,
+                dtype,
+            };
+            let mut cache = KvCache::new(layout).unwrap();
+            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
+            let width = kv_heads * head_dim;
+            let (k, v) = (values(slots.len() * width), values(slots.len() * width));
+            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let q = values(tokens * heads * head_dim);
+            let positions: Vec<u32> = (0..tokens as u32).collect();
+            for sliding_window in [None, Some(7)] {
+                let p = |rows| AttentionParams {
+                    rows,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    block_size,
+                    max_blocks_per_seq: 9,
+                    scale: 0.4,
+                    sliding_window,
+                };
+                for isa in Isa::available() {
+                    for threads in [1, 2] {
+                        let workers = Workers::new(threads);
+                        let row_seq = vec![0; tokens];
+                        let inputs = AttentionInputs {
+                            q: &q,
+                            row_seq: &row_seq,
+                            positions: &positions,
+                            block_tables: &block_tables,
+                        };
+                        let mut batch = vec![f32::NAN; q.len()];
+                        paged_attention(&workers, isa, &cache, inputs, p(tokens), &mut batch)
+                            .unwrap();
+                        let row_len = heads * head_dim;
+                        for t in 0..tokens {
+                            let inputs = AttentionInputs {
+                                q: &q[t * row_len..][..row_len],
+                                row_seq: &[0],
+                                positions: &positions[t..t + 1],
+                                block_tables: &block_tables,
+                            };
+                            let mut alone = vec![f32::NAN; row_len];
+                            paged_attention(&workers, isa, &cache, inputs, p(1), &mut alone)
+                                .unwrap();
+                            let batch_row = &batch[t * row_len..][..row_len];
+                            assert!(
+                                alone
+                                    .iter()
+                                    .zip(batch_row)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{} {dtype:?} window {sliding_window:?} threads {threads}: row {t}",
+                                isa.name()
+                            );
+                        }
                     }
                 }
             }
