@@ -19,6 +19,8 @@ use std::fmt;
 // where a bare `mod moe;` would be looked for beside it.
 #[path = "conformance/moe.rs"]
 mod moe;
+#[path = "conformance/scores.rs"]
+mod scores;
 
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
@@ -130,6 +132,7 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.rope();
     suite.paged_kv_write();
     suite.paged_attention();
+    suite.attention_with_holes();
     suite.int4_key_blocks();
     suite.swiglu();
     suite.geglu();

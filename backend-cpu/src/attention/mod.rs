@@ -9,12 +9,14 @@
 //! widened and a quantized (INT8, INT4) one dequantized one head row at a
 //! time. Rows of different sequences, prefill chunks starting mid-sequence
 //! and single-token decode rows are all the same case: a row sees positions
-//! `0..=positions[t]` (or the last `sliding_window` of them).
+//! `0..=positions[t]` (or the last `sliding_window` of them), less those of
+//! evicted blocks (`EVICTED_BLOCK` table entries, KV eviction).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::AttentionParams;
 use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
+use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::Result;
 
 use crate::check;
@@ -230,8 +232,12 @@ fn check_inputs(
         }
         let first = first_visible(pos, p.sliding_window);
         let table = block_table(inputs.block_tables, inputs.row_seq[t], p);
-        let blocks = &table[first / p.block_size..=last_block];
-        check::indices_below(kernel, "block_tables", blocks, layout.num_blocks)?;
+        let blocks: Vec<u32> = table[first / p.block_size..=last_block]
+            .iter()
+            .copied()
+            .filter(|&b| b != EVICTED_BLOCK)
+            .collect();
+        check::indices_below(kernel, "block_tables", &blocks, layout.num_blocks)?;
         visible_keys += pos + 1 - first;
     }
     Ok(visible_keys)

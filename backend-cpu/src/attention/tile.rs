@@ -15,10 +15,14 @@
 //! a weight of exactly zero, and a key tile it sees nothing of leaves its
 //! state as it was. So a row gets the same bits alone (decode) as in a
 //! prefill chunk or a verification batch, whatever the thread count.
+//! Positions in evicted blocks (KV eviction) are seen by no query: a key
+//! tile wholly evicted is skipped, a partly evicted one weighs them zero.
 
 use std::ops::Range;
 
 use tandem_core::backend::AttentionParams;
+
+use tandem_core::kv::EVICTED_BLOCK;
 
 use super::{block_table, first_visible, KvRows, Task};
 use crate::math::{exp, MulAdd};
@@ -182,20 +186,28 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
 
     let table = block_table(inputs.block_tables, inputs.row_seq[tile.rows.start], p);
     let kv_width = p.kv_heads * hd;
+    let evicted = |j: usize| table[j / p.block_size] == EVICTED_BLOCK;
     let at = |j: usize| {
         let slot = table[j / p.block_size] as usize * p.block_size + j % p.block_size;
         slot * kv_width + tile.kv_head * hd
     };
     let mut start = lo / LANES * LANES;
     while start <= hi {
-        // Positions outside `lo..=hi` may not be written (or no longer be
-        // this sequence's): zeros stand in for them.
-        for l in 0..LANES {
+        let live: [bool; LANES] = std::array::from_fn(|l| {
             let j = start + l;
+            (lo..=hi).contains(&j) && !evicted(j)
+        });
+        if !live.contains(&true) {
+            start += LANES;
+            continue;
+        }
+        // Positions outside `lo..=hi` may not be written (or no longer be
+        // this sequence's), evicted ones are nowhere: zeros stand in for them.
+        for (l, &live) in live.iter().enumerate() {
             let (k, v) = (&mut s.keys[l * hd..][..hd], &mut s.values[l * hd..][..hd]);
-            if (lo..=hi).contains(&j) {
-                task.keys.read_into(at(j), k);
-                task.values.read_into(at(j), v);
+            if live {
+                task.keys.read_into(at(start + l), k);
+                task.values.read_into(at(start + l), v);
             } else {
                 k.fill(0.0);
                 v.fill(0.0);
@@ -203,7 +215,7 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
         }
         scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
         for v in 0..vectors {
-            softmax_step(s, v, vectors, start as i32, p.scale);
+            softmax_step(s, v, vectors, start as i32, p.scale, &live);
         }
         // The queries that see some of the key tile, two at a time.
         let tile_end = (start + LANES - 1) as i32;
@@ -228,7 +240,13 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
         start += LANES;
     }
     for (i, query) in queries().enumerate() {
-        let inv = 1.0 / s.denominator[i / LANES][i % LANES];
+        // A query whose every visible position was evicted attends to nothing.
+        let denominator = s.denominator[i / LANES][i % LANES];
+        let inv = if denominator > 0.0 {
+            1.0 / denominator
+        } else {
+            0.0
+        };
         out[out_at(query)..][..hd]
             .iter_mut()
             .for_each(|o| *o *= inv);
@@ -265,12 +283,20 @@ fn scores<M: MulAdd>(keys: &[f32], queries: &[Lanes], hd: usize, weights: &mut [
 /// scaled and masked, the new running maximum, the rescaling of the earlier
 /// sums, the weights and the denominator. A lane that sees none of the
 /// tile's positions keeps its maximum and gets a rescaling of exactly 1.
+/// Keys not `live` (evicted) are seen by no lane.
 #[inline(always)]
-fn softmax_step(s: &mut Scratch, v: usize, vectors: usize, start: i32, scale: f32) {
+fn softmax_step(
+    s: &mut Scratch,
+    v: usize,
+    vectors: usize,
+    start: i32,
+    scale: f32,
+    live: &[bool; LANES],
+) {
     let (first, last) = (s.first[v], s.last[v]);
     let seen = |l: usize, lane: usize| {
         let j = start + l as i32;
-        first[lane] <= j && j <= last[lane]
+        live[l] && first[lane] <= j && j <= last[lane]
     };
     let mut tile_max = [f32::NEG_INFINITY; LANES];
     for l in 0..LANES {
