@@ -100,10 +100,11 @@ serve-web: web
 
 ## In headless Chromium (scripts/install-test-deps.sh installs it and the npm
 ## packages): the kernel suite on WebGPU (SwiftShader) against the CPU backend
-## in wasm, then the demo page against the native CPU's tokens (a lean,
-## CPU-only debug build of `tandem` gives the chat tokens), on the page's CPU
-## backend (wasm) and on WebGPU, for SmolLM2 and (fewer checks) Qwen2.5-0.5B.
-## Screenshots go to $(WEB_ARTIFACTS).
+## in wasm, then the chat page driven as a user (tests/web/e2e.mjs: load, chat,
+## Stop, Load mid-stream, backend switch, cache) with the engine in its worker,
+## against the native CPU's tokens (a lean, CPU-only debug build of `tandem`),
+## on the page's CPU backend (wasm) and on WebGPU, for SmolLM2 and (fewer
+## checks) Qwen2.5-0.5B. Screenshots go to $(WEB_ARTIFACTS).
 test-web: web web-kernel-tests
 	@test -d tests/web/node_modules/playwright-core || (cd tests/web && npm ci --no-audit --no-fund)
 	$(CARGO) build -p tandem --no-default-features

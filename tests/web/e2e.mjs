@@ -1,35 +1,50 @@
-// End-to-end test of the demo page and the package in headless Chromium
-// (WebGPU through SwiftShader), served from 127.0.0.1:
-// - the page loads SmolLM2-135M through `Tandem.load(url)`, reporting the
-//   download, cache store and upload phases;
-// - 8 greedy tokens equal the native CPU backend's (the NumPy reference's);
-// - `engine.chat([{ role: "user", content }])` (on the page's CPU backend) gives the same 8 greedy tokens
-//   as `tandem run --chat-template --backend cpu` (run here, natively);
-// - a second load in the same page comes from the browser's cache (the
-//   server sees one download);
-// - failed downloads (404, a body cut short, a file without its end) give a
-//   clear error and leave nothing in the cache; `cache: false` leaves the
-//   cache alone; a bad cached copy is replaced by a new download; a
-//   Response, a Blob and an ArrayBuffer load too; `kvDtype: "int4"` gives (CPU run)
-//   the native CPU's tokens with an INT4 KV cache and an unknown kvDtype is
-//   refused; after a reload the model still comes from the cache;
-// - the page's second model, Qwen2.5-Coder-0.5B (491 MB), loads uncached and
-//   gives the native CPU's greedy tokens (8 on the CPU backend, 2 on WebGPU:
-//   see QWEN_TOKENS); on WebGPU under the default limits of 128 MiB per
-//   storage binding, which its 138 MiB Q8_0 output matrix does not fit in
-//   (the backend splits it by rows).
+// End-to-end test of the chat page and the package in headless Chromium
+// (WebGPU through SwiftShader), served from 127.0.0.1, driven as a user
+// drives it; the engine runs in the page's Web Worker. On the backend
+// TANDEM_WEB_BACKEND names ("webgpu" by default, or "cpu": the CPU backend
+// in wasm):
+// - the page loads SmolLM2-135M by URL with progress (download, cache store,
+//   upload) and says which backend runs and why;
+// - 8 greedy tokens of a plain completion equal the native CPU backend's
+//   (the NumPy reference's);
+// - (CPU) two chat turns through the chat template, the first's 8 greedy
+//   tokens equal to `tandem run --chat-template`'s; Regenerate gives the
+//   same greedy reply; a 100 ms timer keeps firing during the generation
+//   (the page's thread stays free);
+// - Stop mid-stream: status "Stopped.", finish reason "stopped";
+// - Load during a generation stops it and loads the model from the cache;
+// - switching the backend reloads the model from the cache (WebGPU run: to
+//   the CPU backend; CPU run: to auto, which must take the CPU backend over
+//   a software adapter such as SwiftShader) and its greedy tokens are the
+//   native CPU's again;
+// - (CPU) the package's APIs from the page's scripts (api-checks.mjs):
+//   failed downloads, cache repair, Response/Blob/ArrayBuffer sources,
+//   overlapping calls through the worker, an INT4 KV cache against the
+//   native INT4 tokens; (WebGPU) abort() and a new call during a step in
+//   flight;
+// - after a reload the model still comes from the cache (one download);
+//   (CPU) the stored-models panel lists it with its size and deletes it;
+// - the page's second model, Qwen2.5-Coder-0.5B (491 MB), uncached, gives
+//   the native CPU's greedy tokens (8 on the CPU backend through the page; 2
+//   on WebGPU from the page's thread under WebGPU's default 128 MiB storage
+//   binding limit, which its 138 MiB Q8_0 output matrix does not fit in);
+// - no uncaught page error and no console error anywhere (except the
+//   failed downloads' own network errors).
 //
 //   TANDEM_BIN=target/debug/tandem node tests/web/e2e.mjs SITE_DIR ARTIFACT_DIR
 //
-// TANDEM_WEB_BACKEND=cpu runs the page's CPU backend (wasm) instead of WebGPU.
-// SITE_DIR is what `make web` builds (page, pkg/, models/); the screenshot
-// goes to ARTIFACT_DIR (outside git).
+// SITE_DIR is what `make web` builds (page, pkg/, models/); screenshots go
+// to ARTIFACT_DIR (outside git).
 
-import { spawnSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { launch, serve } from "./browser.mjs";
+import {
+  chooseBackend, conversation, lastReply, loadEnded, loadServed, replyEnded, send,
+} from "./chat-page.mjs";
+import { abortMidStep, cacheRepair, callerSources, failedDownloads, overlappingCalls } from "./api-checks.mjs";
+import { agreeUpToNearTie, nativeTokens } from "./native.mjs";
 
 const [siteDir, artifactDir] = process.argv.slice(2);
 const tandemBin = process.env.TANDEM_BIN;
@@ -43,6 +58,7 @@ const PROMPT = "The capital of France is";
 // the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
 const CHAT_MESSAGE = "What is the capital of France?";
+const FOLLOW_UP = "And what is the capital of Germany? Answer in one sentence.";
 // An INT4 KV cache rounds keys and values to 16 levels, so a tiny difference
 // in the matmuls before it (the browser's portable kernels sum in another
 // order than the native AVX2 or AVX-512 ones) can move a value across a
@@ -51,22 +67,24 @@ const CHAT_MESSAGE = "What is the capital of France?";
 // this many nats of its own choice; after it the contexts differ.
 const INT4_TIE_NATS = 0.5;
 const MODEL_PATH = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-const CACHE = "tandem-models-v1";
+const MODEL_URL = MODEL_PATH.slice(1);
 const BACKEND = process.env.TANDEM_WEB_BACKEND ?? "webgpu";
-const TIMEOUT_MS = 3 * 60 * 1000;
+const CPU = BACKEND === "cpu";
 const QWEN_PATH = "/models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
 const QWEN_PROMPT = "def fibonacci(n):";
 // How many of Qwen's greedy tokens are compared, per backend. On the page's
 // CPU backend 8 take ~10 s with the load. On SwiftShader a Qwen decode step
 // takes 7-9 s and the first step (pipeline creation, the prefill) 9-16 s, so
-// 8 tokens would take 60-80 s there; 2 (the prefill and one decode step)
-// take 20-35 s with the load.
+// 2 (the prefill and one decode step) take 20-35 s with the load.
 const QWEN_TOKENS = { cpu: 8, webgpu: 2 };
 /** WebGPU's default maxStorageBufferBindingSize. */
 const BINDING_LIMIT = 128 * 2 ** 20;
+/** The longest the page's thread may go without running a 100 ms timer during a generation. */
+const MAX_TIMER_GAP_MS = 500;
 
 const model = readFileSync(join(siteDir, MODEL_PATH));
 const requests = new Map();
+const downloads = (path) => requests.get(path) ?? 0;
 const server = await serve(siteDir, requests, {
   // Announces the whole file, sends half, then drops the connection.
   "/broken/cut-short.gguf": (req, res) => {
@@ -87,6 +105,8 @@ const server = await serve(siteDir, requests, {
 const url = `http://127.0.0.1:${server.address().port}/`;
 const userDataDir = mkdtempSync(join(tmpdir(), "tandem-chromium-"));
 const context = await launch(userDataDir);
+const native = (options, prompt, count, modelPath = MODEL_PATH) =>
+  nativeTokens(tandemBin, siteDir, modelPath, options, prompt, count);
 
 let passed = 0;
 let failed = 0;
@@ -95,202 +115,252 @@ function check(ok, what, detail = "") {
   else failed += 1;
   console.log(`${ok ? "ok" : "FAIL"} (${BACKEND}): ${what}${detail ? `: ${detail}` : ""}`);
 }
+/** Uncaught errors and console errors, from the page and its worker. */
+const pageErrors = [];
 
 try {
   const page = context.pages()[0] ?? (await context.newPage());
-  page.on("console", (m) => console.log(`[page ${m.type()}] ${m.text()}`));
-  page.on("pageerror", (e) => console.log(`[page error] ${e.message}`));
+  page.on("console", (m) => {
+    console.log(`[page ${m.type()}] ${m.text()}`);
+    // The failed downloads' own network errors are expected.
+    if (m.type() === "error" && !`${m.location().url} ${m.text()}`.includes("/broken/")) {
+      pageErrors.push(`console error: ${m.text()}`);
+    }
+  });
+  page.on("pageerror", (e) => {
+    console.log(`[page error] ${e.message}`);
+    pageErrors.push(`uncaught: ${e.message}`);
+  });
+  mkdirSync(artifactDir, { recursive: true });
   const opened = Date.now();
   await page.goto(url);
-  const status = await loadDefault(page);
+  await chooseBackend(page, BACKEND);
+  const status = await loadServed(page, MODEL_URL);
   const loaded = Date.now();
   const loadLog = await page.textContent("#load-log");
-  console.log(`${status}\n${loadLog}\n${await page.textContent("#info")}`);
+  const backendInfo = await page.textContent("#backend-info");
+  console.log(`${status}\n${loadLog}\n${backendInfo}`);
   check(status.startsWith("Ready") && status.includes("downloaded") &&
     /^download .*; store .*; upload /.test(loadLog), "the page loads the model by URL, with progress", loadLog);
+  check(backendInfo.startsWith(CPU ? "CPU backend (wasm, 1 thread): the CPU backend was asked for" :
+    "WebGPU: WebGPU was asked for"), "the page says which backend runs and why", backendInfo);
 
-  const ids = await run(page, { prompt: PROMPT, chat: false });
-  const firstToken = Number((await page.textContent("#stats")).match(/first token after ([\d.]+) s/)?.[1]);
+  await send(page, PROMPT, { template: false });
+  const plain = await lastReply(page);
+  const firstToken = Number(plain.meta.match(/first token ([\d.]+) s/)?.[1]);
   console.log(`page open to model ready ${(loaded - opened) / 1000} s; page open to first token ` +
-    `${((loaded - opened) / 1000 + firstToken).toFixed(2)} s`);
-  mkdirSync(artifactDir, { recursive: true });
-  const screenshot = join(artifactDir, `demo-${BACKEND}.png`);
-  await page.screenshot({ path: screenshot, fullPage: true });
-  console.log(`screenshot: ${screenshot}`);
-  check(same(ids, EXPECTED), "8 greedy tokens match the native CPU backend",
-    `browser [${ids.join(" ")}], native [${EXPECTED.join(" ")}]`);
+    `${((loaded - opened) / 1000 + firstToken).toFixed(2)} s; ${plain.meta}`);
+  check(same(plain.ids, EXPECTED) && plain.finish === "length",
+    "8 greedy tokens through the worker match the native CPU backend",
+    `browser [${plain.ids.join(" ")}], native [${EXPECTED.join(" ")}], finish ${plain.finish}`);
 
-  // The chat path differs from generate only before the engine (template,
-  // tokens); on SwiftShader its ~40-token prefill takes minutes, so it runs
-  // on the page's CPU backend only.
-  if (BACKEND === "cpu") {
-    const expectedChat = nativeTokens(["--chat-template"], CHAT_MESSAGE, EXPECTED.length);
-    await page.click("#new-chat");
-    const chatIds = await run(page, { prompt: CHAT_MESSAGE, chat: true });
-    check(same(chatIds, expectedChat), "engine.chat gives the native CPU backend's greedy tokens",
-      `browser [${chatIds.join(" ")}], native [${expectedChat.join(" ")}]`);
+  if (CPU) await chatTwoTurns(page);
+
+  // Stop mid-stream.
+  await send(page, PROMPT, { template: false, maxTokens: 200, started: true });
+  await page.click("#stop");
+  const stopped = await replyEnded(page);
+  const stoppedReply = await lastReply(page);
+  check(stopped.startsWith("Stopped") && stoppedReply.finish === "abort" && stoppedReply.ids.length < 200 &&
+    stoppedReply.meta.startsWith("stopped"), "Stop mid-stream stops the reply and says so",
+  `status ${JSON.stringify(stopped)}, ${stoppedReply.ids.length} tokens, ${stoppedReply.meta}`);
+
+  // Load during a generation.
+  await send(page, PROMPT, { template: false, maxTokens: 200, started: true });
+  await page.click("#load");
+  const reloaded = await loadEnded(page);
+  const cutReply = await lastReply(page);
+  check(reloaded.startsWith("Ready") && reloaded.includes("from the browser cache") &&
+    downloads(MODEL_PATH) === 1 && cutReply.finish === "abort",
+  "Load during a generation stops it and loads the model from the cache",
+  `${reloaded}; reply finished ${cutReply.finish}; ${downloads(MODEL_PATH)} downloads`);
+
+  await switchBackend(page);
+  await page.screenshot({ path: join(artifactDir, `chat-${BACKEND}.png`), fullPage: true });
+
+  if (CPU) {
+    await failedDownloads(page, check, MODEL_PATH);
+    await cacheRepair(page, check, { modelBytes: model.length, downloads });
+    await callerSources(page, check, model.length);
+    await overlappingCalls(page, check, { modelUrl: MODEL_URL, prompt: PROMPT, backend: "cpu" });
+    await int4Cache(page);
+  } else {
+    await abortMidStep(page, check, { modelUrl: MODEL_URL, prompt: PROMPT });
   }
-
-  const again = await loadDefault(page);
-  console.log(`${again}\n${await page.textContent("#load-log")}`);
-  check(again.includes("from the browser cache") && requests.get(MODEL_PATH) === 1,
-    "a second load in the page comes from the cache", `model downloaded ${requests.get(MODEL_PATH)} times`);
 
   await page.reload();
-  // The package is initialised once the page enables its load button.
-  await page.waitForSelector("#load-default:not([disabled])");
-  const failures = await page.evaluate(async ({ urls, cache }) => {
-    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
-    const errors = {};
-    for (const url of urls) {
-      try {
-        (await Tandem.load(url, { backend: "cpu" })).free();
-        errors[url] = null;
-      } catch (e) {
-        errors[url] = e.message ?? String(e);
-      }
-    }
-    const cached = (await (await caches.open(cache)).keys()).map((r) => new URL(r.url).pathname);
-    return { errors, cached };
-  }, { urls: ["broken/missing.gguf", "broken/cut-short.gguf", "broken/no-end.gguf"], cache: CACHE });
-  console.log(JSON.stringify(failures, null, 2));
-  const { errors, cached } = failures;
-  check(/missing\.gguf: HTTP 404/.test(errors["broken/missing.gguf"]), "a 404 is a clear error");
-  check(/cut-short\.gguf: the download failed/.test(errors["broken/cut-short.gguf"]),
-    "a download cut short is a clear error");
-  check(/no-end\.gguf: .*truncated/.test(errors["broken/no-end.gguf"]),
-    "an incomplete file without a length is a clear error");
-  check(same(cached, [MODEL_PATH]), "failed downloads leave nothing in the cache", `cached: ${cached.join(", ")}`);
-
-  const copy = await page.evaluate(async ({ url, cache }) => {
-    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
-    const key = new URL(url, location.href).href;
-    const models = await caches.open(cache);
-    await models.put(key, new Response("GGUF, but only the start", { headers: { "content-length": "24" } }));
-    const load = async (options) => {
-      const engine = await Tandem.load(url, { backend: "cpu", ...options });
-      const { source } = engine.info();
-      const badChats = [[], [{ role: "user" }], "Hi"].map((messages) => {
-        try {
-          engine.chat(messages);
-          return null;
-        } catch (e) {
-          return e.message;
-        }
-      });
-      engine.free();
-      const cached = (await (await models.match(key))?.arrayBuffer())?.byteLength ?? null;
-      return { source, cached, badChats };
-    };
-    return { uncached: await load({ cache: false }), repaired: await load({}) };
-  }, { url: "copy/model.gguf", cache: CACHE });
-  const { uncached, repaired } = copy;
-  check(uncached.source === "network" && uncached.cached === 24,
-    "cache: false neither reads nor writes the cache", `source ${uncached.source}, cached ${uncached.cached} bytes`);
-  check(repaired.source === "network" && repaired.cached === model.length && requests.get("/copy/model.gguf") === 2,
-    "a bad cached copy is replaced by a new download",
-    `source ${repaired.source}, cached ${repaired.cached} bytes, ${requests.get("/copy/model.gguf")} downloads`);
-  check(repaired.badChats.every((e) => /^messages must be a non-empty array/.test(e)),
-    "engine.chat refuses messages that are not [{ role, content }]", [...new Set(repaired.badChats)].join(" | "));
-
-  const callers = await page.evaluate(async (url) => {
-    const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
-    const sources = {
-      "a Response": () => fetch(url),
-      "a Blob": async () => (await fetch(url)).blob(),
-      "an ArrayBuffer": async () => (await fetch(url)).arrayBuffer(),
-    };
-    const results = {};
-    for (const [kind, make] of Object.entries(sources)) {
-      const phases = new Set();
-      const engine = await Tandem.load(await make(), { backend: "cpu", onProgress: (p) => phases.add(p.phase) });
-      const { source, modelBytes } = engine.info();
-      engine.free();
-      results[kind] = { source, modelBytes, phases: [...phases] };
-    }
-    return results;
-  }, "copy/model.gguf");
-  for (const [kind, r] of Object.entries(callers)) {
-    check(r.source === "caller" && r.modelBytes === model.length && same(r.phases, ["read", "upload"]),
-      `Tandem.load takes ${kind}`, JSON.stringify(r));
-  }
-
-  // In the CPU run only: the CPU backend in wasm computes what the
-  // native one does, while a last-bit difference in a key (WebGPU vs CPU)
-  // can move an INT4 code across a rounding boundary and flip a near-tie
-  // token (native wgpu on lavapipe differs from the native CPU the same way
-  // at the 6th token here). The INT4 kernels themselves are checked against
-  // the CPU's in the browser by the kernel suite.
-  if (BACKEND === "cpu") {
-    const kv = await page.evaluate(async ({ url, backend, prompt, count }) => {
-      const { Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
-      let refused = null;
-      try {
-        (await Tandem.load(url, { backend, kvDtype: "int3" })).free();
-      } catch (e) {
-        refused = e.message ?? String(e);
-      }
-      const engine = await Tandem.load(url, { backend, kvDtype: "int4" });
-      for await (const _ of engine.generate(prompt, { maxTokens: count, temperature: 0 }));
-      const ids = [...engine.generatedTokens()];
-      const { kvDtype, kvBytesPerToken } = engine.info();
-      engine.free();
-      return { refused, ids, kvDtype, kvBytesPerToken };
-    }, { url: MODEL_PATH.slice(1), backend: "cpu", prompt: PROMPT, count: EXPECTED.length });
-    console.log(JSON.stringify(kv));
-    const native = nativeTokens(["--kv-dtype", "int4", "--top-logprobs", "5"], PROMPT, EXPECTED.length);
-    check(/^kvDtype: .*unknown KV dtype `int3`/.test(kv.refused), "an unknown kvDtype is a clear error", kv.refused);
-    const int4 = agreeUpToNearTie(kv.ids, native, INT4_TIE_NATS);
-    check(kv.kvDtype === "int4" && int4.ok,
-      "kvDtype int4 gives the native CPU backend's greedy tokens with an INT4 KV cache",
-      `browser [${kv.ids.join(" ")}], native [${native.ids.join(" ")}]; ${int4.detail}`);
-  }
-
-  const afterReload = await loadDefault(page);
-  check(afterReload.includes("from the browser cache") && requests.get(MODEL_PATH) === 1,
+  await chooseBackend(page, BACKEND);
+  const afterReload = await loadServed(page, MODEL_URL);
+  check(afterReload.includes("from the browser cache") && downloads(MODEL_PATH) === 1,
     "after a reload the model comes from the cache", afterReload);
 
-  // The second served model: a Qwen2 architecture in k-quants, 5 times
-  // SmolLM2's size. Not cached: storing 491 MB would only add time.
-  const qwenTokens = QWEN_TOKENS[BACKEND];
-  if (qwenTokens) {
-    const started = Date.now();
-    if (BACKEND === "webgpu") {
-      // SwiftShader offers 1 GiB per storage binding; many browsers and
-      // devices give WebGPU's default, 128 MiB. The page runs under that.
-      await page.addInitScript(defaultBufferLimits);
-      await page.reload();
-      await page.waitForSelector("#load-default:not([disabled])");
-    }
-    const status = await loadServed(page, "#load-qwen", { cache: false });
-    console.log(`${status}\n${await page.textContent("#load-log")}`);
-    check(status.startsWith("Ready") && status.includes("downloaded") && requests.get(QWEN_PATH) === 1,
-      "the page loads Qwen2.5-0.5B by URL", status);
-    if (BACKEND === "webgpu") {
-      const limits = await page.evaluate(() => globalThis.requestedLimits);
-      check(limits?.maxStorageBufferBindingSize === BINDING_LIMIT,
-        "WebGPU runs Qwen2.5-0.5B under the default 128 MiB storage binding limit",
-        `the device was asked for maxStorageBufferBindingSize ${limits?.maxStorageBufferBindingSize}, ` +
-        `maxBufferSize ${limits?.maxBufferSize}`);
-    }
-    const ids = await run(page, { prompt: QWEN_PROMPT, chat: false, count: qwenTokens });
-    const browserSeconds = (Date.now() - started) / 1000;
-    const expected = nativeTokens([], QWEN_PROMPT, qwenTokens, QWEN_PATH);
-    check(same(ids, expected), `Qwen2.5-0.5B's ${qwenTokens} greedy tokens match the native CPU backend`,
-      `browser [${ids.join(" ")}], native [${expected.join(" ")}]`);
-    console.log(`qwen2.5-0.5b: load and ${qwenTokens} tokens in the browser ${browserSeconds} s, ` +
-      `with the native run ${(Date.now() - started) / 1000} s`);
-  }
+  if (CPU) await cacheManager(page);
+  await qwen(page);
 } catch (e) {
   failed += 1;
   console.log(`FAIL: ${e.stack ?? e}`);
 } finally {
+  check(pageErrors.length === 0, "no uncaught page error and no console error", pageErrors.join(" | "));
   await context.close();
   server.close();
   rmSync(userDataDir, { recursive: true, force: true });
 }
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
+
+/**
+ * Two chat turns through the chat template (the first against the native
+ * CPU's greedy tokens), Regenerate, and the page's timer during the second.
+ */
+async function chatTwoTurns(page) {
+  await page.click("#new-chat");
+  await send(page, CHAT_MESSAGE);
+  const first = await lastReply(page);
+  const expected = native(["--chat-template"], CHAT_MESSAGE, EXPECTED.length);
+  check(same(first.ids, expected), "a chat turn gives the native CPU backend's greedy tokens",
+    `browser [${first.ids.join(" ")}], native [${expected.join(" ")}]`);
+
+  await page.evaluate(() => {
+    globalThis.ticks = [];
+    globalThis.ticker = setInterval(() => globalThis.ticks.push(performance.now()), 100);
+  });
+  const started = await page.evaluate(() => performance.now());
+  await send(page, FOLLOW_UP, { maxTokens: 24 });
+  const { ticks, ended } = await page.evaluate(() => {
+    clearInterval(globalThis.ticker);
+    return { ticks: globalThis.ticks, ended: performance.now() };
+  });
+  const gaps = [...ticks, ended].map((t, i, all) => t - (i ? all[i - 1] : started));
+  const second = await lastReply(page);
+  check(Math.max(...gaps) < MAX_TIMER_GAP_MS && ticks.length >= (ended - started) / 100 / 2,
+    "a 100 ms timer keeps firing during a generation (the page stays responsive)",
+    `${ticks.length} ticks in ${((ended - started) / 1000).toFixed(2)} s, longest gap ` +
+    `${Math.max(...gaps).toFixed(0)} ms`);
+  const bubbles = await conversation(page);
+  check(same(bubbles.map((b) => b.role), ["user", "assistant", "user", "assistant"]) &&
+    second.ids.length > 0 && bubbles[3].text === second.text,
+  "a second chat turn replies in the conversation", JSON.stringify(bubbles));
+
+  await page.click("#regenerate");
+  await replyEnded(page);
+  const again = await lastReply(page);
+  const after = await conversation(page);
+  check(same(again.ids, second.ids) && after.length === 4,
+    "Regenerate replaces the last reply (the same greedy tokens)",
+    `[${again.ids.join(" ")}] against [${second.ids.join(" ")}], ${after.length} bubbles`);
+}
+
+/** The stored-models panel lists the cached model with its size, and deletes it. */
+async function cacheManager(page) {
+  const name = MODEL_PATH.split("/").pop();
+  await page.click("#cache-panel summary");
+  const entry = page.locator("#cache-list li", { hasText: name });
+  const listed = await entry.textContent();
+  await entry.locator("button").click();
+  await entry.waitFor({ state: "detached" });
+  const cached = await page.evaluate(async () =>
+    (await (await caches.open("tandem-models-v1")).keys()).map((r) => new URL(r.url).pathname));
+  check(listed.includes(`${(model.length / 2 ** 20).toFixed(1)} MiB`) && !cached.includes(MODEL_PATH),
+    "the stored-models panel lists the cached model with its size and deletes it",
+    `listed ${JSON.stringify(listed)}; left in the cache: ${cached.join(", ")}`);
+}
+
+/**
+ * Switches the backend with the model loaded: it reloads from the cache.
+ * The WebGPU run goes to the CPU backend; the CPU run to auto, which takes
+ * the CPU backend over a software adapter and WebGPU over a hardware one.
+ */
+async function switchBackend(page) {
+  const target = CPU ? "auto" : "cpu";
+  const software = await page.evaluate(async () => {
+    const adapter = await navigator.gpu?.requestAdapter();
+    const info = adapter?.info ?? {};
+    return !adapter || info.isFallbackAdapter ||
+      /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.description}`);
+  });
+  await chooseBackend(page, target);
+  const status = await loadEnded(page);
+  const info = await page.textContent("#backend-info");
+  const expected = CPU && !software
+    ? /^WebGPU: a hardware WebGPU adapter/
+    : CPU ? /^CPU backend \(wasm, 1 thread\): (WebGPU's adapter is a software rasterizer|this browser has no WebGPU|the browser offers no WebGPU adapter)/
+      : /^CPU backend \(wasm, 1 thread\): the CPU backend was asked for/;
+  check(status.includes("from the browser cache") && downloads(MODEL_PATH) === 1 && expected.test(info),
+    `switching the backend to ${target} reloads the model from the cache on the right backend`,
+    `${status}; ${info}`);
+  await send(page, PROMPT, { template: false });
+  const reply = await lastReply(page);
+  check(same(reply.ids, EXPECTED), `after the switch to ${target}, 8 greedy tokens match the native CPU backend`,
+    `browser [${reply.ids.join(" ")}]`);
+}
+
+/** The CPU backend with an INT4 KV cache against the native INT4 run; an unknown kvDtype is refused. */
+async function int4Cache(page) {
+  const kv = await page.evaluate(async ({ url, prompt, count }) => {
+    const { Tandem } = await import(new URL("pkg/tandem.js", location.href).href);
+    let refused = null;
+    try {
+      (await Tandem.load(url, { backend: "cpu", kvDtype: "int3" })).free();
+    } catch (e) {
+      refused = e.message ?? String(e);
+    }
+    const engine = await Tandem.load(url, { backend: "cpu", kvDtype: "int4" });
+    for await (const _ of engine.generate(prompt, { maxTokens: count, temperature: 0 }));
+    const ids = [...engine.generatedTokens()];
+    const { kvDtype, kvBytesPerToken } = engine.info();
+    engine.free();
+    return { refused, ids, kvDtype, kvBytesPerToken };
+  }, { url: MODEL_URL, prompt: PROMPT, count: EXPECTED.length });
+  console.log(JSON.stringify(kv));
+  const nativeInt4 = native(["--kv-dtype", "int4", "--top-logprobs", "5"], PROMPT, EXPECTED.length);
+  check(/^kvDtype: .*unknown KV dtype `int3`/.test(kv.refused), "an unknown kvDtype is a clear error", kv.refused);
+  const int4 = agreeUpToNearTie(kv.ids, nativeInt4, INT4_TIE_NATS);
+  check(kv.kvDtype === "int4" && int4.ok,
+    "kvDtype int4 gives the native CPU backend's greedy tokens with an INT4 KV cache",
+    `browser [${kv.ids.join(" ")}], native [${nativeInt4.ids.join(" ")}]; ${int4.detail}`);
+}
+
+/**
+ * The second served model, a Qwen2 architecture in k-quants, 5 times
+ * SmolLM2's size, uncached (storing 491 MB would only add time). On WebGPU
+ * it runs on the page's thread (the direct API) so that WebGPU's default
+ * buffer limits can be imposed on the page's adapter.
+ */
+async function qwen(page) {
+  const count = QWEN_TOKENS[BACKEND];
+  const started = Date.now();
+  let ids;
+  if (CPU) {
+    const status = await loadServed(page, QWEN_PATH.slice(1), { cache: false });
+    check(status.startsWith("Ready") && status.includes("downloaded") && downloads(QWEN_PATH) === 1,
+      "the page loads Qwen2.5-0.5B by URL", status);
+    await send(page, QWEN_PROMPT, { template: false, maxTokens: count });
+    ids = (await lastReply(page)).ids;
+  } else {
+    await page.addInitScript(defaultBufferLimits);
+    await page.reload();
+    const r = await page.evaluate(async ({ url, prompt, count }) => {
+      const { default: init, Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
+      await init();
+      const engine = await Tandem.load(url, { backend: "webgpu", cache: false });
+      for await (const _ of engine.generate(prompt, { maxTokens: count, temperature: 0 }));
+      const ids = [...engine.generatedTokens()];
+      engine.free();
+      return { ids, limits: globalThis.requestedLimits };
+    }, { url: QWEN_PATH.slice(1), prompt: QWEN_PROMPT, count });
+    check(r.limits?.maxStorageBufferBindingSize === BINDING_LIMIT,
+      "WebGPU runs Qwen2.5-0.5B under the default 128 MiB storage binding limit",
+      `the device was asked for maxStorageBufferBindingSize ${r.limits?.maxStorageBufferBindingSize}, ` +
+      `maxBufferSize ${r.limits?.maxBufferSize}`);
+    ids = r.ids;
+  }
+  const browserSeconds = (Date.now() - started) / 1000;
+  const expected = native([], QWEN_PROMPT, count, QWEN_PATH);
+  check(same(ids, expected), `Qwen2.5-0.5B's ${count} greedy tokens match the native CPU backend`,
+    `browser [${ids.join(" ")}], native [${expected.join(" ")}]`);
+  console.log(`qwen2.5-0.5b: load and ${count} tokens in the browser ${browserSeconds} s, ` +
+    `with the native run ${(Date.now() - started) / 1000} s`);
+}
 
 /**
  * Runs in the page before its scripts: WebGPU adapters and devices report at
@@ -313,79 +383,6 @@ function defaultBufferLimits() {
   GPUAdapter.prototype.requestDevice = function (descriptor) {
     globalThis.requestedLimits = { ...descriptor?.requiredLimits };
     return requestDevice.call(this, descriptor);
-  };
-}
-
-/** Clicks the default model's button and returns the status once the load ended. */
-function loadDefault(page) {
-  return loadServed(page, "#load-default");
-}
-
-/** Clicks a served model's button (cached or not) and returns the status once the load ended. */
-async function loadServed(page, button, { cache = true } = {}) {
-  await page.setChecked("#force-cpu", BACKEND === "cpu");
-  await page.setChecked("#no-cache", !cache);
-  await page.click(button);
-  await page.waitForFunction(
-    () => /^(Ready|Loading failed)/.test(document.getElementById("status").textContent),
-    null, { timeout: TIMEOUT_MS },
-  );
-  return page.textContent("#status");
-}
-
-/** Generates `count` (8) greedy tokens from the page (as a chat turn or a plain prompt); returns their ids. */
-async function run(page, { prompt, chat, count = EXPECTED.length }) {
-  await page.setChecked("#chat", chat);
-  await page.fill("#prompt", prompt);
-  await page.fill("#max-tokens", String(count));
-  await page.fill("#temperature", "0");
-  await page.click("#generate");
-  await page.waitForFunction(
-    () => /^(Done|Generation failed)/.test(document.getElementById("status").textContent),
-    null, { timeout: TIMEOUT_MS },
-  );
-  console.log(`${chat ? "chat" : "generate"}: ${await page.textContent("#status")} ` +
-    `${JSON.stringify(await page.textContent("#output"))} (${await page.textContent("#stats")})`);
-  return (await page.textContent("#token-ids")).trim().split(/\s+/).filter(Boolean).map(Number);
-}
-
-/**
- * The native CPU backend's first `count` greedy token ids after `prompt`, run
- * with `options` on the site's model at `modelPath` (SmolLM2 by default).
- */
-function nativeTokens(options, prompt, count, modelPath = MODEL_PATH) {
-  const args = ["run", "--backend", "cpu", "--model", join(siteDir, modelPath), ...options,
-    "--token-ids", "--temperature", "0", "-n", String(count), prompt];
-  const out = spawnSync(tandemBin, args, { encoding: "utf8" });
-  const line = out.stderr?.match(/^token ids: (.*)$/m);
-  if (out.status !== 0 || !line) {
-    throw new Error(`${tandemBin} ${args.join(" ")} failed (${out.error ?? out.status}):\n${out.stderr}`);
-  }
-  const ids = line[1].trim().split(" ").map(Number);
-  if (!options.includes("--top-logprobs")) {
-    return ids;
-  }
-  // `logprobs I: TOKEN LOGPROB | TOKEN LOGPROB ...`, one line per generated token.
-  const top = [...out.stderr.matchAll(/^logprobs \d+: \S+ \S+ \| (.*)$/gm)].map((m) => {
-    const fields = m[1].trim().split(" ").map(Number);
-    return new Map(fields.flatMap((v, i) => (i % 2 ? [] : [[v, fields[i + 1]]])));
-  });
-  return { ids, top };
-}
-
-/** Whether `ids` equal the native `{ ids, top }` until a near tie (see INT4_TIE_NATS). */
-function agreeUpToNearTie(ids, native, nats) {
-  const at = ids.findIndex((id, i) => id !== native.ids[i]);
-  if (at < 0 && ids.length === native.ids.length) {
-    return { ok: true, detail: "identical" };
-  }
-  const chosen = native.top[at]?.get(native.ids[at]);
-  const other = native.top[at]?.get(ids[at]);
-  const gap = chosen - other;
-  return {
-    ok: at >= 0 && gap <= nats,
-    detail: `first difference at ${at}: native logprob ${chosen} for ${native.ids[at]}, ${other} for ${ids[at]} ` +
-      `(gap ${gap?.toFixed?.(3)} nats, at most ${nats} allowed)`,
   };
 }
 

@@ -188,7 +188,7 @@ async function reply() {
       steps += 1;
       if (steps === 1) firstToken = performance.now() - started;
       message.content += piece;
-      bubble.textContent = message.content;
+      bubble.textContent = message.content.trimStart();
       meta.textContent = `${steps} tokens · ${rate(steps, performance.now() - started - firstToken)}`;
       scrollDown();
     }
