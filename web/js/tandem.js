@@ -23,6 +23,8 @@ export class Tandem {
   #tokens = new Uint32Array();
   #finishReason = null;
   #failure = null;
+  /** Messages leave in the order of the calls, even when one needs preparing (`portable`). */
+  #outbox = Promise.resolve();
 
   /**
    * Starts an engine's worker, with no model yet (`load` one). `workerUrl`
@@ -61,8 +63,7 @@ export class Tandem {
       throw new TypeError("option onProgress must be a function");
     }
     this.#info = null;
-    const { message, transfer } = await portable(source);
-    this.#info = await this.#call({ op: "load", source: message, options: rest }, { onProgress, transfer });
+    this.#info = await this.#call({ op: "load", options: rest }, { onProgress, source });
     return this;
   }
 
@@ -122,17 +123,20 @@ export class Tandem {
     return (await caches.open(cache)).delete(new URL(url, location.href).href);
   }
 
-  #call(message, { onProgress, onPiece, transfer = [] } = {}) {
+  /** Posts `message` (with `source` made portable) and resolves to the worker's answer. */
+  #call(message, { onProgress, onPiece, source } = {}) {
     if (this.#failure) return Promise.reject(new Error(this.#failure));
     const id = this.#nextId++;
     return new Promise((resolve, reject) => {
       this.#calls.set(id, { resolve, reject, onProgress, onPiece });
-      try {
-        this.#worker.postMessage({ id, ...message }, transfer);
-      } catch (e) {
+      const post = async () => {
+        const { value, transfer } = await portable(source);
+        this.#worker.postMessage({ id, ...message, source: value }, transfer);
+      };
+      this.#outbox = this.#outbox.then(post).catch((e) => {
         this.#calls.delete(id);
         reject(new Error(`the call cannot be sent to the engine's worker: ${e.message}`));
-      }
+      });
     });
   }
 
@@ -200,17 +204,18 @@ export class Tandem {
  * (transferred) and headers; Blobs and bytes are cloned.
  */
 async function portable(source) {
+  if (source === undefined) return { value: undefined, transfer: [] };
   if (typeof source === "string" || source instanceof URL) {
-    return { message: new URL(source, location.href).href, transfer: [] };
+    return { value: new URL(source, location.href).href, transfer: [] };
   }
   if (source instanceof Response) {
     const headers = [...source.headers];
-    if (!source.body) return { message: { response: { body: null, headers } }, transfer: [] };
+    if (!source.body) return { value: { response: { body: null, headers } }, transfer: [] };
     // Where streams cannot be transferred (older browsers), the bytes are handed over.
-    if (!streamsTransfer()) return { message: await source.blob(), transfer: [] };
-    return { message: { response: { body: source.body, headers } }, transfer: [source.body] };
+    if (!streamsTransfer()) return { value: await source.blob(), transfer: [] };
+    return { value: { response: { body: source.body, headers } }, transfer: [source.body] };
   }
-  return { message: source, transfer: [] };
+  return { value: source, transfer: [] };
 }
 
 function streamsTransfer() {
