@@ -4,7 +4,7 @@
 // TANDEM_WEB_BACKEND names ("webgpu" by default, or "cpu": the CPU backend
 // in wasm):
 // - the page loads SmolLM2-135M by URL with progress (download, cache store,
-//   upload) and says which backend runs and why;
+//   upload; the bar never moves back) and says which backend runs and why;
 // - 8 greedy tokens of a plain completion equal the native CPU backend's
 //   (the NumPy reference's);
 // - (CPU) two chat turns through the chat template, the first's 8 greedy
@@ -24,6 +24,8 @@
 //   flight;
 // - after a reload the model still comes from the cache (one download);
 //   (CPU) the stored-models panel lists it with its size and deletes it;
+//   the model picker loads a GGUF by URL and a file from disk (whose greedy
+//   tokens are the native ones);
 // - the page's second model, Qwen2.5-Coder-0.5B (491 MB), uncached, gives
 //   the native CPU's greedy tokens (8 on the CPU backend through the page; 2
 //   on WebGPU from the page's thread under WebGPU's default 128 MiB storage
@@ -135,8 +137,19 @@ try {
   const opened = Date.now();
   await page.goto(url);
   await chooseBackend(page, BACKEND);
+  await page.evaluate(() => {
+    const bar = document.getElementById("progress-bar");
+    globalThis.widths = [];
+    new MutationObserver(() => globalThis.widths.push(parseFloat(bar.style.width)))
+      .observe(bar, { attributes: true, attributeFilter: ["style"] });
+  });
   const status = await loadServed(page, MODEL_URL);
   const loaded = Date.now();
+  const widths = await page.evaluate(() => globalThis.widths);
+  check(widths.length > 2 && widths.every((w, i) => !i || w >= widths[i - 1]) && widths.at(-1) === 100,
+    "the load's progress bar never moves back and ends full",
+    `${widths.length} widths from ${widths[0]} to ${widths.at(-1)}%, ` +
+    `moved back ${widths.filter((w, i) => i && w < widths[i - 1]).length} times`);
   const loadLog = await page.textContent("#load-log");
   const backendInfo = await page.textContent("#backend-info");
   console.log(`${status}\n${loadLog}\n${backendInfo}`);
@@ -194,7 +207,10 @@ try {
   check(afterReload.includes("from the browser cache") && downloads(MODEL_PATH) === 1,
     "after a reload the model comes from the cache", afterReload);
 
-  if (CPU) await cacheManager(page);
+  if (CPU) {
+    await cacheManager(page);
+    await otherSources(page);
+  }
   await qwen(page);
 } catch (e) {
   failed += 1;
@@ -248,6 +264,23 @@ async function chatTwoTurns(page) {
   check(same(again.ids, second.ids) && after.length === 4,
     "Regenerate replaces the last reply (the same greedy tokens)",
     `[${again.ids.join(" ")}] against [${second.ids.join(" ")}], ${after.length} bubbles`);
+}
+
+/** The model picker's other sources: a GGUF by URL, and a file from disk. */
+async function otherSources(page) {
+  await page.selectOption("#model", "url");
+  await page.fill("#model-url", `${url}copy/model.gguf`);
+  await page.click("#load");
+  const byUrl = await loadEnded(page);
+  check(byUrl.startsWith("Ready") && /downloaded|from the browser cache/.test(byUrl),
+    "the model picker loads a GGUF by URL", byUrl);
+  await page.setInputFiles("#file", join(siteDir, MODEL_PATH));
+  const fromDisk = await loadEnded(page);
+  await send(page, PROMPT, { template: false });
+  const reply = await lastReply(page);
+  check(fromDisk.startsWith("Ready") && fromDisk.includes("from a file") && same(reply.ids, EXPECTED),
+    "the model picker loads a GGUF file from disk, which gives the native tokens",
+    `${fromDisk}; [${reply.ids.join(" ")}]`);
 }
 
 /** The stored-models panel lists the cached model with its size, and deletes it. */
