@@ -3,7 +3,7 @@
 //! reports.
 
 use crate::backend::KvDtype;
-use crate::kv::{SeqId, DEFAULT_BLOCK_SIZE};
+use crate::kv::{EvictionConfig, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::recorded::RecordingStats;
 use crate::sched::{Priority, SamplingParams, SharedConstraintFactory};
 use crate::spec::SpeculationStats;
@@ -32,6 +32,9 @@ pub struct EngineConfig {
     /// shape and replayed (CUDA graphs) on backends that record; 0 turns
     /// recording off.
     pub max_recorded_batch: usize,
+    /// KV eviction for every sequence (`--kv-budget`, `--kv-evict`, ...);
+    /// `None` keeps all of a sequence's KV. A request may set its own.
+    pub kv_eviction: Option<EvictionConfig>,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +48,7 @@ impl Default for EngineConfig {
             max_running: 256,
             max_waiting: 1024,
             max_recorded_batch: DEFAULT_MAX_RECORDED_BATCH,
+            kv_eviction: None,
         }
     }
 }
@@ -157,6 +161,8 @@ pub struct Request {
     /// happens on the host among the allowed tokens; once the grammar is
     /// complete only `stop_tokens` may follow.
     pub constraint: Option<SharedConstraintFactory>,
+    /// KV eviction for this request's sequences instead of the engine's.
+    pub kv_eviction: Option<EvictionConfig>,
 }
 
 impl Request {
@@ -170,6 +176,7 @@ impl Request {
             samples: 1,
             logprobs: None,
             constraint: None,
+            kv_eviction: None,
         }
     }
 }

@@ -29,22 +29,24 @@ impl<B: Backend> Engine<B> {
 
     /// How many tokens to draft for each decoding sequence that gets drafts.
     fn draft_lengths(&mut self) -> Vec<(SeqId, usize)> {
-        let Some(spec) = self.speculation.as_mut().filter(|s| s.enabled) else {
+        if !self.speculation.as_ref().is_some_and(|s| s.enabled) {
             return Vec::new();
-        };
-        let max_len = self
-            .max_context
-            .min(self.kv_manager.num_blocks() * self.kv_manager.block_size());
-        let candidates: Vec<SeqId> = self
+        }
+        // The longest each may grow (past the pool under a KV budget).
+        let candidates: Vec<(SeqId, usize)> = self
             .scheduler
             .sequences()
             .filter(|(_, s)| {
                 s.is_decoding() && s.data.logprobs.is_none() && s.data.forks.is_empty()
             })
-            .map(|(id, _)| id)
+            .map(|(id, s)| {
+                let capacity = self.capacity_for(s.data.eviction.as_ref());
+                (id, self.max_context.min(capacity))
+            })
             .collect();
+        let spec = self.speculation.as_mut().expect("checked above");
         let mut wanted = Vec::new();
-        for &id in &candidates {
+        for &(id, max_len) in &candidates {
             let s = self.scheduler.get_mut(id).expect("listed above");
             let g = &mut s.data;
             // After k accepted drafts and one more token the sequence must still fit.
@@ -152,7 +154,8 @@ impl<B: Backend> Engine<B> {
         picks: &[Pick<'_>],
         events: &mut Vec<TokenEvent>,
     ) -> Result<()> {
-        let max_len = self.max_context.min(self.kv_capacity());
+        let plan = self.scheduler.get(seq).and_then(|s| s.data.eviction);
+        let max_len = self.max_context.min(self.capacity_for(plan.as_ref()));
         let vocab = self.model.config.vocab_size;
         let covered = picks.len() - 1;
         let s = self.scheduler.get_mut(seq).expect("sampled");

@@ -24,12 +24,14 @@
 //! `api` holds what goes in and out (configuration, requests, token
 //! events, step errors, statistics); `step` runs one iteration (scheduling,
 //! the forward pass, sampling); `drafts` the speculation inside it
-//! (proposing, dropping and verifying drafts); `failure` ends the
+//! (proposing, dropping and verifying drafts); `eviction` keeps each
+//! sequence within its KV budget (scores, eviction); `failure` ends the
 //! sequences of a failed step; this file holds the engine's state,
 //! admission of requests and scoring.
 
 mod api;
 mod drafts;
+mod eviction;
 mod failure;
 mod step;
 
@@ -42,7 +44,7 @@ pub use step::{PendingStep, ReadValues, Readback};
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::kv::{KvCacheManager, SeqId};
+use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, SeqId};
 use crate::model::forward::{ForwardBatch, Model, Progress};
 use crate::model::recorded::DecodeRecorder;
 use crate::model::ModelFiles;
@@ -55,6 +57,7 @@ use crate::spec::{
     Stopwatch,
 };
 use crate::{Error, Result};
+use eviction::ScoredRows;
 use step::rounded_width;
 
 /// What the engine keeps per sequence beside its tokens.
@@ -74,6 +77,8 @@ struct Generation {
     /// The drafts riding in the current step, if any.
     drafts: Option<Draft>,
     acceptance: SequenceAcceptance,
+    /// Its KV budget, if any (`crate::kv::eviction`).
+    eviction: Option<EvictionPlan>,
 }
 
 /// What is each sample's own: its random stream and its grammar state.
@@ -89,6 +94,7 @@ impl Generation {
         max_new_tokens: usize,
         stop_tokens: Vec<u32>,
         logprobs: Option<usize>,
+        eviction: Option<EvictionPlan>,
     ) -> Self {
         Self {
             sampler: sample.sampler,
@@ -101,6 +107,7 @@ impl Generation {
             forks: Vec::new(),
             drafts: None,
             acceptance: SequenceAcceptance::default(),
+            eviction,
         }
     }
 }
@@ -133,6 +140,8 @@ pub struct Engine<B: Backend> {
     recorder: Option<DecodeRecorder<B>>,
     /// Off: the recorder is kept but not used.
     recording: bool,
+    /// The KV budget of requests that set none.
+    eviction: Option<EvictionPlan>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -164,6 +173,10 @@ impl<B: Backend> Engine<B> {
             .max_context
             .unwrap_or(cfg.max_context)
             .min(cfg.max_context);
+        let eviction = config
+            .kv_eviction
+            .map(|c| c.plan(max_context, config.block_size))
+            .transpose()?;
         let mut engine = Self {
             backend,
             kv_manager: KvCacheManager::new(config.num_blocks, config.block_size),
@@ -180,6 +193,7 @@ impl<B: Backend> Engine<B> {
             speculation: None,
             recorder: None,
             recording: true,
+            eviction,
         };
         let max_batch = engine.config.max_recorded_batch;
         // A MoE layer reads its routing back to group rows by expert, which
@@ -359,6 +373,7 @@ impl<B: Backend> Engine<B> {
             samples,
             logprobs,
             constraint,
+            kv_eviction,
         } = request;
         params.validate()?;
         if prompt.is_empty() {
@@ -371,7 +386,8 @@ impl<B: Backend> Engine<B> {
         let biased: Vec<u32> = params.logit_bias.iter().map(|&(t, _)| t).collect();
         self.check_tokens(&biased)
             .map_err(|e| Error::InvalidRequest(format!("logit_bias: {e}")))?;
-        self.check_fits(prompt.len())?;
+        let eviction = self.eviction_plan(kv_eviction)?;
+        self.check_fits(prompt.len(), eviction.as_ref())?;
         if self.scheduler.queue_full(1) {
             return Err(SubmitError::QueueFull(self.scheduler.num_waiting()));
         }
@@ -397,7 +413,7 @@ impl<B: Backend> Engine<B> {
         let first = samples.next().expect("at least one sample");
         let generation = Generation {
             forks: ids[1..].iter().copied().zip(samples).collect(),
-            ..Generation::new(first, max_new_tokens, stop_tokens, logprobs)
+            ..Generation::new(first, max_new_tokens, stop_tokens, logprobs, eviction)
         };
         for &child in &ids[1..] {
             self.awaiting_fork.insert(child, ids[0]);
@@ -414,8 +430,9 @@ impl<B: Backend> Engine<B> {
             return Err(Error::InvalidRequest("nothing to continue with".into()));
         }
         self.check_tokens(tokens)?;
-        let len = self.sequence(seq)?.tokens.len();
-        self.check_fits(len + tokens.len())?;
+        let s = self.sequence(seq)?;
+        let (len, eviction) = (s.tokens.len(), s.data.eviction);
+        self.check_fits(len + tokens.len(), eviction.as_ref())?;
         self.scheduler.resume(seq)?;
         let s = self.scheduler.get_mut(seq).expect("checked above");
         s.tokens.extend_from_slice(tokens);
@@ -436,14 +453,18 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn check_fits(&self, len: usize) -> Result<()> {
+    fn check_fits(&self, len: usize, eviction: Option<&EvictionPlan>) -> Result<()> {
         if len >= self.max_context {
             return Err(Error::InvalidRequest(format!(
                 "the prompt has {len} tokens but the context holds {} (leaving room for at least one new token)",
                 self.max_context
             )));
         }
-        let capacity = self.kv_capacity();
+        // SnapKV holds a prompt whole until it is computed.
+        let capacity = match eviction {
+            Some(plan) if plan.policy == EvictionPolicy::SnapKv => self.capacity_for(None),
+            plan => self.capacity_for(plan),
+        };
         if len >= capacity {
             return Err(Error::KvCacheFull(format!(
                 "the prompt has {len} tokens but the KV cache holds {capacity}"
@@ -520,6 +541,7 @@ impl<B: Backend> Engine<B> {
                 s.data.max_new_tokens,
                 s.data.stop_tokens.clone(),
                 s.data.logprobs,
+                s.data.eviction,
             );
             // A parent with pending samples has not sampled yet: its tokens are the prompt.
             self.scheduler
@@ -536,7 +558,7 @@ impl<B: Backend> Engine<B> {
             return Err(Error::InvalidRequest("nothing to score".into()));
         }
         self.check_tokens(tokens)?;
-        self.check_fits(tokens.len() - 1)?;
+        self.check_fits(tokens.len() - 1, self.eviction.as_ref())?;
         let id = self.next_id;
         self.next_id += 1;
         self.kv_manager.add_sequence(id)?;
@@ -558,7 +580,21 @@ impl<B: Backend> Engine<B> {
             batch.logit_rows = (first_row.max(start)..start + chunk.len())
                 .map(|p| (p - start) as u32)
                 .collect();
-            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+            let logits = match self.eviction {
+                Some(plan) => {
+                    let rows = ScoredRows {
+                        seq: id,
+                        first_row: 0,
+                        len: chunk.len(),
+                        plan,
+                        prompt_len: tokens.len(),
+                    };
+                    let logits = self.forward_scoring(&batch, &[rows])?;
+                    self.evict_computed(id, &plan, start + chunk.len(), tokens.len())?;
+                    logits
+                }
+                None => self.model.forward(&self.backend, &batch, &mut self.kv)?,
+            };
             if !batch.logit_rows.is_empty() {
                 out.extend(
                     self.backend

@@ -3,6 +3,7 @@
 //! whose tokens are computed, verifying drafts where there were any
 //! (`drafts`). A step that fails ends its own sequences only (`failure`).
 
+use super::eviction::ScoredRows;
 use super::{Engine, Generation};
 
 use super::api::{FinishReason, StepError, TokenEvent, TokenLogprobs};
@@ -167,6 +168,7 @@ impl<B: Backend> Engine<B> {
             .unwrap_or(1);
         let mut batch = ForwardBatch::new(bs, rounded_width(longest));
         let mut sampled: Vec<(SeqId, usize)> = Vec::new();
+        let mut scoring: Vec<ScoredRows> = Vec::new();
         for c in &schedule.chunks {
             if !c.reservation.copies.is_empty() {
                 for cache in &mut self.kv {
@@ -179,6 +181,15 @@ impl<B: Backend> Engine<B> {
                 .table(c.seq)
                 .expect("reserved by the scheduler");
             let first_row = batch.rows();
+            if let Some((plan, prompt_len)) = self.plan_of(c.seq) {
+                scoring.push(ScoredRows {
+                    seq: c.seq,
+                    first_row,
+                    len: c.len,
+                    plan,
+                    prompt_len,
+                });
+            }
             batch.push_sequence(
                 &s.tokens[c.start..c.start + c.len],
                 c.start,
@@ -196,7 +207,9 @@ impl<B: Backend> Engine<B> {
                 sampled.push((c.seq, c.len - from));
             }
         }
-        let recording = self.recording;
+        // Scores come from the eager pass only.
+        let recording =
+            self.recording && !scoring.iter().any(|r| r.scored(&batch).next().is_some());
         let recorder = (self.recorder.as_mut()).filter(|r| recording && r.accepts(&batch));
         let (readback, lent_by_recorder) = match recorder {
             Some(recorder) => {
@@ -205,7 +218,7 @@ impl<B: Backend> Engine<B> {
                 (self.lend_readback(outputs, &sampled), Some(generation))
             }
             None => {
-                let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+                let logits = self.forward_scoring(&batch, &scoring)?;
                 (self.readback_for(logits, &sampled)?, None)
             }
         };
@@ -317,6 +330,7 @@ impl<B: Backend> Engine<B> {
         };
         self.scheduler.complete(&schedule, &mut self.kv_manager)?;
         if seqs.is_empty() {
+            self.evict_after(&schedule)?;
             return Ok(Vec::new());
         }
         // A buffer not given back (the error above) only costs the recorder
@@ -354,6 +368,7 @@ impl<B: Backend> Engine<B> {
                     parent.max_new_tokens,
                     parent.stop_tokens.clone(),
                     parent.logprobs,
+                    parent.eviction,
                 );
                 self.scheduler.fork(id, child, generation)?;
                 events.extend(self.take_token(child, picks[0]));
@@ -367,6 +382,8 @@ impl<B: Backend> Engine<B> {
                 spec.stats.verify_seconds += secs;
             }
         }
+        // After the drafts are settled: a rollback never reaches an evicted block.
+        self.evict_after(&schedule)?;
         Ok(events)
     }
 
@@ -422,7 +439,8 @@ impl<B: Backend> Engine<B> {
         logprobs: Option<TokenLogprobs>,
         len_after: usize,
     ) -> TokenEvent {
-        let max_len = self.max_context.min(self.kv_capacity());
+        let plan = self.scheduler.get(seq).and_then(|s| s.data.eviction);
+        let max_len = self.max_context.min(self.capacity_for(plan.as_ref()));
         let g = &mut self.scheduler.get_mut(seq).expect("sampled").data;
         g.n_generated += 1;
         // A complete grammar allows only stop tokens; without any, it ends here.

@@ -282,10 +282,23 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         kv: &mut [B::KvCache],
     ) -> Result<B::Tensor> {
+        self.forward_scoring(backend, batch, kv, None)
+    }
+
+    /// [`Model::forward`], and with `scores` (`[rows, kv_heads,
+    /// max_blocks_per_seq]`) every layer's attention mass per KV block added
+    /// into it (`Backend::paged_attention_scores`, for KV eviction by score).
+    pub fn forward_scoring(
+        &self,
+        backend: &B,
+        batch: &ForwardBatch,
+        kv: &mut [B::KvCache],
+        scores: Option<&mut B::Tensor>,
+    ) -> Result<B::Tensor> {
         let shape = self.check_batch(batch, kv)?;
         let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
         let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
-        self.forward_into(backend, &mut buffers, shape, kv, &mut logits)?;
+        self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores)?;
         Ok(logits)
     }
 
@@ -312,6 +325,7 @@ impl<B: Backend> Model<B> {
     /// The kernels of one forward pass of `shape` over `buffers`, whose
     /// indices already hold the batch; the logits go to `logits`. Allocates
     /// nothing, uploads nothing, reads nothing back: a backend can record it.
+    /// With `scores`, the attention mass per KV block is added into it.
     pub(crate) fn forward_into(
         &self,
         backend: &B,
@@ -319,6 +333,7 @@ impl<B: Backend> Model<B> {
         shape: StepShape,
         kv: &mut [B::KvCache],
         logits: &mut B::Tensor,
+        mut scores: Option<&mut B::Tensor>,
     ) -> Result<()> {
         let cfg = &self.config;
         let rows = shape.rows;
@@ -429,7 +444,16 @@ impl<B: Backend> Model<B> {
                 positions,
                 block_tables,
             };
-            backend.paged_attention(q, cache, idx, attn_params(layer.sliding_window), attn)?;
+            let params = attn_params(layer.sliding_window);
+            if let Some(scores) = scores.as_deref_mut() {
+                let idx = AttentionIndices::<B> {
+                    row_seq,
+                    positions,
+                    block_tables,
+                };
+                backend.paged_attention_scores(q, cache, idx, params, scores)?;
+            }
+            backend.paged_attention(q, cache, idx, params, attn)?;
             post_normed(
                 backend,
                 attn,

@@ -158,7 +158,7 @@ impl<B: Backend> DecodeRecorder<B> {
             );
             let vocab = model.config.vocab_size;
             let mut step = |backend: &B| {
-                model.forward_into(backend, &mut r.buffers, shape, kv, logits)?;
+                model.forward_into(backend, &mut r.buffers, shape, kv, logits, None)?;
                 backend.argmax(logits, shape.rows, vocab, ids)
             };
             step(backend)?;

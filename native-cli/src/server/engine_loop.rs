@@ -93,7 +93,8 @@ pub enum Refused {
 
 pub enum Command {
     Submit {
-        request: Request,
+        /// Boxed: a request is far larger than the other commands.
+        request: Box<Request>,
         /// When the loop ends the request if it has not finished.
         deadline: Option<Instant>,
         updates: mpsc::Sender<Update>,
@@ -133,7 +134,7 @@ impl EngineHandle {
         let (admitted, answer) = oneshot::channel();
         self.commands
             .send(Command::Submit {
-                request,
+                request: Box::new(request),
                 deadline,
                 updates,
                 admitted,
@@ -292,7 +293,7 @@ impl EngineInbox {
                         deadline,
                         updates,
                         admitted,
-                    } => (request, deadline, updates, admitted),
+                    } => (*request, deadline, updates, admitted),
                     Command::EndAll => {
                         shutting_down = true;
                         for a in active.values_mut() {
