@@ -254,29 +254,59 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
 }
 
 /// `weights[l * vectors + v] = keys[l] · queries of vector v`, for the
-/// sixteen keys of a key tile.
+/// sixteen keys of a key tile: two query vectors at a time where there are
+/// two, so each broadcast key element serves both.
 #[inline(always)]
 fn scores<M: MulAdd>(keys: &[f32], queries: &[Lanes], hd: usize, weights: &mut [Lanes]) {
     let vectors = queries.len() / hd;
-    for v in 0..vectors {
+    let mut v = 0;
+    while v + 2 <= vectors {
+        for first_key in (0..LANES).step_by(KEYS_AT_ONCE / 2) {
+            score_keys::<M, 2, { KEYS_AT_ONCE / 2 }>(keys, queries, hd, v, first_key, weights);
+        }
+        v += 2;
+    }
+    if v < vectors {
         for first_key in (0..LANES).step_by(KEYS_AT_ONCE) {
-            let rows: [&[f32]; KEYS_AT_ONCE] =
-                std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
-            let mut sums = [[0f32; LANES]; KEYS_AT_ONCE];
-            for d in 0..hd {
-                let q = &queries[d * vectors + v];
-                for (sum, row) in sums.iter_mut().zip(rows) {
-                    let key = row[d];
-                    for lane in 0..LANES {
-                        sum[lane] = M::mul_add(key, q[lane], sum[lane]);
-                    }
-                }
-            }
-            for (k, sum) in sums.into_iter().enumerate() {
-                weights[(first_key + k) * vectors + v] = sum;
+            score_keys::<M, 1, KEYS_AT_ONCE>(keys, queries, hd, v, first_key, weights);
+        }
+    }
+}
+
+/// Scores of keys `first_key..first_key + K` for query vectors
+/// `v..v + V`: `K * V` independent chains of multiply-adds.
+#[inline(always)]
+fn score_keys<M: MulAdd, const V: usize, const K: usize>(
+    keys: &[f32],
+    queries: &[Lanes],
+    hd: usize,
+    v: usize,
+    first_key: usize,
+    weights: &mut [Lanes],
+) {
+    let vectors = queries.len() / hd;
+    let rows: [&[f32]; K] = std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
+    let mut sums = [[[0f32; LANES]; V]; K];
+    for d in 0..hd {
+        let q: [Lanes; V] = std::array::from_fn(|i| queries[d * vectors + v + i]);
+        for (sum, row) in sums.iter_mut().zip(rows) {
+            let key = row[d];
+            for (sum, q) in sum.iter_mut().zip(&q) {
+                *sum = mul_add_lanes::<M>(key, q, sum);
             }
         }
     }
+    for (k, sum) in sums.into_iter().enumerate() {
+        for (i, sum) in sum.into_iter().enumerate() {
+            weights[(first_key + k) * vectors + v + i] = sum;
+        }
+    }
+}
+
+/// `key * q + sum`, lane by lane.
+#[inline(always)]
+fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+    std::array::from_fn(|lane| M::mul_add(key, q[lane], sum[lane]))
 }
 
 /// One key tile's step of the online softmax for query vector `v`: scores
