@@ -3,7 +3,9 @@
 //! window; `h2o` keeps the blocks every query attends to; every policy on
 //! every KV dtype on the CPU and wgpu (lavapipe) backends keeps each
 //! sequence within its budget while it grows past the KV pool, and the two
-//! backends agree under eviction.
+//! backends agree under eviction; the API's per-request fields.
+
+mod serving_support;
 
 use tandem_core::backend::{AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype};
 use tandem_core::engine::{Engine, EngineConfig, Request};
@@ -366,5 +368,51 @@ fn every_policy_on_every_kv_dtype_on_cpu_and_wgpu() {
             max_abs_diff(&full, &want) > 10.0 * tolerance,
             "{dtype}: eviction had no effect"
         );
+    }
+}
+
+/// The OpenAI API's extension fields reach the engine: a budget larger than
+/// the sequence changes no logprob, a small one changes them, and bad
+/// values get a 400 naming the field.
+#[test]
+fn the_api_takes_a_budget_per_request() {
+    use serde_json::{json, Value};
+    let t = serving_support::start(128, 16);
+    let addr = t.server.addr;
+    let text: String = (0..150)
+        .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+        .collect();
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "model": serving_support::MODEL, "prompt": text, "max_tokens": 24,
+            "temperature": 0, "logprobs": 0, "return_tokens_as_token_ids": true,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        serving_support::post(addr, "/v1/completions", &body)
+    };
+    let logprobs = |(status, v): (u16, Value)| {
+        assert_eq!(status, 200, "{v}");
+        v["choices"][0]["logprobs"]["token_logprobs"].clone()
+    };
+    let full = logprobs(ask(json!({})));
+    let roomy = logprobs(ask(json!({"kv_budget": 1000, "kv_evict": "h2o"})));
+    assert_eq!(full, roomy);
+    let small = logprobs(ask(
+        json!({"kv_budget": "12.5%", "kv_evict": "streaming", "kv_recent": 16}),
+    ));
+    assert_ne!(full, small);
+    for (extra, field) in [
+        (json!({"kv_budget": "lots"}), "kv_budget"),
+        (json!({"kv_budget": 0}), "kv_budget"),
+        (json!({"kv_budget": 8}), "kv_budget"),
+        (json!({"kv_budget": 64, "kv_evict": "lru"}), "kv_evict"),
+        (json!({"kv_evict": "h2o"}), "kv_evict"),
+        (json!({"kv_budget": 64, "kv_sinks": -1}), "kv_sinks"),
+    ] {
+        let (status, v) = ask(extra.clone());
+        assert_eq!(status, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], field, "{extra}: {v}");
     }
 }

@@ -553,6 +553,9 @@ impl<B: Backend> Engine<B> {
     /// Logits of every position from `first_row` on, for `tokens` evaluated
     /// from scratch (perplexity, reference checks). Uses a temporary sequence
     /// whose blocks are freed before returning. Returns `[rows, vocab]`.
+    /// Under the engine's KV budget the sequence is cut back after every
+    /// chunk of `max_batch_tokens`, the tokens before `first_row` counting
+    /// as its prompt.
     pub fn score(&mut self, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
         if tokens.is_empty() || first_row >= tokens.len() {
             return Err(Error::InvalidRequest("nothing to score".into()));
@@ -571,6 +574,9 @@ impl<B: Backend> Engine<B> {
         let vocab = self.model.config.vocab_size;
         let bs = self.kv_manager.block_size();
         let mut out = Vec::with_capacity((tokens.len() - first_row) * vocab);
+        // Under a KV budget the unscored context is the prompt: SnapKV
+        // selects once it is computed, as before decoding.
+        let prompt_len = first_row.max(1);
         for (chunk_idx, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
             let start = chunk_idx * self.config.max_batch_tokens;
             let res = self.kv_manager.reserve(id, chunk.len())?;
@@ -587,10 +593,10 @@ impl<B: Backend> Engine<B> {
                         first_row: 0,
                         len: chunk.len(),
                         plan,
-                        prompt_len: tokens.len(),
+                        prompt_len,
                     };
                     let logits = self.forward_scoring(&batch, &[rows])?;
-                    self.evict_computed(id, &plan, start + chunk.len(), tokens.len())?;
+                    self.evict_computed(id, &plan, start + chunk.len(), prompt_len)?;
                     logits
                 }
                 None => self.model.forward(&self.backend, &batch, &mut self.kv)?,

@@ -16,13 +16,15 @@ use tandem_core::sched::{Rng, SamplingParams};
 use tandem_core::Backend;
 
 use super::speculate::SpeculationArgs;
-use super::{build_engine, ModelArgs};
+use super::{build_engine, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub kv_eviction: KvEvictionArgs,
     /// Prompt tokens for the prefill test.
     #[arg(long, short = 'p', default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -176,7 +178,7 @@ impl WithBackend for BenchArgs {
         };
         let ctx = (self.prompt_tokens.max(self.gen_tokens).max(spec_ctx) + 2)
             .min(files.config.max_context);
-        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
+        let mut engine = build_engine(backend, &self.model, &self.kv_eviction, &files, ctx, 1)?;
         let info = engine.backend().info();
         let vocab = files.config.vocab_size;
         let mut rng = Rng::new(42);
@@ -236,6 +238,7 @@ impl WithBackend for BenchArgs {
                 "active_parameters": active_params,
                 "kv_dtype": self.model.kv_dtype.name(),
                 "kv_bytes_per_token": engine.kv_bytes_per_token(),
+                "kv_eviction": self.kv_eviction.describe(),
                 "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
                 "graph_batch": if compare_graphs { graph_batch } else { 0 },
                 "decode_eager_tokens_per_s": tg_eager,
@@ -256,9 +259,10 @@ impl WithBackend for BenchArgs {
                 total_params as f64 / 1e6
             );
             println!(
-                "KV:      {}, {} bytes per token",
+                "KV:      {}, {} bytes per token, eviction {}",
                 self.model.kv_dtype,
-                engine.kv_bytes_per_token()
+                engine.kv_bytes_per_token(),
+                self.kv_eviction.describe()
             );
             println!(
                 "pp{:<5} {:10.1} ± {:.1} tokens/s",

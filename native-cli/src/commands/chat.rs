@@ -10,13 +10,15 @@ use tandem_core::tokenizer::ChatMessage;
 use tandem_core::Backend;
 
 use super::speculate::SpeculationArgs;
-use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
+use super::{build_engine, context_length, stream_turn, KvEvictionArgs, ModelArgs, SamplingArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub kv_eviction: KvEvictionArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -46,7 +48,7 @@ impl WithBackend for ChatArgs {
         files.tokenizer.set_special_tokens_in_content(allow);
         let ctx = context_length(&self.model, &files);
         let tokenizer = &files.tokenizer;
-        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
+        let mut engine = build_engine(backend, &self.model, &self.kv_eviction, &files, ctx, 1)?;
         self.speculation.attach(&mut engine, &files)?;
         let mut messages: Vec<ChatMessage> = self
             .system

@@ -7,6 +7,7 @@ pub mod chat;
 #[cfg(feature = "distill")]
 pub mod distill;
 pub mod inspect;
+pub mod kv_eviction;
 pub mod perplexity;
 pub mod quantize;
 pub mod run;
@@ -29,6 +30,7 @@ use tandem_core::Backend;
 use crate::backend_select::BackendChoice;
 use crate::model_path;
 use crate::progress::LoadProgress;
+pub use kv_eviction::KvEvictionArgs;
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -133,10 +135,12 @@ pub fn context_length(args: &ModelArgs, files: &ModelFiles) -> usize {
         .min(files.config.max_context)
 }
 
-/// An engine whose KV pool holds `sequences` sequences of `ctx` tokens.
+/// An engine whose KV pool holds `sequences` sequences of `ctx` tokens,
+/// each within `eviction`'s budget if one is given.
 pub fn build_engine<B: Backend>(
     backend: B,
     args: &ModelArgs,
+    eviction: &KvEvictionArgs,
     files: &ModelFiles,
     ctx: usize,
     sequences: usize,
@@ -145,6 +149,7 @@ pub fn build_engine<B: Backend>(
         max_context: Some(ctx),
         kv_dtype: args.kv_dtype,
         max_recorded_batch: args.graph_batch,
+        kv_eviction: eviction.config()?,
         ..EngineConfig::default()
     }
     .with_capacity_tokens(ctx * sequences);

@@ -12,13 +12,17 @@ use clap::Args;
 use tandem_core::engine::EngineConfig;
 use tandem_core::Backend;
 
-use super::{build_engine_with, ModelArgs};
+use super::{build_engine_with, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Percentages of the budget are of the window (`--ctx`); SnapKV
+    /// selects once the window's first half is computed.
+    #[command(flatten)]
+    pub kv_eviction: KvEvictionArgs,
     /// Text file to score.
     #[arg(long, short = 'f')]
     pub file: PathBuf,
@@ -103,6 +107,7 @@ impl WithBackend for PerplexityArgs {
             kv_dtype: self.model.kv_dtype,
             max_recorded_batch: self.model.graph_batch,
             max_batch_tokens: self.batch as usize,
+            kv_eviction: self.kv_eviction.config()?,
             ..EngineConfig::default()
         }
         .with_capacity_tokens(n + 1);
@@ -113,8 +118,9 @@ impl WithBackend for PerplexityArgs {
             .bos_token()
             .filter(|_| tokens.first() == files.tokenizer.bos_token().as_ref());
         eprintln!(
-            "perplexity: {} tokens, {windows} windows of {n}",
-            tokens.len()
+            "perplexity: {} tokens, {windows} windows of {n}, KV eviction {}",
+            tokens.len(),
+            self.kv_eviction.describe()
         );
         let first = n / 2;
         let mut sums = NllSums::default();

@@ -6,13 +6,15 @@ use tandem_core::engine::Request;
 use tandem_core::Backend;
 
 use super::speculate::SpeculationArgs;
-use super::{build_engine, context_length, stream_turn, ModelArgs, SamplingArgs};
+use super::{build_engine, context_length, stream_turn, KvEvictionArgs, ModelArgs, SamplingArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub kv_eviction: KvEvictionArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -52,7 +54,7 @@ impl WithBackend for RunArgs {
             self.prompt.clone()
         };
         let prompt = tokenizer.encode(&text, true)?;
-        let mut engine = build_engine(backend, &self.model, &files, ctx, 1)?;
+        let mut engine = build_engine(backend, &self.model, &self.kv_eviction, &files, ctx, 1)?;
         self.speculation.attach(&mut engine, &files)?;
         let info = engine.backend().info();
         eprintln!("backend: {} ({})", info.name, info.device);

@@ -12,7 +12,7 @@ use tandem_server::connections::connection_cap;
 use tandem_server::{spawn_engine, ServerConfig};
 
 use super::speculate::SpeculationArgs;
-use super::{context_length, ModelArgs};
+use super::{context_length, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 use crate::progress::LoadProgress;
 
@@ -92,6 +92,10 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// The default of requests without `kv_budget`; a request's own
+    /// `kv_budget`, `kv_evict`, `kv_sinks`, `kv_recent` replace it.
+    #[command(flatten)]
+    pub kv_eviction: KvEvictionArgs,
     #[command(flatten)]
     pub speculation: SpeculationArgs,
     #[arg(long, default_value = "127.0.0.1")]
@@ -169,7 +173,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let allow = args.allow_special_tokens_in_content;
     files.tokenizer.set_special_tokens_in_content(allow);
     let ctx = context_length(&args.model, &files);
-    let config = args.engine.config(&files, ctx, &args.model)?;
+    let config = EngineConfig {
+        kv_eviction: args.kv_eviction.config()?,
+        ..args.engine.config(&files, ctx, &args.model)?
+    };
     let model_id = args.model_id.clone().unwrap_or_else(|| {
         files
             .path

@@ -6,8 +6,9 @@
 //! the endpoint does not know is refused by name ([`fields`]). Besides
 //! OpenAI's fields, vLLM's `top_k`, `min_p`, `repetition_penalty`,
 //! `priority` (lower runs first, as in vLLM) and
-//! `return_tokens_as_token_ids`, and `timeout` (seconds from
-//! arrival; the request then ends with `finish_reason: "timeout"`).
+//! `return_tokens_as_token_ids`, `timeout` (seconds from
+//! arrival; the request then ends with `finish_reason: "timeout"`), and
+//! the request's own KV eviction (`kv_budget`, ... : [`kv_eviction`]).
 //!
 //! [`fields`]: crate::fields
 
@@ -20,6 +21,7 @@ use tandem_core::tokenizer::Tokenizer;
 use tandem_structured::{StructuredError, StructuredOutput};
 
 use crate::fields::{self, Fields};
+use crate::kv_eviction;
 use crate::prompt;
 use crate::sampling;
 use crate::token_floor::TokenFloor;
@@ -247,6 +249,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             // `best_of` ranks the samples by their tokens' logprobs.
             logprobs: logprobs.or((samples > choices).then_some(0)),
             constraint,
+            kv_eviction: kv_eviction::config(&f, limits)?,
             ..Request::new(prompt, params, max_tokens)
         },
         choices,

@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use crate::api::{ApiError, Endpoint};
 
 /// Fields both endpoints take; `top_k`, `min_p`, `repetition_penalty`,
-/// `priority`, `return_tokens_as_token_ids` and `timeout` are extensions
-/// (vLLM's, and the server's own).
+/// `priority`, `return_tokens_as_token_ids`, `timeout` and the `kv_*`
+/// eviction fields are extensions (vLLM's, and the server's own).
 const COMMON: &[&str] = &[
     "model",
     "stream",
@@ -42,6 +42,10 @@ const COMMON: &[&str] = &[
     "guided_choice",
     "guided_grammar",
     "structured_outputs",
+    "kv_budget",
+    "kv_evict",
+    "kv_sinks",
+    "kv_recent",
 ];
 
 /// Fields only `/v1/completions` takes.

@@ -12,7 +12,7 @@
 //! - [`api`]: the OpenAI request fields, parsed and validated into engine
 //!   requests: [`fields`] (typed access, unknown fields refused by name),
 //!   [`sampling`] (the sampling parameters), [`tools`] (`tools` and
-//!   `tool_choice`); [`prompt`]: the prompt or chat messages as token ids,
+//!   `tool_choice`), [`kv_eviction`] (a request's own KV budget); [`prompt`]: the prompt or chat messages as token ids,
 //!   a prompt that cannot fit refused before tokenizing ([`token_floor`]);
 //!   [`scoring`]: a prompt's own logprobs (`echo`);
 //! - [`response`]: JSON bodies and server-sent events, from [`collector`]
@@ -46,6 +46,7 @@ pub mod connections;
 pub mod engine_loop;
 pub mod fields;
 pub mod http;
+pub mod kv_eviction;
 pub mod logprobs;
 pub mod metrics;
 pub mod prompt;
