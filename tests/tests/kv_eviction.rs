@@ -122,6 +122,18 @@ fn streaming_keeps_exactly_the_sinks_and_the_window() {
     let mut want = vec![0];
     want.extend(entries - 7..entries);
     assert_eq!(live, want);
+    // A rewind into evicted KV is refused and changes nothing; one inside
+    // the kept window works.
+    let len = e.tokens(seq).unwrap().len();
+    let err = e.rewind(seq, 6).unwrap_err().to_string();
+    assert!(err.contains("evicted"), "{err}");
+    assert_eq!(e.tokens(seq).unwrap().len(), len);
+    e.rewind(seq, len - 5).unwrap();
+    e.extend(seq, &[1, 2, 3], 4).unwrap();
+    while !e.is_finished(seq) {
+        e.step().expect("step");
+    }
+    assert_eq!(e.tokens(seq).unwrap().len(), len - 5 + 3 + 4);
 }
 
 #[test]

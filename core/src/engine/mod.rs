@@ -511,7 +511,15 @@ impl<B: Backend> Engine<B> {
 
     /// Keeps only the first `n_tokens` tokens of a finished sequence, with
     /// their K/V, so it can be continued differently (chat history edits).
+    /// Refused, changing nothing, when the cut lands in an evicted KV block
+    /// (a KV budget): the caller then starts a new sequence.
     pub fn rewind(&mut self, seq: SeqId, n_tokens: usize) -> Result<()> {
+        let computed = self.sequence(seq)?.num_computed().min(n_tokens);
+        if !self.kv_manager.can_truncate(seq, computed) {
+            return Err(Error::InvalidRequest(format!(
+                "cannot rewind sequence {seq} to {n_tokens} tokens: that KV was evicted"
+            )));
+        }
         self.scheduler.rewind(seq, n_tokens)?;
         let computed = self.sequence(seq)?.num_computed();
         self.kv_manager.truncate(seq, computed)

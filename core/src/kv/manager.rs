@@ -217,8 +217,7 @@ impl KvCacheManager {
                 table.num_tokens()
             )));
         }
-        // The next write would land in the partly kept block: it must exist.
-        if !n_tokens.is_multiple_of(bs) && table.blocks()[n_tokens / bs] == EVICTED_BLOCK {
+        if !keeps_written_block(table, n_tokens, bs) {
             return Err(Error::InvalidRequest(format!(
                 "cannot truncate sequence {seq} to {n_tokens} tokens: that block was evicted"
             )));
@@ -288,6 +287,14 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Whether [`KvCacheManager::truncate`] can cut `seq` to `n_tokens`
+    /// tokens (not into an evicted block).
+    pub fn can_truncate(&self, seq: SeqId, n_tokens: usize) -> bool {
+        self.tables.get(&seq).is_some_and(|t| {
+            n_tokens <= t.num_tokens() && keeps_written_block(t, n_tokens, self.block_size)
+        })
+    }
+
     /// Forgets `seq`, releasing its blocks.
     pub fn free(&mut self, seq: SeqId) {
         if let Some(table) = self.tables.remove(&seq) {
@@ -337,6 +344,12 @@ impl KvCacheManager {
             .add_scores(mass);
         Ok(())
     }
+}
+
+/// Whether cutting `table` to `n_tokens` tokens leaves the block the next
+/// write lands in (a partly kept one) in place: not evicted.
+fn keeps_written_block(table: &BlockTable, n_tokens: usize, bs: usize) -> bool {
+    n_tokens.is_multiple_of(bs) || table.blocks()[n_tokens / bs] != EVICTED_BLOCK
 }
 
 /// The entries of a block table that hold a block (not holes).

@@ -72,7 +72,23 @@ impl WithBackend for ChatArgs {
             messages.push(ChatMessage::new("user", line.trim_end()));
             let all = tokenizer.encode_chat(&messages, true)?;
             // Only the tokens after the longest prefix the sequence already holds are new.
-            let (id, new_tokens) = match seq {
+            let continued = match seq {
+                Some(id) => {
+                    let cached = engine.tokens(id).unwrap_or_default();
+                    let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count();
+                    // Refused when the cut lies in evicted KV (--kv-budget).
+                    let rewound = engine.rewind(id, common).is_ok();
+                    if rewound {
+                        engine.extend(id, &all[common..], self.max_tokens)?;
+                    } else {
+                        engine.remove(id);
+                    }
+                    rewound.then_some((id, all.len() - common))
+                }
+                None => None,
+            };
+            let (id, new_tokens) = match continued {
+                Some(c) => c,
                 None => {
                     let params = self.sampling.params();
                     let stop = tokenizer.eos_tokens().to_vec();
@@ -80,13 +96,6 @@ impl WithBackend for ChatArgs {
                         engine.add_request(all.clone(), params, self.max_tokens, stop)?,
                         all.len(),
                     )
-                }
-                Some(id) => {
-                    let cached = engine.tokens(id).unwrap_or_default();
-                    let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count();
-                    engine.rewind(id, common)?;
-                    engine.extend(id, &all[common..], self.max_tokens)?;
-                    (id, all.len() - common)
                 }
             };
             seq = Some(id);
