@@ -12,9 +12,10 @@ const MIME = {
 
 /**
  * A static file server for `root` on 127.0.0.1 and a free port; `requests`
- * counts each path; `routes` maps a path to its own handler `(req, res)`.
+ * counts each path; `routes` maps a path to its own handler `(req, res)`;
+ * `headers` go with every file (e.g. COOP/COEP for cross-origin isolation).
  */
-export function serve(root, requests = new Map(), routes = {}) {
+export function serve(root, requests = new Map(), routes = {}, headers = {}) {
   const server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
     requests.set(path, (requests.get(path) ?? 0) + 1);
@@ -31,6 +32,7 @@ export function serve(root, requests = new Map(), routes = {}) {
       return;
     }
     res.writeHead(200, {
+      ...headers,
       "content-type": MIME[extname(file)] ?? "application/octet-stream",
       "content-length": size,
     });
