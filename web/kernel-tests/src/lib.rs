@@ -281,6 +281,23 @@ impl Backend for Replay {
         self.gpu.paged_attention(q, cache, idx, p, exclusive(out)?)
     }
 
+    fn paged_attention_scores(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut Self::Tensor,
+    ) -> Result<()> {
+        let idx = AttentionIndices {
+            row_seq: &**idx.row_seq,
+            positions: &**idx.positions,
+            block_tables: &**idx.block_tables,
+        };
+        self.gpu
+            .paged_attention_scores(q, cache, idx, p, exclusive(scores)?)
+    }
+
     fn swiglu(
         &self,
         gate: &Self::Tensor,
