@@ -428,3 +428,24 @@ fn the_api_takes_a_budget_per_request() {
         assert_eq!(v["error"]["param"], field, "{extra}: {v}");
     }
 }
+
+/// Two sequences under budgets in a pool that holds neither's length nor
+/// both budgets at once: they preempt each other, recompute, and both
+/// finish, and every block is free afterwards.
+#[test]
+fn sequences_under_budgets_preempt_and_recompute() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 10));
+    for policy in EvictionPolicy::ALL {
+        let config = eviction(policy, 24, 4, 8);
+        let mut e = engine(CpuBackend::new(2), &files, KvDtype::F32, 12, Some(config));
+        let prompts = [prompt(10), prompt(11)];
+        let out = tandem_tests::generate(&mut e, &prompts, &|_| SamplingParams::default(), 80);
+        assert!(out.iter().all(|t| t.len() == 80), "{policy}");
+        assert!(
+            e.stats().preemptions > 0,
+            "{policy}: no preemption happened"
+        );
+        assert_eq!(e.kv_manager().num_free_blocks(), 12, "{policy}");
+    }
+}
