@@ -201,11 +201,14 @@ impl From<FinishReason> for Finish {
 impl Shared {
     /// Ends the running generation. When a step of it is in flight (the
     /// runtime is borrowed), the step removes the sequence once it is back.
+    /// A generation whose last token already came keeps its finish reason.
     fn abort(&self) {
         let Some(seq) = self.active.take() else {
             return;
         };
-        self.finish.set(Some(Finish::Abort));
+        if self.finish.get().is_none() {
+            self.finish.set(Some(Finish::Abort));
+        }
         if let Ok(mut runtime) = self.runtime.try_borrow_mut() {
             runtime.remove(seq);
         }
