@@ -303,6 +303,17 @@ fn score_keys<M: MulAdd, const V: usize, const K: usize>(
     }
 }
 
+/// The first sixteen elements of `x`, times `scale`.
+#[inline(always)]
+fn scaled_lanes(x: &[f32], scale: f32) -> Lanes {
+    let mut lanes = [0f32; LANES];
+    lanes.copy_from_slice(&x[..LANES]);
+    for lane in &mut lanes {
+        *lane *= scale;
+    }
+    lanes
+}
+
 /// `key * q + sum`, lane by lane.
 #[inline(always)]
 fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
@@ -423,7 +434,7 @@ fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
 ) {
     let hd = outs[0].len();
     let mut acc: [[Lanes; C]; Q] = std::array::from_fn(|q| {
-        std::array::from_fn(|k| std::array::from_fn(|i| outs[q][c + k * LANES + i] * rescale[q]))
+        std::array::from_fn(|k| scaled_lanes(&outs[q][c + k * LANES..], rescale[q]))
     });
     for l in 0..LANES {
         let row = &values[l * hd + c..][..C * LANES];
