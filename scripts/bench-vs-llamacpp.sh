@@ -7,24 +7,35 @@
 # the copy inside PyPI's llama-cpp-python source distribution: its version
 # pins the llama.cpp commit, printed with the table.
 #
-#   scripts/bench-vs-llamacpp.sh [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [MODEL ...]
+#   scripts/bench-vs-llamacpp.sh [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [-k KV] [MODEL ...]
 #
 # MODEL is a name of scripts/models.tsv (fetched when missing) or a path;
-# default: smollm2-135m qwen2.5-0.5b gemma-3-270m.
+# default: smollm2-135m qwen2.5-0.5b gemma-3-270m. KV is the KV cache type of
+# both engines: Tandem's `--kv-dtype` (f32, f16, int8, int4; default f32)
+# and llama.cpp's nearest cache type (f16 for f32, which llama-bench does
+# not offer; f16, q8_0, q4_0, with flash attention on, which llama.cpp
+# needs for a quantized V cache).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/.."
-threads=2 rounds=3 prompt=512 gen=128
-while getopts "t:r:p:n:" opt; do
+threads=2 rounds=3 prompt=512 gen=128 kv=f32
+while getopts "t:r:p:n:k:" opt; do
   case "$opt" in
     t) threads=$OPTARG ;;
     r) rounds=$OPTARG ;;
     p) prompt=$OPTARG ;;
     n) gen=$OPTARG ;;
-    *) echo "usage: $0 [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [MODEL ...]" >&2; exit 2 ;;
+    k) kv=$OPTARG ;;
+    *) echo "usage: $0 [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [-k KV] [MODEL ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
+case "$kv" in
+  f32 | f16) llama_kv=(-ctk f16 -ctv f16) ;;
+  int8) llama_kv=(-ctk q8_0 -ctv q8_0 -fa 1) ;;
+  int4) llama_kv=(-ctk q4_0 -ctv q4_0 -fa 1) ;;
+  *) echo "-k: unknown KV type '$kv' (f32, f16, int8 or int4)" >&2; exit 2 ;;
+esac
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m qwen2.5-0.5b gemma-3-270m)
 
@@ -65,23 +76,24 @@ for round in $(seq 1 "$rounds"); do
   for path in "${paths[@]}"; do
     echo "round $round/$rounds: $(basename "$path")" >&2
     # AMX repacking faults on VMs that report AMX without granting its tiles.
-    "$llama_bench" -m "$path" -t "$threads" -p "$prompt" -n "$gen" -r 1 --repack 0 -o json 2>/dev/null |
+    "$llama_bench" -m "$path" -t "$threads" -p "$prompt" -n "$gen" -r 1 --repack 0 "${llama_kv[@]}" -o json 2>/dev/null |
       python3 -c 'import json,sys; [print(json.dumps({"engine":"llama.cpp","model":sys.argv[1],"test":"pp" if r["n_prompt"] else "tg","tps":r["avg_ts"]})) for r in json.load(sys.stdin)]' "$path" >>"$results"
-    "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --json --model "$path" 2>/dev/null |
+    "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --kv-dtype "$kv" --json --model "$path" 2>/dev/null |
       python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); m=sys.argv[1]; print(json.dumps({"engine":"tandem","model":m,"test":"pp","tps":r["prefill_tokens_per_s"]})); print(json.dumps({"engine":"tandem","model":m,"test":"tg","tps":r["decode_tokens_per_s"]}))' "$path" >>"$results"
   done
 done
 
-python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" <<'PY'
+python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" "$kv" "${llama_kv[*]}" <<'PY'
 import collections, json, os, statistics, sys
-path, threads, prompt, gen, rounds, commit, version = sys.argv[1:]
+path, threads, prompt, gen, rounds, commit, version, kv, llama_kv = sys.argv[1:]
 runs = collections.defaultdict(list)
 for line in open(path):
     r = json.loads(line)
     runs[(os.path.basename(r["model"]), r["engine"], r["test"])].append(r["tps"])
 models = sorted({m for m, _, _ in runs}, key=lambda m: [k[0] for k in runs].index(m))
 print(f"{threads} threads, pp{prompt} / tg{gen}, median of {rounds} interleaved rounds; "
-      f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend")
+      f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend; "
+      f"KV cache: Tandem {kv}, llama.cpp {llama_kv}")
 print("| model | Tandem decode | llama.cpp decode | ratio | Tandem prefill | llama.cpp prefill | ratio |")
 print("|---|---|---|---|---|---|---|")
 for m in models:
