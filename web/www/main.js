@@ -119,7 +119,7 @@ async function loadModel(source, label) {
     `${phase} ${megabytes(p.done)} in ${seconds(p.end - p.start)}`).join("; ");
   $("backend-info").textContent = `${BACKENDS[info.backend]}: ${info.backendReason}.` +
     (info.backend === "webgpu" ? ` Adapter: ${info.adapter}.` : "");
-  setStatus(`Ready: ${info.model}, ${SOURCES[info.source]}, loaded in ${seconds(performance.now() - started)} ` +
+  setStatus(`Ready: ${label}, ${SOURCES[info.source]}, loaded in ${seconds(performance.now() - started)} ` +
     `(worker memory ${megabytes(info.wasmMemoryBytes)}).`);
   setReady(true);
   if ($("cache-panel").open) showCache();
