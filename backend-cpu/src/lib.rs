@@ -39,8 +39,8 @@ pub use buffers::{Indices, Tensor, Weight};
 pub use kv::KvCache;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MoeCombineParams,
-    MoeRouteParams, RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MatmulTarget,
+    MoeCombineParams, MoeRouteParams, RmsNormParams, RopeParams,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Result};
@@ -206,6 +206,19 @@ impl Backend for CpuBackend {
             p.rows,
             out.as_mut_slice(),
         )
+    }
+
+    fn matmuls(
+        &self,
+        x: &Tensor,
+        targets: &mut [MatmulTarget<'_, Weight, Tensor>],
+        p: MatmulParams,
+    ) -> Result<()> {
+        let mut targets: Vec<matmul::Target<'_>> = targets
+            .iter_mut()
+            .map(|t| (t.w, t.bias, t.out.as_mut_slice()))
+            .collect();
+        matmul::matmuls(&self.workers, self.isa, x.as_slice(), p.rows, &mut targets)
     }
 
     fn rope(

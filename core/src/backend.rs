@@ -192,6 +192,13 @@ pub struct MatmulParams {
     pub rows: usize,
 }
 
+/// One weight of [`Backend::matmuls`], its optional bias and its output.
+pub struct MatmulTarget<'a, W, T> {
+    pub w: &'a W,
+    pub bias: Option<&'a W>,
+    pub out: &'a mut T,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
     pub rows: usize,
@@ -366,6 +373,21 @@ pub trait Backend: 'static {
         p: MatmulParams,
         out: &mut Self::Tensor,
     ) -> Result<()>;
+
+    /// [`Backend::matmul`] of one input `x` by several weights (Q, K and V;
+    /// gate and up), each into its own output. One by one unless a backend
+    /// shares work across them: the CPU backend quantizes `x` once.
+    fn matmuls(
+        &self,
+        x: &Self::Tensor,
+        targets: &mut [MatmulTarget<'_, Self::Weight, Self::Tensor>],
+        p: MatmulParams,
+    ) -> Result<()> {
+        for t in targets.iter_mut() {
+            self.matmul(x, t.w, t.bias, p, t.out)?;
+        }
+        Ok(())
+    }
 
     /// Rotates each head of `x` (`[rows, heads * head_dim]`) in place by the
     /// angle `positions[t] * inv_freq[i]` for pair `i`; `inv_freq` has

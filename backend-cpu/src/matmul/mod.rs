@@ -97,51 +97,80 @@ pub(crate) fn matmul(
     rows: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let kernel = matmul_kernel_name(w.format());
-    let (n, cols) = (w.rows(), w.cols());
-    let x_len = check::product(kernel, &[rows, cols])?;
-    let out_len = check::product(kernel, &[rows, n])?;
-    check::buffer_len(kernel, "x", x.len(), x_len)?;
-    check::buffer_len(kernel, "out", out.len(), out_len)?;
-    let bias = bias.map(|b| b.vector(kernel, "bias", n)).transpose()?;
-    let (x, out) = (&x[..x_len], &mut out[..out_len]);
-    if rows == 0 || n == 0 {
+    matmuls(workers, isa, x, rows, &mut [(w, bias, out)])
+}
+
+/// One weight of [`matmuls`], its optional bias and its output.
+pub(crate) type Target<'a> = (&'a Weight, Option<&'a Weight>, &'a mut [f32]);
+
+/// [`matmul`] of one input by several weights of as many columns, the
+/// activations quantized once for all of them (once per form the weights'
+/// kernels take).
+pub(crate) fn matmuls(
+    workers: &Workers,
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    targets: &mut [Target<'_>],
+) -> Result<()> {
+    let Some(cols) = targets.first().map(|(w, _, _)| w.cols()) else {
         return Ok(());
+    };
+    let quantized = [OnceCell::new(), OnceCell::new()];
+    let quantize = |half_sums: bool| {
+        quantized[half_sums as usize]
+            .get_or_init(|| quantize_activations(workers, isa, x, rows, cols, half_sums))
+    };
+    let quantized_i8 = OnceCell::new();
+    for (w, bias, out) in targets.iter_mut() {
+        let kernel = matmul_kernel_name(w.format());
+        if w.cols() != cols {
+            return Err(check::error(
+                kernel,
+                format!(
+                    "weights of {cols} and {} columns cannot share one input",
+                    w.cols()
+                ),
+            ));
+        }
+        let n = w.rows();
+        let x_len = check::product(kernel, &[rows, cols])?;
+        let out_len = check::product(kernel, &[rows, n])?;
+        check::buffer_len(kernel, "x", x.len(), x_len)?;
+        check::buffer_len(kernel, "out", out.len(), out_len)?;
+        let bias = bias.map(|b| b.vector(kernel, "bias", n)).transpose()?;
+        let (x, out) = (&x[..x_len], &mut out[..out_len]);
+        if rows == 0 || n == 0 {
+            continue;
+        }
+        let operands = match w.data() {
+            WeightData::F32(w) => Operands::F32 { w, x },
+            WeightData::F16(w) => Operands::F16 { w, x },
+            WeightData::BF16(w) => Operands::BF16 { w, x },
+            WeightData::Blocks(WeightFormat::W8A8, w) => Operands::W8A8 {
+                w,
+                x: quantized_i8
+                    .get_or_init(|| quantize_activations_i8(workers, isa, x, rows, cols)),
+            },
+            WeightData::Blocks(format, w) => {
+                let kind = BlockKind::of(*format).ok_or_else(|| {
+                    check::error(kernel, format!("{format} weights have no matmul kernels"))
+                })?;
+                Operands::Blocks {
+                    kind,
+                    w,
+                    x: quantize(kind.needs_half_sums()),
+                }
+            }
+        };
+        let job = Job {
+            isa,
+            operands,
+            cols,
+            bias: bias.as_deref(),
+        };
+        run_tasks(workers, &job, rows, n, out);
     }
-    let quantized = OnceCell::new();
-    let quantize = |half_sums| {
-        quantized.get_or_init(|| quantize_activations(workers, isa, x, rows, cols, half_sums))
-    };
-    let quantized_i8;
-    let operands = match w.data() {
-        WeightData::F32(w) => Operands::F32 { w, x },
-        WeightData::F16(w) => Operands::F16 { w, x },
-        WeightData::BF16(w) => Operands::BF16 { w, x },
-        WeightData::Blocks(WeightFormat::W8A8, w) => {
-            quantized_i8 = quantize_activations_i8(workers, isa, x, rows, cols);
-            Operands::W8A8 {
-                w,
-                x: &quantized_i8,
-            }
-        }
-        WeightData::Blocks(format, w) => {
-            let kind = BlockKind::of(*format).ok_or_else(|| {
-                check::error(kernel, format!("{format} weights have no matmul kernels"))
-            })?;
-            Operands::Blocks {
-                kind,
-                w,
-                x: quantize(kind.needs_half_sums()),
-            }
-        }
-    };
-    let job = Job {
-        isa,
-        operands,
-        cols,
-        bias: bias.as_deref(),
-    };
-    run_tasks(workers, &job, rows, n, out);
     Ok(())
 }
 

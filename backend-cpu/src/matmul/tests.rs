@@ -166,6 +166,54 @@ fn a_token_gets_the_same_bits_alone_and_in_a_batch() {
     }
 }
 
+/// Weights of every format sharing one input in one `matmuls` call give
+/// each the bits of its own `matmul`, though the activations are quantized
+/// once per form; weights of other widths are refused.
+#[test]
+fn matmuls_over_one_input_give_the_bits_of_separate_matmuls() {
+    let cols = 512;
+    let (rows, n) = (11, 5);
+    let mut values = Values(0xfeed);
+    let x = values.take(rows * cols, 1.0);
+    let matrices: Vec<(WeightFormat, Vec<u8>)> = WeightFormat::ALL
+        .into_iter()
+        .filter(|f| cols.is_multiple_of(f.block_elems()))
+        .map(|f| (f, quantize_matrix(f, cols, &values.take(n * cols, 1.0))))
+        .collect();
+    let weights: Vec<Weight> = matrices
+        .iter()
+        .map(|(f, bytes)| Weight::from_view(matrix_view(*f, n, cols, bytes)).unwrap())
+        .collect();
+    for isa in Isa::available() {
+        let workers = Workers::new(2);
+        let mut outs = vec![vec![f32::NAN; rows * n]; weights.len()];
+        let mut targets: Vec<Target<'_>> = weights
+            .iter()
+            .zip(&mut outs)
+            .map(|(w, out)| (w, None, out.as_mut_slice()))
+            .collect();
+        matmuls(&workers, isa, &x, rows, &mut targets).unwrap();
+        for ((w, got), (format, _)) in weights.iter().zip(&outs).zip(&matrices) {
+            let mut alone = vec![f32::NAN; rows * n];
+            matmul(&workers, isa, &x, w, None, rows, &mut alone).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(&alone), "{} {format}", isa.name());
+        }
+    }
+    let narrow_bytes = quantize_matrix(WeightFormat::Q8_0, 64, &values.take(n * 64, 1.0));
+    let narrow = Weight::from_view(matrix_view(WeightFormat::Q8_0, n, 64, &narrow_bytes)).unwrap();
+    let (mut a, mut b) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+    let err = matmuls(
+        &Workers::new(1),
+        Isa::detect(),
+        &x,
+        rows,
+        &mut [(&weights[0], None, &mut a), (&narrow, None, &mut b)],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("512 and 64 columns"), "{err}");
+}
+
 #[test]
 fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);

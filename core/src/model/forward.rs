@@ -23,7 +23,7 @@ use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
 use super::{ModelConfig, ModelFiles};
 use crate::backend::{
-    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
+    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams, MatmulTarget,
     RmsNormParams, RopeParams,
 };
 use crate::quant::{WeightFormat, WeightView};
@@ -356,7 +356,8 @@ impl<B: Backend> Model<B> {
             up,
             act,
             final_normed,
-            qk_raw,
+            q_raw,
+            k_raw,
             out_raw,
             moe,
         } = buffers;
@@ -414,27 +415,40 @@ impl<B: Backend> Model<B> {
             } else {
                 backend.rms_norm_residual(residual, delta, &layer.attn_norm, norm, normed)?;
             }
-            let projections = [
-                (&layer.wq, &layer.bq, &layer.q_norm, &mut *q, cfg.num_heads),
-                (
-                    &layer.wk,
-                    &layer.bk,
-                    &layer.k_norm,
-                    &mut *k,
-                    cfg.num_kv_heads,
-                ),
+            // One call for Q, K and V: the CPU backend quantizes `normed` once.
+            backend.matmuls(
+                normed,
+                &mut [
+                    MatmulTarget {
+                        w: &layer.wq,
+                        bias: layer.bq.as_ref(),
+                        out: projection_out(layer.q_norm.is_some(), q_raw, q)
+                            .ok_or_else(|| missing("Q norm"))?,
+                    },
+                    MatmulTarget {
+                        w: &layer.wk,
+                        bias: layer.bk.as_ref(),
+                        out: projection_out(layer.k_norm.is_some(), k_raw, k)
+                            .ok_or_else(|| missing("K norm"))?,
+                    },
+                    MatmulTarget {
+                        w: &layer.wv,
+                        bias: layer.bv.as_ref(),
+                        out: &mut *v,
+                    },
+                ],
+                mm,
+            )?;
+            let head_norms = [
+                (&layer.q_norm, &*q_raw, &mut *q, cfg.num_heads),
+                (&layer.k_norm, &*k_raw, &mut *k, cfg.num_kv_heads),
             ];
-            for (w, bias, head_norm_weight, out, heads) in projections {
-                match head_norm_weight {
-                    Some(weight) => {
-                        let raw = qk_raw.as_mut().ok_or_else(|| missing("Q/K norm"))?;
-                        backend.matmul(normed, w, bias.as_ref(), mm, raw)?;
-                        backend.rms_norm(raw, weight, head_norm(heads), out)?;
-                    }
-                    None => backend.matmul(normed, w, bias.as_ref(), mm, out)?,
+            for (weight, raw, out, heads) in head_norms {
+                if let Some(weight) = weight {
+                    let raw = raw.as_ref().ok_or_else(|| missing("Q/K norm"))?;
+                    backend.rms_norm(raw, weight, head_norm(heads), out)?;
                 }
             }
-            backend.matmul(normed, &layer.wv, layer.bv.as_ref(), mm, v)?;
             let inv_freq = &self.inv_freqs[layer.rope];
             backend.rope(q, positions, inv_freq, rope(cfg.num_heads))?;
             backend.rope(k, positions, inv_freq, rope(cfg.num_kv_heads))?;
@@ -473,8 +487,22 @@ impl<B: Backend> Model<B> {
                     up: w_up,
                     down: w_down,
                 } => {
-                    backend.matmul(normed, w_gate, None, mm, gate)?;
-                    backend.matmul(normed, w_up, None, mm, up)?;
+                    backend.matmuls(
+                        normed,
+                        &mut [
+                            MatmulTarget {
+                                w: w_gate,
+                                bias: None,
+                                out: &mut *gate,
+                            },
+                            MatmulTarget {
+                                w: w_up,
+                                bias: None,
+                                out: &mut *up,
+                            },
+                        ],
+                        mm,
+                    )?;
                     match cfg.block.activation {
                         Activation::Silu => backend.swiglu(gate, up, rows * ffn, act)?,
                         Activation::GeluTanh => backend.geglu(gate, up, rows * ffn, act)?,
@@ -521,6 +549,20 @@ impl<B: Backend> Model<B> {
             Some(divisor) => backend.scale(logits, n_logits * cfg.vocab_size, 1.0 / divisor),
             None => Ok(()),
         }
+    }
+}
+
+/// Where a Q or K projection's matmul writes: its raw buffer when a per-head
+/// norm follows (`None` when the architecture allocated none), else its output.
+fn projection_out<'a, T>(
+    head_norm: bool,
+    raw: &'a mut Option<T>,
+    out: &'a mut T,
+) -> Option<&'a mut T> {
+    if head_norm {
+        raw.as_mut()
+    } else {
+        Some(out)
     }
 }
 

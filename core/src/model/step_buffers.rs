@@ -38,8 +38,9 @@ pub(crate) struct StepBuffers<B: Backend> {
     pub(super) up: B::Tensor,
     pub(super) act: B::Tensor,
     pub(super) final_normed: B::Tensor,
-    /// Q or K before its per-head norm (architectures with Q/K norms only).
-    pub(super) qk_raw: Option<B::Tensor>,
+    /// Q and K before their per-head norms (architectures with Q/K norms only).
+    pub(super) q_raw: Option<B::Tensor>,
+    pub(super) k_raw: Option<B::Tensor>,
     /// An attention or FFN output before its post-norm (architectures with post-norms only).
     pub(super) out_raw: Option<B::Tensor>,
     /// Routing and expert activations (MoE models only).
@@ -127,7 +128,8 @@ impl<B: Backend> StepBuffers<B> {
             up: alloc(ffn)?,
             act: alloc(ffn)?,
             final_normed: backend.alloc(logit_rows.max(1) * dim)?,
-            qk_raw: cfg.block.qk_norm.then(|| alloc(q_dim)).transpose()?,
+            q_raw: cfg.block.qk_norm.then(|| alloc(q_dim)).transpose()?,
+            k_raw: cfg.block.qk_norm.then(|| alloc(kv_dim)).transpose()?,
             out_raw: cfg.block.post_norms.then(|| alloc(dim)).transpose()?,
             moe: cfg
                 .moe
