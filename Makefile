@@ -68,8 +68,9 @@ WEB_MODELS := smollm2-135m qwen2.5-0.5b
 web: web-tools model
 	wasm-pack build web --target web --release
 	cp web/js/* web/pkg/
-	jq '.files += ["tandem.js", "tandem.d.ts", "worker.js"] | .main = "tandem.js" | .types = "tandem.d.ts"' \
-		web/pkg/package.json > web/pkg/package.json.new && mv web/pkg/package.json.new web/pkg/package.json
+	python3 -c 'import json, sys; p = sys.argv[1]; m = json.load(open(p)); \
+		m["files"] += ["tandem.js", "tandem.d.ts", "worker.js"]; m["main"] = "tandem.js"; m["types"] = "tandem.d.ts"; \
+		json.dump(m, open(p, "w"), indent=2)' web/pkg/package.json
 	rm -rf $(WEB_SITE)
 	mkdir -p $(WEB_SITE)/models
 	cp web/www/* $(WEB_SITE)/
