@@ -9,7 +9,7 @@ use tandem_core::backend::AttentionParams;
 use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::Result;
 
-use crate::attention::AttentionInputs;
+use crate::attention::{check_inputs, AttentionInputs};
 use crate::check;
 use crate::kv::{KvCache, KvStorage};
 use crate::workers::Workers;
@@ -23,7 +23,10 @@ pub(crate) fn paged_attention_scores(
     p: AttentionParams,
     scores: &mut [f32],
 ) -> Result<()> {
-    check_inputs(cache, inputs, p, scores.len())?;
+    let kernel = "paged_attention_scores";
+    check_inputs(kernel, cache, inputs, p)?;
+    let len = check::product(kernel, &[p.rows, p.kv_heads, p.max_blocks_per_seq])?;
+    check::buffer_len(kernel, "scores", scores.len(), len)?;
     let width = p.max_blocks_per_seq;
     let tasks = p.rows * p.kv_heads;
     workers.for_each_chunk(&mut scores[..tasks * width], width, |task, row| {
@@ -95,66 +98,6 @@ fn read_key(cache: &KvCache, slot: usize, g: usize, out: &mut [f32]) {
             quant.dequantize_head(&keys[slot * words..][..words], g, out);
         }
     }
-}
-
-fn check_inputs(
-    cache: &KvCache,
-    inputs: &AttentionInputs<'_>,
-    p: AttentionParams,
-    scores_len: usize,
-) -> Result<()> {
-    let kernel = "paged_attention_scores";
-    for (name, v) in [
-        ("heads", p.heads),
-        ("kv_heads", p.kv_heads),
-        ("head_dim", p.head_dim),
-        ("block_size", p.block_size),
-        ("max_blocks_per_seq", p.max_blocks_per_seq),
-    ] {
-        check::positive(kernel, name, v)?;
-    }
-    let layout = cache.layout();
-    if !p.heads.is_multiple_of(p.kv_heads)
-        || (layout.kv_heads, layout.head_dim, layout.block_size)
-            != (p.kv_heads, p.head_dim, p.block_size)
-    {
-        return Err(check::error(
-            kernel,
-            format!("parameters {p:?} do not match the cache layout {layout:?}"),
-        ));
-    }
-    if p.sliding_window == Some(0) {
-        return Err(check::error(kernel, "sliding_window must be positive"));
-    }
-    let n = check::product(kernel, &[p.rows, p.heads, p.head_dim])?;
-    check::buffer_len(kernel, "q", inputs.q.len(), n)?;
-    let m = check::product(kernel, &[p.rows, p.kv_heads, p.max_blocks_per_seq])?;
-    check::buffer_len(kernel, "scores", scores_len, m)?;
-    check::buffer_len(kernel, "row_seq", inputs.row_seq.len(), p.rows)?;
-    check::buffer_len(kernel, "positions", inputs.positions.len(), p.rows)?;
-    let num_seqs = inputs.block_tables.len() / p.max_blocks_per_seq;
-    check::indices_below(kernel, "row_seq", &inputs.row_seq[..p.rows], num_seqs)?;
-    for t in 0..p.rows {
-        let last_block = inputs.positions[t] as usize / p.block_size;
-        if last_block >= p.max_blocks_per_seq {
-            return Err(check::error(
-                kernel,
-                format!(
-                    "row {t} needs block {last_block} but block tables have {} columns",
-                    p.max_blocks_per_seq
-                ),
-            ));
-        }
-        let table = &inputs.block_tables[inputs.row_seq[t] as usize * p.max_blocks_per_seq..]
-            [..=last_block];
-        let live: Vec<u32> = table
-            .iter()
-            .copied()
-            .filter(|&b| b != EVICTED_BLOCK)
-            .collect();
-        check::indices_below(kernel, "block_tables", &live, layout.num_blocks)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -51,8 +51,10 @@ pub(crate) fn paged_attention(
     p: AttentionParams,
     out: &mut [f32],
 ) -> Result<()> {
-    let visible_keys = check_inputs(cache, &inputs, p, out.len())?;
+    let kernel = "paged_attention";
+    let visible_keys = check_inputs(kernel, cache, &inputs, p)?;
     let n = p.rows * p.heads * p.head_dim;
+    check::buffer_len(kernel, "out", out.len(), n)?;
     let chunk = task_len(workers, p, visible_keys);
     let out = &mut out[..n];
     match cache.storage() {
@@ -168,15 +170,15 @@ unsafe fn attend_task_avx512<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &m
     tile::attend_task::<K, V, Fused>(task, out)
 }
 
-/// Checks every size and index of the call; returns the number of (row, key)
+/// Checks every size and index of a call of `kernel` (paged attention or
+/// its score variant) but its output; returns the number of (row, key)
 /// pairs the call attends over.
-fn check_inputs(
+pub(crate) fn check_inputs(
+    kernel: &str,
     cache: &KvCache,
     inputs: &AttentionInputs<'_>,
     p: AttentionParams,
-    out_len: usize,
 ) -> Result<usize> {
-    let kernel = "paged_attention";
     for (name, v) in [
         ("heads", p.heads),
         ("kv_heads", p.kv_heads),
@@ -212,7 +214,6 @@ fn check_inputs(
     }
     let n = check::product(kernel, &[p.rows, p.heads, p.head_dim])?;
     check::buffer_len(kernel, "q", inputs.q.len(), n)?;
-    check::buffer_len(kernel, "out", out_len, n)?;
     check::buffer_len(kernel, "row_seq", inputs.row_seq.len(), p.rows)?;
     check::buffer_len(kernel, "positions", inputs.positions.len(), p.rows)?;
     let num_seqs = inputs.block_tables.len() / p.max_blocks_per_seq;
@@ -232,12 +233,19 @@ fn check_inputs(
         }
         let first = first_visible(pos, p.sliding_window);
         let table = block_table(inputs.block_tables, inputs.row_seq[t], p);
-        let blocks: Vec<u32> = table[first / p.block_size..=last_block]
+        let blocks = &table[first / p.block_size..=last_block];
+        if let Some(&b) = blocks
             .iter()
-            .copied()
-            .filter(|&b| b != EVICTED_BLOCK)
-            .collect();
-        check::indices_below(kernel, "block_tables", &blocks, layout.num_blocks)?;
+            .find(|&&b| b != EVICTED_BLOCK && b as usize >= layout.num_blocks)
+        {
+            return Err(check::error(
+                kernel,
+                format!(
+                    "row {t}'s block table holds block {b}, out of range (must be < {} or EVICTED_BLOCK)",
+                    layout.num_blocks
+                ),
+            ));
+        }
         visible_keys += pos + 1 - first;
     }
     Ok(visible_keys)
