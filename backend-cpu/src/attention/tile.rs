@@ -225,7 +225,10 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
             if s.last[v][lane] < start as i32 || s.first[v][lane] > tile_end {
                 continue;
             }
-            let weights: Lanes = std::array::from_fn(|l| s.weights[l * vectors + v][lane]);
+            let mut weights = [0f32; LANES];
+            for (l, w) in weights.iter_mut().enumerate() {
+                *w = s.weights[l * vectors + v][lane];
+            }
             let this = (out_at(query), s.rescale[v][lane], weights);
             let Some(other) = pending.take() else {
                 pending = Some(this);
