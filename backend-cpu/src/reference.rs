@@ -207,45 +207,19 @@ pub fn paged_attention(
     p: AttentionParams,
     out: &mut [f32],
 ) {
-    let group = p.heads / p.kv_heads;
     let kv_width = p.kv_heads * p.head_dim;
+    let indices = (row_seq, positions, block_tables);
     for t in 0..p.rows {
-        let pos = positions[t] as usize;
-        let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
-        let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let slot = |j: usize| table[j / p.block_size] as usize * p.block_size + j % p.block_size;
-        let visible: Vec<usize> = (first..=pos)
-            .filter(|&j| table[j / p.block_size] != EVICTED_BLOCK)
-            .collect();
         for h in 0..p.heads {
-            let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
-            let kv_offset = (h / group) * p.head_dim;
-            let scores: Vec<f64> = visible
-                .iter()
-                .map(|&j| {
-                    let key = &k_cache[slot(j) * kv_width + kv_offset..][..p.head_dim];
-                    let dot: f64 = q_head
-                        .iter()
-                        .zip(key)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum();
-                    dot * p.scale as f64
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
+            let weights = attention_weights(q, k_cache, indices, p, t, h);
+            let kv_offset = h / (p.heads / p.kv_heads) * p.head_dim;
             let out_head = &mut out[(t * p.heads + h) * p.head_dim..][..p.head_dim];
             for (d, o) in out_head.iter_mut().enumerate() {
-                let mut sum = 0f64;
-                for (&j, w) in visible.iter().zip(&weights) {
-                    sum += w * v_cache[slot(j) * kv_width + kv_offset + d] as f64;
-                }
-                *o = if total > 0.0 {
-                    (sum / total) as f32
-                } else {
-                    0.0
-                };
+                let value = |slot: usize| v_cache[slot * kv_width + kv_offset + d] as f64;
+                *o = weights
+                    .iter()
+                    .map(|&(_, slot, w)| w * value(slot))
+                    .sum::<f64>() as f32;
             }
         }
     }
@@ -264,39 +238,53 @@ pub fn paged_attention_scores(
     p: AttentionParams,
     scores: &mut [f32],
 ) {
-    let group = p.heads / p.kv_heads;
-    let kv_width = p.kv_heads * p.head_dim;
+    let indices = (row_seq, positions, block_tables);
     for t in 0..p.rows {
-        let pos = positions[t] as usize;
-        let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
-        let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let slot = |j: usize| table[j / p.block_size] as usize * p.block_size + j % p.block_size;
-        let visible: Vec<usize> = (first..=pos)
-            .filter(|&j| table[j / p.block_size] != EVICTED_BLOCK)
-            .collect();
         for h in 0..p.heads {
-            let g = h / group;
-            let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
-            let logits: Vec<f64> = visible
-                .iter()
-                .map(|&j| {
-                    let key = &k_cache[slot(j) * kv_width + g * p.head_dim..][..p.head_dim];
-                    let dot: f64 = q_head
-                        .iter()
-                        .zip(key)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum();
-                    dot * p.scale as f64
-                })
-                .collect();
-            let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let total: f64 = logits.iter().map(|s| (s - max).exp()).sum();
+            let g = h / (p.heads / p.kv_heads);
             let row = &mut scores[(t * p.kv_heads + g) * p.max_blocks_per_seq..];
-            for (&j, s) in visible.iter().zip(&logits) {
-                row[j / p.block_size] += ((s - max).exp() / total) as f32;
+            for (j, _, w) in attention_weights(q, k_cache, indices, p, t, h) {
+                row[j / p.block_size] += w as f32;
             }
         }
     }
+}
+
+/// Row `t`'s query head `h`: `(position, slot, softmax weight)` of every key
+/// it sees (none when all of them were evicted), in float64.
+fn attention_weights(
+    q: &[f32],
+    k_cache: &[f32],
+    (row_seq, positions, block_tables): (&[u32], &[u32], &[u32]),
+    p: AttentionParams,
+    t: usize,
+    h: usize,
+) -> Vec<(usize, usize, f64)> {
+    let kv_width = p.kv_heads * p.head_dim;
+    let kv_offset = h / (p.heads / p.kv_heads) * p.head_dim;
+    let pos = positions[t] as usize;
+    let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
+    let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
+    let logits: Vec<(usize, usize, f64)> = (first..=pos)
+        .filter(|&j| table[j / p.block_size] != EVICTED_BLOCK)
+        .map(|j| {
+            let slot = table[j / p.block_size] as usize * p.block_size + j % p.block_size;
+            let key = &k_cache[slot * kv_width + kv_offset..][..p.head_dim];
+            let dot: f64 = q_head
+                .iter()
+                .zip(key)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            (j, slot, dot * p.scale as f64)
+        })
+        .collect();
+    let max = logits.iter().map(|l| l.2).fold(f64::NEG_INFINITY, f64::max);
+    let total: f64 = logits.iter().map(|l| (l.2 - max).exp()).sum();
+    logits
+        .into_iter()
+        .map(|(j, slot, l)| (j, slot, (l - max).exp() / total))
+        .collect()
 }
 
 /// `out = silu(gate) * up` with `silu(g) = g / (1 + e^-g)`.
