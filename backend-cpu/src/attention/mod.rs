@@ -241,7 +241,7 @@ pub(crate) fn check_inputs(
             return Err(check::error(
                 kernel,
                 format!(
-                    "row {t}'s block table holds block {b}, out of range (must be < {} or EVICTED_BLOCK)",
+                    "block_tables: row {t}'s table holds block {b}, out of range (must be < {} or EVICTED_BLOCK)",
                     layout.num_blocks
                 ),
             ));
