@@ -23,6 +23,7 @@ mod activation;
 mod attention;
 mod buffers;
 mod check;
+mod fused;
 mod isa;
 mod kv;
 mod math;
@@ -39,8 +40,8 @@ pub use buffers::{Indices, Tensor, Weight};
 pub use kv::KvCache;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MatmulTarget,
-    MoeCombineParams, MoeRouteParams, RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, Glu, KvCacheLayout, MatmulParams, MatmulTarget,
+    MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Result};
@@ -219,6 +220,73 @@ impl Backend for CpuBackend {
             .map(|t| (t.w, t.bias, t.out.as_mut_slice()))
             .collect();
         matmul::matmuls(&self.workers, self.isa, x.as_slice(), p.rows, &mut targets)
+    }
+
+    fn fuses_matmuls(&self) -> bool {
+        true
+    }
+
+    fn matmul_rms_norm(
+        &self,
+        x: &Tensor,
+        norm: Option<NormPrologue<'_, Weight>>,
+        w: &Weight,
+        bias: Option<&Weight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, Tensor>],
+    ) -> Result<()> {
+        let mut outs: Vec<(&mut [f32], usize)> = outs
+            .iter_mut()
+            .map(|o| (o.out.as_mut_slice(), o.width))
+            .collect();
+        fused::matmul_rms_norm(
+            &self.workers,
+            self.isa,
+            x.as_slice(),
+            norm.map(|n| (n.weight, n.eps)),
+            w,
+            bias,
+            p.rows,
+            &mut outs,
+        )
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &Tensor,
+        norm: Option<NormPrologue<'_, Weight>>,
+        w: &Weight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        fused::matmul_glu(
+            &self.workers,
+            self.isa,
+            x.as_slice(),
+            norm.map(|n| (n.weight, n.eps)),
+            w,
+            glu,
+            p.rows,
+            out.as_mut_slice(),
+        )
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &Tensor,
+        w: &Weight,
+        p: MatmulParams,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        fused::matmul_residual(
+            &self.workers,
+            self.isa,
+            x.as_slice(),
+            w,
+            p.rows,
+            out.as_mut_slice(),
+        )
     }
 
     fn rope(

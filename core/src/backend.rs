@@ -199,6 +199,33 @@ pub struct MatmulTarget<'a, W, T> {
     pub out: &'a mut T,
 }
 
+/// The RMSNorm a fused matmul applies to each input row before multiplying
+/// (its prologue): `x / rms(x) * weight`, the row's norm computed once
+/// inside the kernel and never written out.
+pub struct NormPrologue<'a, W> {
+    pub weight: &'a W,
+    pub eps: f32,
+}
+
+/// One part of a split matmul output ([`Backend::matmul_rms_norm`]): the
+/// next `width` output features go to `out`, `[rows, width]`.
+pub struct SplitOut<'a, T> {
+    pub out: &'a mut T,
+    pub width: usize,
+}
+
+/// Most parts [`Backend::matmul_rms_norm`] splits its output into (Q, K, V).
+pub const MAX_SPLIT: usize = 3;
+
+/// The activation of a gated linear unit ([`Backend::matmul_glu`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    /// `silu(gate) * up` (Llama, Qwen).
+    SwiGlu,
+    /// `gelu(gate) * up` with GELU's tanh approximation (Gemma).
+    GeGlu,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
     pub rows: usize,
@@ -387,6 +414,72 @@ pub trait Backend: 'static {
             self.matmul(x, t.w, t.bias, p, t.out)?;
         }
         Ok(())
+    }
+
+    /// Whether this backend has the fused matmuls ([`Backend::matmul_rms_norm`],
+    /// [`Backend::matmul_glu`], [`Backend::matmul_residual`]). The loader
+    /// concatenates Q/K/V and gate/up only for backends that do; the others
+    /// run the unfused kernels.
+    fn fuses_matmuls(&self) -> bool {
+        false
+    }
+
+    /// `y = norm(x) · wᵀ (+ bias)` with the optional RMSNorm prologue, the
+    /// columns of `y` split in order into `outs` (their widths sum to the
+    /// rows of `w`; at most [`MAX_SPLIT`] parts): Q, K and V from one
+    /// concatenated weight, or the logits from the unnormalised residual.
+    fn matmul_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, Self::Tensor>],
+    ) -> Result<()> {
+        let _ = (x, norm, w, bias, p, outs);
+        Err(self.no_fused_matmuls())
+    }
+
+    /// A gated linear unit from one matmul: `w` is `[gate; up]` (`2f` rows)
+    /// and `out[t, i] = act(y[t, i]) * y[t, f + i]` for `y = norm(x) · wᵀ`,
+    /// with the optional RMSNorm prologue. `out` is `[rows, f]`.
+    fn matmul_glu(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let _ = (x, norm, w, glu, p, out);
+        Err(self.no_fused_matmuls())
+    }
+
+    /// `out[t, r] += x[t] · w[r]`: a projection whose epilogue adds it into
+    /// the residual stream (O and down).
+    fn matmul_residual(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let _ = (x, w, p, out);
+        Err(self.no_fused_matmuls())
+    }
+
+    /// The error of a fused matmul on a backend without them.
+    fn no_fused_matmuls(&self) -> Error {
+        Error::Unsupported(format!("backend {} has no fused matmuls", self.info().name))
+    }
+
+    /// Kernel launches (GPU dispatches; on the CPU, kernel calls) since the
+    /// backend was created, for `bench`'s launches per token; `None` where
+    /// the backend does not count them.
+    fn kernel_launches(&self) -> Option<u64> {
+        None
     }
 
     /// Rotates each head of `x` (`[rows, heads * head_dim]`) in place by the

@@ -162,6 +162,27 @@ pub const MANIFEST: &[KernelSpec] = &[
         tolerance: 1e-2,
     },
     KernelSpec {
+        name: "matmul_rms_norm",
+        method: "matmul_rms_norm",
+        inputs: "x [rows, cols] f32; norm [cols] f32 optional (RMSNorm prologue, eps); w [n, cols] any weight format (e.g. Q, K, V concatenated by rows); bias [n] f32 optional; up to 3 output widths summing to n",
+        outputs: "y = norm(x) w^T + bias, its columns split in order into the outputs [rows, width_i]",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_glu",
+        method: "matmul_glu",
+        inputs: "x [rows, cols] f32; norm [cols] f32 optional (RMSNorm prologue, eps); w [2f, cols] any weight format, gate rows then up rows; SwiGLU or GeGLU",
+        outputs: "out [rows, f] = act(y[:, i]) * y[:, f + i], y = norm(x) w^T",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "matmul_residual",
+        method: "matmul_residual",
+        inputs: "x [rows, cols] f32; w [n, cols] any weight format; out [rows, n] f32 (updated)",
+        outputs: "out += x w^T",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
         name: "rope",
         method: "rope",
         inputs: "x [rows, heads*head_dim] f32 (in place); positions [rows] u32; inv_freq [rotary_dim/2] f32",

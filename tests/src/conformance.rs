@@ -17,13 +17,15 @@ use std::fmt;
 
 // An explicit path: `web/kernel-tests` includes this file by `#[path]`,
 // where a bare `mod moe;` would be looked for beside it.
+#[path = "conformance/fused.rs"]
+mod fused;
 #[path = "conformance/moe.rs"]
 mod moe;
 #[path = "conformance/scores.rs"]
 mod scores;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams,
+    AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
     RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::{matmul_kernel_name, spec, MANIFEST};
@@ -129,6 +131,7 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.rms_norm_residual();
     suite.matmul();
     suite.w8a8_outliers();
+    suite.fused_matmuls();
     suite.rope();
     suite.paged_kv_write();
     suite.paged_attention();
@@ -1001,6 +1004,13 @@ fn geglu<X: Backend>(be: &X, gate: &[f32], up: &[f32]) -> Out {
     let mut out = be.alloc(gate.len())?;
     be.geglu(&g, &u, gate.len(), &mut out)?;
     be.download(&out, gate.len())
+}
+
+fn swiglu_or_geglu<X: Backend>(be: &X, glu: Glu, gate: &[f32], up: &[f32]) -> Out {
+    match glu {
+        Glu::SwiGlu => swiglu(be, gate, up),
+        Glu::GeGlu => geglu(be, gate, up),
+    }
 }
 
 fn scale<X: Backend>(be: &X, x: &[f32], len: usize, factor: f32) -> Out {
