@@ -307,6 +307,20 @@ __device__ __forceinline__ float weight_at(int fmt, const u8* row, u32 i) {
     return d * ((float)(j < 16 ? (byte & 15) : (byte >> 4)) - 8.0f);
 }
 
+__device__ __noinline__ float weight_at_call(int fmt, const u8* row, u32 i) {
+    return weight_at(fmt, row, i);
+}
+
+// Element `i` of a vector (a norm weight, a bias) read inside a matmul: the
+// float formats inline, the others through a call, since inlining every
+// format at each use would multiply the matmul's code and NVRTC's time.
+__device__ __forceinline__ float vector_at(int fmt, const u8* v, u32 i) {
+    if (fmt == FMT_F32) return __ldg(reinterpret_cast<const float*>(v) + i);
+    if (fmt == FMT_F16) return f16_to_f32(load_u16(v + 2 * (u64)i));
+    if (fmt == FMT_BF16) return bf16_to_f32(load_u16(v + 2 * (u64)i));
+    return weight_at_call(fmt, v, i);
+}
+
 // ---- groups of eight weights (matmuls) ----
 //
 // A matmul lane decodes eight weights at a time, a "group". Quantized formats:
@@ -435,28 +449,220 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+
+// ---- activations of the gated linear units ----
+//
+// expf, not the fast intrinsic, for the manifest's 1e-5. GELU is the tanh
+// approximation 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3),
+// computed as the equal g / (1 + exp(-2u)).
+
+#define GLU_SWIGLU 0
+#define GLU_GEGLU 1
+
+__device__ __forceinline__ float silu(float g) {
+    return g / (1.0f + expf(-g));
+}
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+    const float sqrt_2_over_pi = 0.7978846f;
+    const float u = sqrt_2_over_pi * (g + 0.044715f * g * g * g);
+    return g / (1.0f + expf(fminf(-2.0f * u, 80.0f)));
+}
+
+// ---- matmul: prologues and epilogues ----
+//
+// The matmul templates below (decode GEMV, tiled GEMM, the unaligned GEMV and
+// W8A8's two) take a prologue and an epilogue besides the weight format, so
+// the fused matmuls run the same loops as the plain one:
+//
+// - the prologue is applied to x as it is read: `NoNorm`, or `RmsNorm`
+//   (x[t, c] * inv_rms[t] * g[c]; `prepare` computes the inverse RMS of each
+//   of the block's rows once, into shared memory);
+// - the epilogue stores the sums: `StoreOut` (out = y + bias: the plain
+//   matmul), `SplitStore` (y + bias, its columns cut into up to three
+//   outputs), `AddStore` (out += y), `GatedStore` (out = act(gate) * up).
+//
+// The templates walk "virtual rows" v < epi.rows, each standing for one
+// weight row (`weight_row`), in pairs (v even, v + 1), and hand each pair's
+// sums for a token to the epilogue together (`store_pair`). For the gated
+// epilogue the virtual rows interleave gate and up, v = 2i for gate row i and
+// 2i + 1 for up row f + i, so the thread that holds gate i holds up i too and
+// the activation is applied in registers.
+
+struct NoNorm {
+    __device__ __forceinline__ void prepare(const float*, u32, u32, u32, float*) const {}
+    __device__ __forceinline__ float gamma(u32) const { return 1.0f; }
+    __device__ __forceinline__ float apply(float v, float, float) const { return v; }
+};
+
+// The RMSNorm prologue; `g` null means no norm (every factor is then 1, so x
+// is read unchanged).
+struct RmsNorm {
+    const u8* g;
+    int g_fmt;
+    float eps;
+
+    __device__ __forceinline__ RmsNorm(const u8* g, int g_fmt, float eps) : g(g), g_fmt(g_fmt), eps(eps) {}
+
+    // inv[i] = 1 / rms(x[first + i, :]) for i < count, one warp per row, as
+    // rms_norm.cu computes it. Every thread of the block must call it.
+    __device__ __forceinline__ void prepare(const float* __restrict__ x, u32 first, u32 count, u32 cols,
+                                            float* inv) const {
+        const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+        for (u32 i = threadIdx.x / WARP; i < count; i += warps) {
+            float s = 0.0f;
+            if (g != nullptr) {
+                const float* row = x + (u64)(first + i) * cols;
+                for (u32 c = lane; c < cols; c += WARP) {
+                    const float v = __ldg(row + c);
+                    s = fmaf(v, v, s);
+                }
+                s = warp_sum(s);
+            }
+            if (lane == 0) inv[i] = g != nullptr ? rsqrtf(s / (float)cols + eps) : 1.0f;
+        }
+        __syncthreads();
+    }
+
+    __device__ __forceinline__ float gamma(u32 c) const { return g != nullptr ? vector_at(g_fmt, g, c) : 1.0f; }
+
+    __device__ __forceinline__ float apply(float v, float inv, float gm) const { return v * inv * gm; }
+};
+
+template <class Pro>
+__device__ __forceinline__ float4 apply4(const Pro& pro, float4 v, float inv, const float gm[4]) {
+    return make_float4(pro.apply(v.x, inv, gm[0]), pro.apply(v.y, inv, gm[1]), pro.apply(v.z, inv, gm[2]),
+                       pro.apply(v.w, inv, gm[3]));
+}
+
+// out[t, v] = y + bias[v]: the plain matmul (`rows` = n).
+struct StoreOut {
+    static constexpr bool GATED = false;
+    float* out;
+    const u8* bias;
+    int bias_fmt;
+    u32 rows;
+
+    __device__ __forceinline__ StoreOut(float* out, const u8* bias, int bias_fmt, u32 n)
+        : out(out), bias(bias), bias_fmt(bias_fmt), rows(n) {}
+
+    __device__ __forceinline__ void store(u32 t, u32 v, float s) const {
+        if (bias != nullptr) s += vector_at(bias_fmt, bias, v);
+        out[(u64)t * rows + v] = s;
+    }
+};
+
+// y + bias[v], columns [0, end0) to out0, [end0, end1) to out1, [end1, n) to
+// out2, each output [tokens, its width].
+struct SplitStore {
+    static constexpr bool GATED = false;
+    float* out0;
+    float* out1;
+    float* out2;
+    u32 end0, end1, rows;
+    const u8* bias;
+    int bias_fmt;
+
+    __device__ __forceinline__ SplitStore(float* out0, float* out1, float* out2, u32 end0, u32 end1, u32 n,
+                                          const u8* bias, int bias_fmt)
+        : out0(out0), out1(out1), out2(out2), end0(end0), end1(end1), rows(n), bias(bias), bias_fmt(bias_fmt) {}
+
+    __device__ __forceinline__ void store(u32 t, u32 v, float s) const {
+        if (bias != nullptr) s += vector_at(bias_fmt, bias, v);
+        if (v < end0) {
+            out0[(u64)t * end0 + v] = s;
+        } else if (v < end1) {
+            out1[(u64)t * (end1 - end0) + (v - end0)] = s;
+        } else {
+            out2[(u64)t * (rows - end1) + (v - end1)] = s;
+        }
+    }
+};
+
+// out[t, v] += y: the residual add.
+struct AddStore {
+    static constexpr bool GATED = false;
+    float* out;
+    u32 rows;
+
+    __device__ __forceinline__ AddStore(float* out, u32 n) : out(out), rows(n) {}
+
+    __device__ __forceinline__ void store(u32 t, u32 v, float s) const { out[(u64)t * rows + v] += s; }
+};
+
+// out[t, i] = act(gate) * up for a weight of `rows` = 2f rows, gate rows then up rows.
+struct GatedStore {
+    static constexpr bool GATED = true;
+    float* out;
+    int act;
+    u32 rows;
+
+    __device__ __forceinline__ GatedStore(float* out, int act, u32 n) : out(out), act(act), rows(n) {}
+
+    __device__ __forceinline__ void store_gated(u32 t, u32 i, float gate, float up) const {
+        out[(u64)t * (rows / 2) + i] = (act == GLU_GEGLU ? gelu_tanh(gate) : silu(gate)) * up;
+    }
+};
+
+// The weight row virtual row v stands for.
+template <class Epi>
+__device__ __forceinline__ u32 weight_row(const Epi& epi, u32 v) {
+    if constexpr (Epi::GATED) {
+        return (v & 1) * (epi.rows / 2) + (v >> 1);
+    } else {
+        return v;
+    }
+}
+
+// Stores the sums of virtual rows v (even, below epi.rows) and v + 1 for token t.
+template <class Epi>
+__device__ __forceinline__ void store_pair(const Epi& epi, u32 t, u32 v, float s0, float s1) {
+    if constexpr (Epi::GATED) {
+        epi.store_gated(t, v >> 1, s0, s1);
+    } else {
+        epi.store(t, v, s0);
+        if (v + 1 < epi.rows) epi.store(t, v + 1, s1);
+    }
+}
+
 // ---- matmul: decode GEMV ----
 //
-// out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r]) for t < tokens <= MAX_T.
+// y[t, v] = sum_c x'[t, c] * w[row(v), c] for t < tokens <= MAX_T.
 // Decode is bound by reading the weights once, so the aim is many loads in
-// flight: a block of GEMV_WARPS warps shares GEMV_ROWS rows, its warps taking
-// interleaved runs of 32 groups (consecutive lanes on consecutive groups,
-// 16-byte loads for float formats, per-block 32-bit loads for quantized
-// ones), and every decoded weight is reused for all tokens from registers;
-// x stays in L1. The warps' sums meet in shared memory.
+// flight: a block of GEMV_WARPS warps shares one pair of virtual rows, its
+// warps taking interleaved runs of 32 groups (consecutive lanes on
+// consecutive groups, 16-byte loads for float formats, per-block 32-bit loads
+// for quantized ones), and every decoded weight is reused for all tokens from
+// registers; x stays in L1. The warps' sums meet in shared memory.
 
 #define GEMV_WARPS 4
 #define GEMV_ROWS 2
+// Most tokens a GEMV takes (`_gemv_t8`, and `_gemv_unaligned`).
+#define GEMV_MAX_T 8
 
-template <int FMT, int MAX_T>
-__device__ __forceinline__ void gemv(const u8* __restrict__ w, const float* __restrict__ x,
-                                     const u8* __restrict__ bias, int bias_fmt,
-                                     float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+template <int FMT, int MAX_T, class Pro, class Epi>
+__device__ __forceinline__ void gemv(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens, u32 cols,
+                                     const Pro& pro, const Epi& epi) {
+    static_assert(GEMV_ROWS == 2, "a GEMV block computes one pair of virtual rows");
     __shared__ float partial[GEMV_WARPS][GEMV_ROWS * MAX_T];
+    __shared__ float inv_rms[MAX_T];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u32 row0 = blockIdx.x * GEMV_ROWS;
     const u64 row_bytes = row_bytes_of<FMT>(cols);
     const u32 groups = cols / 8;
+
+    pro.prepare(x, 0, tokens < MAX_T ? tokens : MAX_T, cols, inv_rms);
+    float inv[MAX_T];
+#pragma unroll
+    for (int t = 0; t < MAX_T; ++t) inv[t] = t < tokens ? inv_rms[t] : 1.0f;
+
+    // The last block's second row may lie past the end: reread row0 (in bounds, result unused).
+    const u8* wrow[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        const u32 v = row0 + r < epi.rows ? row0 + r : row0;
+        wrow[r] = w + weight_row(epi, v) * row_bytes;
+    }
 
     float acc[GEMV_ROWS][MAX_T];
 #pragma unroll
@@ -468,17 +674,19 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const float* __re
     for (u32 g = warp * WARP + lane; g < groups; g += GEMV_WARPS * WARP) {
         float wv[GEMV_ROWS][8];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) {
-            // The last block's second row may lie past `n`: reread row0 (in bounds, result unused).
-            const u32 row = row0 + r < n ? row0 + r : row0;
-            load_group<FMT>(w + row * row_bytes, g, wv[r]);
-        }
+        for (int r = 0; r < GEMV_ROWS; ++r) load_group<FMT>(wrow[r], g, wv[r]);
         const u32 c0 = group_run<FMT>(g, 0), c1 = group_run<FMT>(g, 1);
+        float gm[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            gm[j] = pro.gamma(c0 + j);
+            gm[4 + j] = pro.gamma(c1 + j);
+        }
 #pragma unroll
         for (int t = 0; t < MAX_T; ++t) {
             if (t < tokens) {
-                const float4 a = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c0));
-                const float4 b = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c1));
+                const float4 a = apply4(pro, __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c0)), inv[t], gm);
+                const float4 b = apply4(pro, __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c1)), inv[t], gm + 4);
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r) {
                     float s = acc[r][t];
@@ -500,42 +708,54 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const float* __re
             if (lane == 0) partial[warp][r * MAX_T + t] = s;
         }
     __syncthreads();
-    if (threadIdx.x < GEMV_ROWS * MAX_T) {
-        const u32 r = threadIdx.x / MAX_T, t = threadIdx.x % MAX_T, row = row0 + r;
-        if (t < tokens && row < n) {
-            float s = bias != nullptr ? weight_at(bias_fmt, bias, row) : 0.0f;
+    const u32 t = threadIdx.x;
+    if (t < MAX_T && t < tokens && row0 < epi.rows) {
+        float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-            for (int k = 0; k < GEMV_WARPS; ++k) s += partial[k][threadIdx.x];
-            out[(u64)t * n + row] = s;
+        for (int k = 0; k < GEMV_WARPS; ++k) {
+            s0 += partial[k][t];
+            s1 += partial[k][MAX_T + t];
         }
+        store_pair(epi, t, row0, s0, s1);
     }
 }
 
 // GEMV for float formats whose rows are not 16-byte aligned (cols % 8 != 0):
-// one token at a time, lanes on consecutive columns.
-template <int FMT>
-__device__ __forceinline__ void gemv_unaligned(const u8* __restrict__ w, const float* __restrict__ x,
-                                               const u8* __restrict__ bias, int bias_fmt,
-                                               float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+// a pair of virtual rows per warp, one token at a time, lanes on consecutive
+// columns. At most GEMV_MAX_T tokens.
+template <int FMT, class Pro, class Epi>
+__device__ __forceinline__ void gemv_unaligned(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens,
+                                               u32 cols, const Pro& pro, const Epi& epi) {
+    __shared__ float inv_rms[GEMV_MAX_T];
     const int lane = threadIdx.x % WARP;
-    const u32 row = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (row >= n) return;
-    const u8* wrow = w + row * row_bytes_of<FMT>(cols);
-    const float b = bias != nullptr ? weight_at(bias_fmt, bias, row) : 0.0f;
+    if (tokens > GEMV_MAX_T) tokens = GEMV_MAX_T;
+    pro.prepare(x, 0, tokens, cols, inv_rms);
+    const u32 v = GEMV_ROWS * (blockIdx.x * GEMV_WARPS + threadIdx.x / WARP);
+    if (v >= epi.rows) return;
+    const u64 row_bytes = row_bytes_of<FMT>(cols);
+    const u8* w0 = w + weight_row(epi, v) * row_bytes;
+    const u8* w1 = w + weight_row(epi, v + 1 < epi.rows ? v + 1 : v) * row_bytes;
     for (u32 t = 0; t < tokens; ++t) {
-        float s = 0.0f;
-        for (u32 c = lane; c < cols; c += WARP) s = fmaf(weight_at(FMT, wrow, c), __ldg(x + (u64)t * cols + c), s);
-        s = warp_sum(s);
-        if (lane == 0) out[(u64)t * n + row] = s + b;
+        const float inv = inv_rms[t];
+        float s0 = 0.0f, s1 = 0.0f;
+        for (u32 c = lane; c < cols; c += WARP) {
+            const float xv = pro.apply(__ldg(x + (u64)t * cols + c), inv, pro.gamma(c));
+            s0 = fmaf(weight_at(FMT, w0, c), xv, s0);
+            s1 = fmaf(weight_at(FMT, w1, c), xv, s1);
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (lane == 0) store_pair(epi, t, v, s0, s1);
     }
 }
 
 // ---- matmul: tiled GEMM (prefill) ----
 //
-// A 64-token x 64-row output tile per block of 256 threads, 4x4 outputs per
-// thread, stepping through the columns 32 at a time (one quantized block) via
-// shared memory; weights are decoded once per tile into f32. Any sizes:
-// edges are masked.
+// A 64-token x 64-virtual-row output tile per block of 256 threads, 4x4
+// outputs per thread, stepping through the columns 32 at a time (one
+// quantized block) via shared memory; weights are decoded once per tile into
+// f32, x passes through the prologue as it is staged. Any sizes: edges are
+// masked.
 
 #define TILE_T 64
 #define TILE_R 64
@@ -543,22 +763,34 @@ __device__ __forceinline__ void gemv_unaligned(const u8* __restrict__ w, const f
 #define TILE_THREADS 256
 #define TILE_PAD 4
 
-template <int FMT>
-__device__ __forceinline__ void gemm_tiled(const u8* __restrict__ w, const float* __restrict__ x,
-                                           const u8* __restrict__ bias, int bias_fmt,
-                                           float* __restrict__ out, u32 tokens, u32 n, u32 cols) {
+// Tokens of the tile starting at token t_base.
+__device__ __forceinline__ u32 tile_tokens(u32 tokens, u32 t_base) {
+    return tokens <= t_base ? 0 : tokens - t_base < TILE_T ? tokens - t_base : TILE_T;
+}
+
+template <int FMT, class Pro, class Epi>
+__device__ __forceinline__ void gemm_tiled(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens, u32 cols,
+                                           const Pro& pro, const Epi& epi) {
     __shared__ __align__(16) float xs[TILE_K][TILE_T + TILE_PAD];
     __shared__ __align__(16) float ws[TILE_K][TILE_R + TILE_PAD];
+    __shared__ float inv_rms[TILE_T];
 
     const int tid = threadIdx.x;
     const u32 t_base = blockIdx.y * TILE_T, r_base = blockIdx.x * TILE_R;
     const u64 row_bytes = row_bytes_of<FMT>(cols);
     const bool vector_rows = is_quantized(FMT) || cols % 8 == 0;
 
+    pro.prepare(x, t_base, tile_tokens(tokens, t_base), cols, inv_rms);
+
     // Loader roles: 4 threads per tile row, 8 columns each.
     const int load_row = tid / 4, load_part = tid % 4;
     // Compute roles: 16 x 16 threads, 4 x 4 outputs each.
     const int tx = tid % 16, ty = tid / 16;
+
+    const u32 load_t = t_base + load_row, load_v = r_base + load_row;
+    const bool row_ok = load_v < epi.rows;
+    const u8* wrow = w + weight_row(epi, row_ok ? load_v : 0) * row_bytes;
+    const float load_inv = inv_rms[load_row];
 
     float acc[4][4];
 #pragma unroll
@@ -567,25 +799,24 @@ __device__ __forceinline__ void gemm_tiled(const u8* __restrict__ w, const float
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     for (u32 k0 = 0; k0 < cols; k0 += TILE_K) {
-        {  // x tile, stored transposed: xs[k][token]
-            const u32 t = t_base + load_row;
+        // x tile, stored transposed: xs[k][token]
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const u32 c = k0 + 8 * load_part + j;
-                xs[8 * load_part + j][load_row] = (t < tokens && c < cols) ? __ldg(x + (u64)t * cols + c) : 0.0f;
-            }
+        for (int j = 0; j < 8; ++j) {
+            const u32 c = k0 + 8 * load_part + j;
+            xs[8 * load_part + j][load_row] = (load_t < tokens && c < cols)
+                                                  ? pro.apply(__ldg(x + (u64)load_t * cols + c), load_inv, pro.gamma(c))
+                                                  : 0.0f;
         }
-        {  // weight tile, decoded: ws[k][row]
-            const u32 r = r_base + load_row;
+        {  // weight tile, decoded: ws[k][virtual row]
             const u32 g = k0 / 8 + load_part;
             float v[8];
-            if (r < n && vector_rows && 8 * g < cols) {
-                load_group<FMT>(w + r * row_bytes, g, v);
+            if (row_ok && vector_rows && 8 * g < cols) {
+                load_group<FMT>(wrow, g, v);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const u32 c = group_col<FMT>(g, j);
-                    v[j] = (r < n && c < cols) ? weight_at(FMT, w + r * row_bytes, c) : 0.0f;
+                    v[j] = (row_ok && c < cols) ? weight_at(FMT, wrow, c) : 0.0f;
                 }
             }
 #pragma unroll
@@ -606,39 +837,297 @@ __device__ __forceinline__ void gemm_tiled(const u8* __restrict__ w, const float
     }
 
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const u32 r = r_base + 4 * tx + j;
-        if (r >= n) continue;
-        const float b = bias != nullptr ? weight_at(bias_fmt, bias, r) : 0.0f;
+    for (int i = 0; i < 4; ++i) {
+        const u32 t = t_base + 4 * ty + i;
+        if (t >= tokens) continue;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 t = t_base + 4 * ty + i;
-            if (t < tokens) out[(u64)t * n + r] = acc[i][j] + b;
+        for (int j = 0; j < 4; j += 2) {
+            const u32 v = r_base + 4 * tx + j;
+            if (v < epi.rows) store_pair(epi, t, v, acc[i][j], acc[i][j + 1]);
         }
     }
 }
 
-// Every matmul_FMT.cu declares its entry points through these macros:
-//   NAME_gemv_t{1,2,4,8}  decode, up to 1, 2, 4, 8 tokens (rows of x)
-//   NAME_tiled            prefill, any sizes
-//   NAME_gemv_unaligned   float formats whose rows are not 16-byte aligned
+// ---- matmul: W8A8 (SmoothQuant) ----
+//
+// out[t, r] = s_r * a_t * sum_c q_x[t, c] * q_w[r, c]. The weights are INT8's
+// bytes (per row: f32 scale s_r, then `cols` signed bytes). Each activation
+// row (after the prologue) is quantized to INT8 here, per token, as
+// tandem_core::quant::quantize_activation_row_i8 defines: a_t = max_c
+// |x[t, c]| / 127 and q_x = rint(x * (127 / max|x|)) (ties to even). The INT8
+// products are summed in i32 with __dp4a (four i8 x i8 products per
+// instruction); only the final sum becomes f32. `cols` is a multiple of 32.
+// Launch shapes as the other formats' GEMV and tiled kernels.
+
+__device__ __forceinline__ float inverse_scale(float amax) {
+    return amax > 0.0f ? 127.0f / amax : 0.0f;
+}
+
+// Four activations quantized and packed as four signed bytes.
+__device__ __forceinline__ int quant_x4(float4 v, float inverse) {
+    const float f[4] = {v.x, v.y, v.z, v.w};
+    u32 packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int q = max(-127, min(127, __float2int_rn(f[j] * inverse)));
+        packed |= ((u32)q & 0xffu) << (8 * j);
+    }
+    return (int)packed;
+}
+
+// max |x'| over columns first, first + stride, ... of one row of x, x' as the prologue gives it.
+template <class Pro>
+__device__ __forceinline__ float row_max_abs(const Pro& pro, const float* x, u32 cols, u32 first, u32 stride,
+                                             float inv) {
+    float m = 0.0f;
+    for (u32 c = first; c < cols; c += stride) m = fmaxf(m, fabsf(pro.apply(__ldg(x + c), inv, pro.gamma(c))));
+    return m;
+}
+
+// The four prologue factors of columns c..c+3.
+template <class Pro>
+__device__ __forceinline__ void gamma4(const Pro& pro, u32 c, float gm[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) gm[j] = pro.gamma(c + j);
+}
+
+// s_r * a_t * sum for weight row r.
+__device__ __forceinline__ float w8a8_value(const u8* __restrict__ w, u64 row_bytes, u32 r, int sum, float x_scale) {
+    const float s = __ldg(reinterpret_cast<const float*>(w + r * row_bytes));
+    return (float)sum * (s * x_scale);
+}
+
+template <int MAX_T, class Pro, class Epi>
+__device__ __forceinline__ void gemv_w8a8(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens, u32 cols,
+                                          const Pro& pro, const Epi& epi) {
+    __shared__ float warp_max_scratch[GEMV_WARPS];
+    __shared__ int partial[GEMV_WARPS][GEMV_ROWS * MAX_T];
+    __shared__ float inv_rms[MAX_T];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 row0 = blockIdx.x * GEMV_ROWS;
+    const u64 row_bytes = row_bytes_of<FMT_W8A8>(cols);
+
+    pro.prepare(x, 0, tokens < MAX_T ? tokens : MAX_T, cols, inv_rms);
+    float inv[MAX_T], inverse[MAX_T], x_scale[MAX_T];
+#pragma unroll
+    for (int t = 0; t < MAX_T; ++t) {
+        inv[t] = t < tokens ? inv_rms[t] : 1.0f;
+        float m = t < tokens ? row_max_abs(pro, x + (u64)t * cols, cols, threadIdx.x, blockDim.x, inv[t]) : 0.0f;
+        m = warp_max(m);
+        __syncthreads();
+        if (lane == 0) warp_max_scratch[warp] = m;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < GEMV_WARPS; ++k) m = fmaxf(m, warp_max_scratch[k]);
+        inverse[t] = inverse_scale(m);
+        x_scale[t] = m / 127.0f;
+    }
+
+    // The last block's second row may lie past the end: reread row0 (in bounds, result unused).
+    u32 wr[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) wr[r] = weight_row(epi, row0 + r < epi.rows ? row0 + r : row0);
+
+    int acc[GEMV_ROWS][MAX_T];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) acc[r][t] = 0;
+
+    const u32 words = cols / 4;
+    for (u32 p = threadIdx.x; p < words; p += blockDim.x) {
+        int wq[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) wq[r] = (int)load_u32(w + wr[r] * row_bytes + 4 + 4 * (u64)p);
+        float gm[4];
+        gamma4(pro, 4 * p, gm);
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) {
+            if (t < tokens) {
+                const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + 4 * p));
+                const int xq = quant_x4(apply4(pro, xv, inv[t], gm), inverse[t]);
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; ++r) acc[r][t] = __dp4a(wq[r], xq, acc[r][t]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < MAX_T; ++t) {
+            int s = acc[r][t];
+#pragma unroll
+            for (int offset = WARP / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(FULL_MASK, s, offset);
+            if (lane == 0) partial[warp][r * MAX_T + t] = s;
+        }
+    __syncthreads();
+    const u32 t = threadIdx.x;
+    if (t < MAX_T && t < tokens && row0 < epi.rows) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < GEMV_WARPS; ++k) {
+            s0 += partial[k][t];
+            s1 += partial[k][MAX_T + t];
+        }
+        store_pair(epi, t, row0, w8a8_value(w, row_bytes, wr[0], s0, x_scale[t]),
+                   w8a8_value(w, row_bytes, wr[1], s1, x_scale[t]));
+    }
+}
+
+// Words (four quants) per row of a K step of the tiled kernel.
+#define W8A8_TILE_WORDS (TILE_K / 4)
+
+template <class Pro, class Epi>
+__device__ __forceinline__ void gemm_tiled_w8a8(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens,
+                                                u32 cols, const Pro& pro, const Epi& epi) {
+    __shared__ int xs[TILE_T][W8A8_TILE_WORDS + 1];
+    __shared__ int ws[TILE_R][W8A8_TILE_WORDS + 1];
+    // max|x| of the tile's tokens as the bits of non-negative floats (which order like the floats).
+    __shared__ unsigned int amax_bits[TILE_T];
+    __shared__ float inv_rms[TILE_T];
+
+    const int tid = threadIdx.x;
+    const u32 t_base = blockIdx.y * TILE_T, r_base = blockIdx.x * TILE_R;
+    const u64 row_bytes = row_bytes_of<FMT_W8A8>(cols);
+    // Loader roles: 4 threads per tile row, 2 words each.
+    const int load_row = tid / 4, load_part = tid % 4;
+    // Compute roles: 16 x 16 threads, 4 x 4 outputs each.
+    const int tx = tid % 16, ty = tid / 16;
+
+    pro.prepare(x, t_base, tile_tokens(tokens, t_base), cols, inv_rms);
+    const u32 load_t = t_base + load_row, load_v = r_base + load_row;
+    const float load_inv = inv_rms[load_row];
+    const bool row_ok = load_v < epi.rows;
+    const u8* wrow = w + weight_row(epi, row_ok ? load_v : 0) * row_bytes;
+
+    if (tid < TILE_T) amax_bits[tid] = 0u;
+    __syncthreads();
+    {
+        const float m =
+            load_t < tokens ? row_max_abs(pro, x + (u64)load_t * cols, cols, load_part, 4, load_inv) : 0.0f;
+        atomicMax(&amax_bits[load_row], __float_as_uint(m));
+    }
+    __syncthreads();
+    const float inverse = inverse_scale(__uint_as_float(amax_bits[load_row]));
+
+    int acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+
+    for (u32 k0 = 0; k0 < cols; k0 += TILE_K) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const u32 word = 2 * load_part + j, c = k0 + 4 * word;
+            int xq = 0;
+            if (load_t < tokens) {
+                float gm[4];
+                gamma4(pro, c, gm);
+                const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (u64)load_t * cols + c));
+                xq = quant_x4(apply4(pro, xv, load_inv, gm), inverse);
+            }
+            xs[load_row][word] = xq;
+            ws[load_row][word] = row_ok ? (int)load_u32(wrow + 4 + c) : 0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < W8A8_TILE_WORDS; ++k) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int a = xs[4 * ty + i][k];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = __dp4a(a, ws[4 * tx + j][k], acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 t = t_base + 4 * ty + i;
+        if (t >= tokens) continue;
+        const float x_scale = __uint_as_float(amax_bits[4 * ty + i]) / 127.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+            const u32 v = r_base + 4 * tx + j;
+            if (v >= epi.rows) continue;
+            const u32 v1 = v + 1 < epi.rows ? v + 1 : v;
+            store_pair(epi, t, v, w8a8_value(w, row_bytes, weight_row(epi, v), acc[i][j], x_scale),
+                       w8a8_value(w, row_bytes, weight_row(epi, v1), acc[i][j + 1], x_scale));
+        }
+    }
+}
+
+// ---- matmul entry points ----
+
+// The GEMV and tiled GEMM of format FMT (W8A8 has its own).
+template <int FMT, int MAX_T, class Pro, class Epi>
+__device__ __forceinline__ void matmul_gemv(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens,
+                                            u32 cols, const Pro& pro, const Epi& epi) {
+    if constexpr (FMT == FMT_W8A8) {
+        gemv_w8a8<MAX_T>(w, x, tokens, cols, pro, epi);
+    } else {
+        gemv<FMT, MAX_T>(w, x, tokens, cols, pro, epi);
+    }
+}
+
+template <int FMT, class Pro, class Epi>
+__device__ __forceinline__ void matmul_tiled(const u8* __restrict__ w, const float* __restrict__ x, u32 tokens,
+                                             u32 cols, const Pro& pro, const Epi& epi) {
+    if constexpr (FMT == FMT_W8A8) {
+        gemm_tiled_w8a8(w, x, tokens, cols, pro, epi);
+    } else {
+        gemm_tiled<FMT>(w, x, tokens, cols, pro, epi);
+    }
+}
+
+// A set of matmul entry points; ARGS is their parameter list (naming w, x,
+// tokens and cols), PRO and EPI build the prologue and epilogue from it:
+//   NAME_gemv_t{1,2,4,8}  decode, up to 1, 2, 4, 8 tokens (rows of x);
+//                         grid: one block of 128 threads per pair of virtual rows
+//   NAME_tiled            prefill, any sizes; grid (virtual rows / 64, tokens / 64), 256 threads
+//   NAME_gemv_unaligned   float formats whose rows are not 16-byte aligned;
+//                         up to 8 tokens, 128 threads per 8 virtual rows
+#define DEFINE_MATMUL_ENTRIES(NAME, FMT, ARGS, PRO, EPI)                                        \
+    extern "C" __global__ void NAME##_gemv_t1(ARGS) { matmul_gemv<FMT, 1>(w, x, tokens, cols, PRO, EPI); } \
+    extern "C" __global__ void NAME##_gemv_t2(ARGS) { matmul_gemv<FMT, 2>(w, x, tokens, cols, PRO, EPI); } \
+    extern "C" __global__ void NAME##_gemv_t4(ARGS) { matmul_gemv<FMT, 4>(w, x, tokens, cols, PRO, EPI); } \
+    extern "C" __global__ void NAME##_gemv_t8(ARGS) { matmul_gemv<FMT, 8>(w, x, tokens, cols, PRO, EPI); } \
+    extern "C" __global__ void NAME##_tiled(ARGS) { matmul_tiled<FMT>(w, x, tokens, cols, PRO, EPI); }
+
+#define DEFINE_MATMUL_UNALIGNED_ENTRY(NAME, FMT, ARGS, PRO, EPI)                                 \
+    extern "C" __global__ void NAME##_gemv_unaligned(ARGS) { gemv_unaligned<FMT>(w, x, tokens, cols, PRO, EPI); }
+
+// M(STEM, FMT) for every weight format, STEM naming its entry points (as
+// `tandem_cuda` does: f32, ..., int4_g64, int4_g128, ..., q6_k), and for the
+// float formats, which alone have unaligned rows. The fused matmul files
+// declare their entry points through these; the backend compiles them one
+// format at a time by defining both lists first, naming that format alone
+// (`tandem_cuda::sources::format_unit`), as a model uses few formats and a
+// whole file takes NVRTC minutes.
+#ifndef FOR_EACH_MATMUL_FORMAT
+#define FOR_EACH_MATMUL_FORMAT(M)                                                                \
+    M(f32, FMT_F32) M(f16, FMT_F16) M(bf16, FMT_BF16) M(q8_0, FMT_Q8_0) M(q4_0, FMT_Q4_0)         \
+    M(q4_1, FMT_Q4_1) M(int8, FMT_INT8) M(w8a8, FMT_W8A8) M(int4_g64, FMT_INT4_G64)              \
+    M(int4_g128, FMT_INT4_G128) M(q5_0, FMT_Q5_0) M(q5_1, FMT_Q5_1) M(iq4_nl, FMT_IQ4_NL)         \
+    M(q2_k, FMT_Q2_K) M(q3_k, FMT_Q3_K) M(q4_k, FMT_Q4_K) M(q5_k, FMT_Q5_K) M(q6_k, FMT_Q6_K)
+#define FOR_EACH_FLOAT_FORMAT(M) M(f32, FMT_F32) M(f16, FMT_F16) M(bf16, FMT_BF16)
+#endif
+
+// The plain matmul, out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r]): every
+// matmul_FMT.cu declares its entry points with these.
 //   NAME_add_bias         the bias after a cuBLAS GEMM (f16, bf16)
 #define MATMUL_ARGS                                                                         \
     const u8 *__restrict__ w, const float *__restrict__ x, const u8 *__restrict__ bias,     \
         int bias_fmt, float *__restrict__ out, u32 tokens, u32 n, u32 cols
-#define MATMUL_PASS w, x, bias, bias_fmt, out, tokens, n, cols
 
-#define DEFINE_MATMUL(NAME, FMT)                                                            \
-    extern "C" __global__ void NAME##_gemv_t1(MATMUL_ARGS) { gemv<FMT, 1>(MATMUL_PASS); }   \
-    extern "C" __global__ void NAME##_gemv_t2(MATMUL_ARGS) { gemv<FMT, 2>(MATMUL_PASS); }   \
-    extern "C" __global__ void NAME##_gemv_t4(MATMUL_ARGS) { gemv<FMT, 4>(MATMUL_PASS); }   \
-    extern "C" __global__ void NAME##_gemv_t8(MATMUL_ARGS) { gemv<FMT, 8>(MATMUL_PASS); }   \
-    extern "C" __global__ void NAME##_tiled(MATMUL_ARGS) { gemm_tiled<FMT>(MATMUL_PASS); }
+#define DEFINE_MATMUL(NAME, FMT) \
+    DEFINE_MATMUL_ENTRIES(NAME, FMT, MATMUL_ARGS, NoNorm(), StoreOut(out, bias, bias_fmt, n))
 
-#define DEFINE_MATMUL_UNALIGNED(NAME, FMT)                                                  \
-    extern "C" __global__ void NAME##_gemv_unaligned(MATMUL_ARGS) {                         \
-        gemv_unaligned<FMT>(MATMUL_PASS);                                                   \
-    }
+#define DEFINE_MATMUL_UNALIGNED(NAME, FMT) \
+    DEFINE_MATMUL_UNALIGNED_ENTRY(NAME, FMT, MATMUL_ARGS, NoNorm(), StoreOut(out, bias, bias_fmt, n))
 
 // out[t, r] += bias[r], grid-stride over rows * n elements.
 #define DEFINE_ADD_BIAS(NAME)                                                               \

@@ -9,19 +9,26 @@
 //! on-disk cache (`crate::cache`), one module per kernel file. Before a kernel
 //! touches memory its sizes are checked against the buffers on the host: a
 //! wrong size is an error here, never an out-of-bounds write on the device.
+//!
+//! The fused matmuls (`matmul_rms_norm`, `matmul_glu`, `matmul_residual`) are
+//! one launch of `kernels/matmul_{rms_norm,glu,residual}.cu` each, except in
+//! dense F16/BF16 prefill, which goes to cuBLAS like `matmul` and composes
+//! there (see `cublas_for`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
     result as driver_result, sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
-    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
-    MoeCombineParams, MoeRouteParams, RecordedStep, RmsNormParams, RopeParams, RopeStyle,
+    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, KvDtype,
+    MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RecordedStep, RmsNormParams,
+    RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -127,6 +134,21 @@ fn format_code(format: WeightFormat) -> i32 {
         WeightFormat::Q4_K => 15,
         WeightFormat::Q5_K => 16,
         WeightFormat::Q6_K => 17,
+    }
+}
+
+/// How the kernels name a weight format's matmul entry points:
+/// `matmul_STEM_*`, `matmul_rms_norm_STEM_*`, ... (`matmul_FMT.cu`'s stem;
+/// `matmul_int4.cu` holds one set per group size).
+fn format_stem(format: WeightFormat) -> &'static str {
+    match format {
+        WeightFormat::Int4 {
+            group: Int4Group::G64,
+        } => "int4_g64",
+        WeightFormat::Int4 {
+            group: Int4Group::G128,
+        } => "int4_g128",
+        other => matmul_kernel_name(other).trim_start_matches("matmul_"),
     }
 }
 
@@ -239,6 +261,8 @@ const GEMV_MAX_TOKENS: usize = 8;
 /// `GEMV_ROWS` output rows per GEMV block of 128 threads (4 warps).
 const GEMV_ROWS_PER_BLOCK: usize = 2;
 const GEMV_THREADS: u32 = 128;
+/// The unaligned GEMV: `GEMV_ROWS` rows per warp, 4 warps.
+const UNALIGNED_ROWS_PER_BLOCK: usize = GEMV_ROWS_PER_BLOCK * GEMV_THREADS as usize / 32;
 /// `TILE_T`, `TILE_R` of the tiled GEMM, 256 threads.
 const TILE: usize = 64;
 const TILE_THREADS: u32 = 256;
@@ -302,6 +326,11 @@ pub struct CudaBackend {
     /// Attention split partials and half-precision copies of activations for
     /// cuBLAS; grow-only, reused across calls (stream order keeps reuse safe).
     scratch: Mutex<Scratch>,
+    /// Kernels run since the backend was created (`Backend::kernel_launches`);
+    /// shared with recorded graphs, which add theirs at each replay.
+    pub(crate) launches: Arc<AtomicU64>,
+    /// Kernels recorded by the capture in progress.
+    pub(crate) captured_launches: AtomicU64,
     /// Set between `begin_capture` and `end_capture` (see `crate::graph`).
     pub(crate) capturing: AtomicBool,
     /// Set once a graph was recorded: outgrown scratch buffers are retired
@@ -311,6 +340,7 @@ pub struct CudaBackend {
 
 #[derive(Default)]
 struct Scratch {
+    /// Attention split partials; the up half of a GLU on the cuBLAS path.
     partials: Option<CudaSlice<f32>>,
     halves: Option<CudaSlice<u16>>,
     /// Outgrown buffers a recorded graph may still write to.
@@ -367,6 +397,8 @@ impl CudaBackend {
             report,
             sm_count,
             scratch: Mutex::new(Scratch::default()),
+            launches: Arc::new(AtomicU64::new(0)),
+            captured_launches: AtomicU64::new(0),
             capturing: AtomicBool::new(false),
             recorded: AtomicBool::new(false),
         })
@@ -390,11 +422,19 @@ impl CudaBackend {
     }
 
     /// Compiles (or loads from the disk cache) every kernel file now rather
-    /// than at first use, e.g. before capturing a graph or timing a run.
+    /// than at first use, e.g. before capturing a graph or timing a run; the
+    /// fused matmul files for every weight format.
     pub fn compile_all(&self) -> Result<()> {
-        sources::KERNEL_FILES
-            .iter()
-            .try_for_each(|file| self.kernels.module(file).map(drop))
+        for file in sources::KERNEL_FILES {
+            if sources::PER_FORMAT_FILES.contains(&file.name) {
+                for format in WeightFormat::ALL {
+                    self.kernels.module(file, Some(format_stem(format)))?;
+                }
+            } else {
+                self.kernels.module(file, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// Overwrites the start of `dst` with `data`.
@@ -430,7 +470,19 @@ impl CudaBackend {
     }
 
     fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
-        self.kernels.function(file, entry)
+        self.kernels.function(file, None, entry)
+    }
+
+    /// A kernel of a file compiled per weight format (the fused matmuls),
+    /// from its unit for `format`.
+    fn format_function(
+        &self,
+        file: &'static str,
+        format: WeightFormat,
+        entry: &str,
+    ) -> Result<CudaFunction> {
+        self.kernels
+            .function(file, Some(format_stem(format)), entry)
     }
 
     fn launch(
@@ -443,43 +495,79 @@ impl CudaBackend {
         // shape arguments first and pushes arguments in the kernel's order.
         unsafe { args.launch(cfg) }
             .map(drop)
-            .map_err(|e| backend_error(format!("launching {what}: {e}")))
+            .map_err(|e| backend_error(format!("launching {what}: {e}")))?;
+        self.count_launch();
+        Ok(())
+    }
+
+    /// Counts one kernel (a launch, or a cuBLAS GEMM): into the capture in
+    /// progress, if any, whose graph adds it at each replay.
+    fn count_launch(&self) {
+        let counter = if self.capturing.load(Ordering::Acquire) {
+            &self.captured_launches
+        } else {
+            &*self.launches
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A scratch buffer of at least `len` f32, for attention split partials.
     fn partials(&self, len: usize) -> Result<ScratchSlice<'_, f32>> {
-        let mut scratch = self.lock_scratch()?;
-        if scratch.partials.as_ref().is_none_or(|b| b.len() < len) {
-            self.refuse_while_capturing(
-                "growing the attention scratch buffer (run the step once before capturing)",
-            )?;
-            let grown = self.alloc_raw::<f32>(len.next_power_of_two())?;
-            if let Some(old) = scratch.partials.replace(grown) {
-                self.retire(&mut scratch.retired_partials, old);
-            }
-        }
+        let mut guard = self.lock_scratch()?;
+        let scratch = &mut *guard;
+        self.grow(
+            &mut scratch.partials,
+            &mut scratch.retired_partials,
+            len,
+            "attention",
+        )?;
         Ok(ScratchSlice {
-            guard: scratch,
+            guard,
             pick: |s| s.partials.as_mut(),
         })
     }
 
-    /// A scratch buffer of at least `len` u16, for half copies of activations.
-    fn halves(&self, len: usize) -> Result<ScratchSlice<'_, u16>> {
-        let mut scratch = self.lock_scratch()?;
-        if scratch.halves.as_ref().is_none_or(|b| b.len() < len) {
-            self.refuse_while_capturing(
-                "growing the GEMM scratch buffer (run the step once before capturing)",
+    /// The scratch of a cuBLAS matmul: at least `halves` u16 for half copies
+    /// of activations and, when `floats` is not 0, that many f32 (the
+    /// attention partials' buffer: the two are never in use at once).
+    fn gemm_scratch(&self, halves: usize, floats: usize) -> Result<MutexGuard<'_, Scratch>> {
+        let mut guard = self.lock_scratch()?;
+        let scratch = &mut *guard;
+        self.grow(
+            &mut scratch.halves,
+            &mut scratch.retired_halves,
+            halves,
+            "GEMM",
+        )?;
+        if floats > 0 {
+            self.grow(
+                &mut scratch.partials,
+                &mut scratch.retired_partials,
+                floats,
+                "GEMM",
             )?;
-            let grown = self.alloc_raw::<u16>(len.next_power_of_two())?;
-            if let Some(old) = scratch.halves.replace(grown) {
-                self.retire(&mut scratch.retired_halves, old);
+        }
+        Ok(guard)
+    }
+
+    /// Grows a scratch buffer to at least `len` elements (by powers of two).
+    fn grow<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        buf: &mut Option<CudaSlice<T>>,
+        retired: &mut Vec<CudaSlice<T>>,
+        len: usize,
+        what: &str,
+    ) -> Result<()> {
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.refuse_while_capturing(&format!(
+                "growing the {what} scratch buffer (run the step once before capturing)"
+            ))?;
+            let grown = self.alloc_raw::<T>(len.next_power_of_two())?;
+            if let Some(old) = buf.replace(grown) {
+                self.retire(retired, old);
             }
         }
-        Ok(ScratchSlice {
-            guard: scratch,
-            pick: |s| s.halves.as_mut(),
-        })
+        Ok(())
     }
 
     /// Keeps an outgrown scratch buffer alive if a recorded graph may name
@@ -516,6 +604,17 @@ struct ScratchSlice<'a, T> {
 impl<T> ScratchSlice<'_, T> {
     fn slice(&mut self) -> Result<&mut CudaSlice<T>> {
         (self.pick)(&mut self.guard).ok_or_else(|| backend_error("scratch buffer missing"))
+    }
+}
+
+impl Scratch {
+    /// The half and f32 buffers that `CudaBackend::gemm_scratch` grew.
+    fn halves_and_floats(&mut self) -> Result<(&mut CudaSlice<u16>, Option<&mut CudaSlice<f32>>)> {
+        let halves = self
+            .halves
+            .as_mut()
+            .ok_or_else(|| backend_error("scratch buffer missing"))?;
+        Ok((halves, self.partials.as_mut()))
     }
 }
 
@@ -567,6 +666,59 @@ fn row_threads(width: usize) -> u32 {
 
 /// The null pointer for an absent optional buffer.
 const NULL_DEVICE_PTR: u64 = 0;
+
+/// The matmul kernel for `rows` tokens by an `n` x `cols` weight in
+/// `format`: its entry point's suffix (`gemv_t{1,2,4,8}`, `gemv_unaligned`,
+/// `tiled`) and launch shape, the same for the plain and the fused matmuls.
+/// The kernels walk the weight's rows in pairs (a GLU's gate and up rows
+/// interleaved), so the grids count its rows whatever the output's width.
+fn matmul_variant(
+    format: WeightFormat,
+    n: usize,
+    cols: usize,
+    rows: usize,
+) -> Result<(String, LaunchConfig)> {
+    let vector_rows = format.is_quantized() || cols.is_multiple_of(8);
+    if rows <= GEMV_MAX_TOKENS && vector_rows {
+        let grid = (blocks_for(n, GEMV_ROWS_PER_BLOCK, "rows of w")?, 1, 1);
+        let tokens = rows.next_power_of_two();
+        Ok((format!("gemv_t{tokens}"), config(grid, GEMV_THREADS, 0)))
+    } else if rows <= GEMV_MAX_TOKENS {
+        let grid = (blocks_for(n, UNALIGNED_ROWS_PER_BLOCK, "rows of w")?, 1, 1);
+        Ok(("gemv_unaligned".to_string(), config(grid, GEMV_THREADS, 0)))
+    } else {
+        let grid = (
+            blocks_for(n, TILE, "rows of w")?,
+            grid_yz(rows.div_ceil(TILE), "token tiles")?,
+            1,
+        );
+        Ok(("tiled".to_string(), config(grid, TILE_THREADS, 0)))
+    }
+}
+
+/// A fused matmul's entry point for `w`'s format and `rows` tokens,
+/// `{kernel}_{format stem}_{variant}`, and its launch shape.
+fn fused_entry(kernel: &str, w: &CudaWeight, rows: usize) -> Result<(String, LaunchConfig)> {
+    let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
+    Ok((format!("{kernel}_{}_{variant}", format_stem(w.format)), cfg))
+}
+
+/// The norm prologue's kernel arguments: weight format code and eps (the
+/// kernels ignore both when the norm pointer is null).
+fn norm_args(norm: Option<&NormPrologue<'_, CudaWeight>>) -> (i32, f32) {
+    norm.map_or((0, 0.0), |n| (format_code(n.weight.format), n.eps))
+}
+
+fn check_norm(
+    kernel: &str,
+    norm: Option<&NormPrologue<'_, CudaWeight>>,
+    cols: usize,
+) -> Result<()> {
+    match norm {
+        Some(n) => check_len(&format!("{kernel}: norm weight"), n.weight.elems(), cols),
+        None => Ok(()),
+    }
+}
 
 impl CudaBackend {
     /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
@@ -849,17 +1001,191 @@ impl Backend for CudaBackend {
         if rows == 0 || n == 0 {
             return Ok(());
         }
-        let half = match w.format {
-            WeightFormat::F16 => Some(HalfType::F16),
-            WeightFormat::BF16 => Some(HalfType::BF16),
-            _ => None,
-        };
-        match (half, &self.blas) {
-            (Some(ty), Some(blas)) if rows > GEMV_MAX_TOKENS && cols > 0 => {
-                self.matmul_cublas(blas, ty, x, w, bias, rows, out)
-            }
-            _ => self.matmul_kernel(x, w, bias, rows, out),
+        match self.cublas_for(w, rows) {
+            Some((blas, ty)) => self.matmul_cublas(blas, ty, x, w, bias, rows, out),
+            None => self.matmul_kernel(x, w, bias, rows, out),
         }
+    }
+
+    fn fuses_matmuls(&self) -> bool {
+        true
+    }
+
+    fn matmul_rms_norm(
+        &self,
+        x: &CudaTensor,
+        norm: Option<NormPrologue<'_, CudaWeight>>,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, CudaTensor>],
+    ) -> Result<()> {
+        let kernel = "matmul_rms_norm";
+        let (rows, n, cols) = (p.rows, w.rows, w.cols);
+        let widths: usize = outs.iter().map(|o| o.width).sum();
+        if outs.is_empty() || outs.len() > MAX_SPLIT || widths != n {
+            return Err(backend_error(format!(
+                "{kernel}: {} output parts of {widths} columns for a weight of {n} rows (1 to {MAX_SPLIT} parts, widths summing to the rows)",
+                outs.len()
+            )));
+        }
+        check_len("matmul_rms_norm: x", x.len(), rows * cols)?;
+        for (i, o) in outs.iter().enumerate() {
+            check_len(
+                &format!("{kernel}: output {i}"),
+                o.out.len(),
+                rows * o.width,
+            )?;
+        }
+        if let Some(b) = bias {
+            check_len("matmul_rms_norm: bias", b.elems(), n)?;
+        }
+        check_norm(kernel, norm.as_ref(), cols)?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        if let Some((blas, ty)) = self.cublas_for(w, rows) {
+            return self.rms_norm_cublas(blas, ty, x, norm.as_ref(), w, bias, rows, outs);
+        }
+        let (entry, cfg) = fused_entry(kernel, w, rows)?;
+        let f = self.format_function(kernel, w.format, &entry)?;
+        let (norm_fmt, eps) = norm_args(norm.as_ref());
+        let bias_fmt = bias.map_or(0, |b| format_code(b.format));
+        // Where parts 0 and 1 end (n for an absent part).
+        let mut ends = [n; MAX_SPLIT];
+        let mut end = 0;
+        for (e, o) in ends.iter_mut().zip(outs.iter()) {
+            end += o.width;
+            *e = end;
+        }
+        let (end0, end1) = (to_u32(ends[0], "split")?, to_u32(ends[1], "split")?);
+        let (tokens, n32, cols32) = (
+            to_u32(rows, "rows")?,
+            to_u32(n, "n")?,
+            to_u32(cols, "cols")?,
+        );
+        let parts = outs.len();
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&w.buf).arg(&x.buf);
+        match &norm {
+            Some(norm) => args.arg(&norm.weight.buf),
+            None => args.arg(&NULL_DEVICE_PTR),
+        };
+        args.arg(&norm_fmt).arg(&eps);
+        match bias {
+            Some(b) => args.arg(&b.buf),
+            None => args.arg(&NULL_DEVICE_PTR),
+        };
+        args.arg(&bias_fmt);
+        for o in outs.iter_mut() {
+            args.arg(&mut o.out.buf);
+        }
+        for _ in parts..MAX_SPLIT {
+            args.arg(&NULL_DEVICE_PTR);
+        }
+        args.arg(&end0)
+            .arg(&end1)
+            .arg(&tokens)
+            .arg(&n32)
+            .arg(&cols32);
+        self.launch(&entry, &mut args, cfg)
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &CudaTensor,
+        norm: Option<NormPrologue<'_, CudaWeight>>,
+        w: &CudaWeight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let kernel = "matmul_glu";
+        if !w.rows.is_multiple_of(2) {
+            return Err(backend_error(format!(
+                "{kernel}: a [gate; up] weight has an even number of rows, not {}",
+                w.rows
+            )));
+        }
+        let (rows, f, cols) = (p.rows, w.rows / 2, w.cols);
+        check_len("matmul_glu: x", x.len(), rows * cols)?;
+        check_len("matmul_glu: out", out.len(), rows * f)?;
+        check_norm(kernel, norm.as_ref(), cols)?;
+        if rows == 0 || f == 0 {
+            return Ok(());
+        }
+        // GLU_SWIGLU and GLU_GEGLU in common.cuh.
+        let act: i32 = match glu {
+            Glu::SwiGlu => 0,
+            Glu::GeGlu => 1,
+        };
+        if let Some((blas, ty)) = self.cublas_for(w, rows) {
+            return self.glu_cublas(blas, ty, x, norm.as_ref(), w, act, rows, out);
+        }
+        let (entry, cfg) = fused_entry(kernel, w, rows)?;
+        let func = self.format_function(kernel, w.format, &entry)?;
+        let (norm_fmt, eps) = norm_args(norm.as_ref());
+        let (tokens, n32, cols32) = (
+            to_u32(rows, "rows")?,
+            to_u32(w.rows, "n")?,
+            to_u32(cols, "cols")?,
+        );
+        let mut args = self.stream.launch_builder(&func);
+        args.arg(&w.buf).arg(&x.buf);
+        match &norm {
+            Some(norm) => args.arg(&norm.weight.buf),
+            None => args.arg(&NULL_DEVICE_PTR),
+        };
+        args.arg(&norm_fmt)
+            .arg(&eps)
+            .arg(&act)
+            .arg(&mut out.buf)
+            .arg(&tokens)
+            .arg(&n32)
+            .arg(&cols32);
+        self.launch(&entry, &mut args, cfg)
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        p: MatmulParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let kernel = "matmul_residual";
+        let (rows, n, cols) = (p.rows, w.rows, w.cols);
+        check_len("matmul_residual: x", x.len(), rows * cols)?;
+        check_len("matmul_residual: out", out.len(), rows * n)?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        if let Some((blas, ty)) = self.cublas_for(w, rows) {
+            // cuBLAS adds into out itself (beta = 1): no epilogue kernel.
+            let mut scratch = self.gemm_scratch(ty.parts() * rows * cols, 0)?;
+            let (halves, _) = scratch.halves_and_floats()?;
+            self.half_activations(ty, x, None, rows, cols, halves)?;
+            return self.half_gemms(blas, ty, halves, w, 0..n, rows, &mut out.buf, true);
+        }
+        let (entry, cfg) = fused_entry(kernel, w, rows)?;
+        let f = self.format_function(kernel, w.format, &entry)?;
+        let (tokens, n32, cols32) = (
+            to_u32(rows, "rows")?,
+            to_u32(n, "n")?,
+            to_u32(cols, "cols")?,
+        );
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&w.buf)
+            .arg(&x.buf)
+            .arg(&mut out.buf)
+            .arg(&tokens)
+            .arg(&n32)
+            .arg(&cols32);
+        self.launch(&entry, &mut args, cfg)
+    }
+
+    fn kernel_launches(&self) -> Option<u64> {
+        Some(self.launches.load(Ordering::Relaxed))
     }
 
     fn rope(
@@ -1244,51 +1570,14 @@ impl CudaBackend {
         rows: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let file = matmul_kernel_name(w.format);
-        // `matmul_int4.cu` holds one set of entry points per group size.
-        let prefix = match w.format {
-            WeightFormat::Int4 {
-                group: Int4Group::G64,
-            } => "matmul_int4_g64",
-            WeightFormat::Int4 {
-                group: Int4Group::G128,
-            } => "matmul_int4_g128",
-            _ => file,
-        };
-        let (n, cols) = (w.rows, w.cols);
-        let vector_rows = w.format.is_quantized() || cols.is_multiple_of(8);
-        let (entry, cfg) = if rows <= GEMV_MAX_TOKENS && vector_rows {
-            let tokens = rows.next_power_of_two();
-            let grid = (blocks_for(n, GEMV_ROWS_PER_BLOCK, "rows of w")?, 1, 1);
-            (
-                format!("{prefix}_gemv_t{tokens}"),
-                config(grid, GEMV_THREADS, 0),
-            )
-        } else if rows <= GEMV_MAX_TOKENS {
-            // One warp per output row; GEMV_THREADS / 32 rows per block.
-            let grid = (
-                blocks_for(n, GEMV_THREADS as usize / 32, "rows of w")?,
-                1,
-                1,
-            );
-            (
-                format!("{file}_gemv_unaligned"),
-                config(grid, GEMV_THREADS, 0),
-            )
-        } else {
-            let grid = (
-                blocks_for(n, TILE, "rows of w")?,
-                grid_yz(rows.div_ceil(TILE), "token tiles")?,
-                1,
-            );
-            (format!("{prefix}_tiled"), config(grid, TILE_THREADS, 0))
-        };
-        let f = self.function(file, &entry)?;
+        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
+        let entry = format!("matmul_{}_{variant}", format_stem(w.format));
+        let f = self.function(matmul_kernel_name(w.format), &entry)?;
         let bias_fmt = bias.map_or(0, |b| format_code(b.format));
         let (tokens, n32, cols32) = (
             to_u32(rows, "rows")?,
-            to_u32(n, "n")?,
-            to_u32(cols, "cols")?,
+            to_u32(w.rows, "n")?,
+            to_u32(w.cols, "cols")?,
         );
         let mut args = self.stream.launch_builder(&f);
         args.arg(&w.buf).arg(&x.buf);
@@ -1302,6 +1591,20 @@ impl CudaBackend {
             .arg(&n32)
             .arg(&cols32);
         self.launch(&entry, &mut args, cfg)
+    }
+
+    /// cuBLAS and the half type when a matmul of `rows` tokens by `w` goes
+    /// to cuBLAS: dense F16/BF16 prefill. Decode (at most `GEMV_MAX_TOKENS`
+    /// rows, the only steps recorded as graphs) never does, so the scratch
+    /// these paths grow is never needed during a capture.
+    fn cublas_for(&self, w: &CudaWeight, rows: usize) -> Option<(&Blas, HalfType)> {
+        let ty = match w.format {
+            WeightFormat::F16 => HalfType::F16,
+            WeightFormat::BF16 => HalfType::BF16,
+            _ => return None,
+        };
+        let blas = self.blas.as_ref()?;
+        (rows > GEMV_MAX_TOKENS && w.cols > 0).then_some((blas, ty))
     }
 
     /// Dense prefill GEMM on tensor cores: the activations are rounded to the
@@ -1318,61 +1621,14 @@ impl CudaBackend {
         rows: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let file = matmul_kernel_name(w.format);
-        let len = rows * w.cols;
-        let parts = match ty {
-            HalfType::F16 => 1,
-            HalfType::BF16 => 2,
-        };
-        let mut halves = self.halves(parts * len)?;
-        let halves = halves.slice()?;
-        let len64 = len as u64;
-        let convert_grid = (blocks_for(len, 256, "x elements")?.min(1 << 16), 1, 1);
-        match ty {
-            HalfType::F16 => {
-                let f = self.function(file, "matmul_f16_convert_x")?;
-                let mut args = self.stream.launch_builder(&f);
-                args.arg(&x.buf).arg(&mut *halves).arg(&len64);
-                self.launch(
-                    "matmul_f16_convert_x",
-                    &mut args,
-                    config(convert_grid, 256, 0),
-                )?;
-            }
-            HalfType::BF16 => {
-                let f = self.function(file, "matmul_bf16_split_x")?;
-                let (mut hi, mut lo) = halves.split_at_mut(len);
-                let mut args = self.stream.launch_builder(&f);
-                args.arg(&x.buf).arg(&mut hi).arg(&mut lo).arg(&len64);
-                self.launch(
-                    "matmul_bf16_split_x",
-                    &mut args,
-                    config(convert_grid, 256, 0),
-                )?;
-            }
-        }
         {
-            let (w_ptr, _w_sync) = w.buf.device_ptr(&self.stream);
-            let (x_ptr, _x_sync) = halves.device_ptr(&self.stream);
-            let (out_ptr, _out_sync) = out.buf.device_ptr(&self.stream);
-            for part in 0..parts {
-                let gemm = HalfGemm {
-                    ty,
-                    w: w_ptr,
-                    x: x_ptr + (part * len * 2) as u64,
-                    out: out_ptr,
-                    rows,
-                    n: w.rows,
-                    cols: w.cols,
-                    accumulate: part > 0,
-                };
-                // SAFETY: w holds n * cols halves (checked at upload), the
-                // scratch `parts * len` halves, out `rows * n` f32 (checked
-                // by `matmul`).
-                unsafe { blas.half_gemm(&gemm) }?;
-            }
+            let mut scratch = self.gemm_scratch(ty.parts() * rows * w.cols, 0)?;
+            let (halves, _) = scratch.halves_and_floats()?;
+            self.half_activations(ty, x, None, rows, w.cols, halves)?;
+            self.half_gemms(blas, ty, halves, w, 0..w.rows, rows, &mut out.buf, false)?;
         }
         if let Some(b) = bias {
+            let file = matmul_kernel_name(w.format);
             let entry = format!("{file}_add_bias");
             let f = self.function(file, &entry)?;
             let bias_fmt = format_code(b.format);
@@ -1391,6 +1647,202 @@ impl CudaBackend {
             self.launch(&entry, &mut args, config(grid, 256, 0))?;
         }
         Ok(())
+    }
+
+    /// `x`, through the norm when there is one, in the GEMM's half type into
+    /// `halves`: f16, or bf16 as hi then lo (`rows * cols` each).
+    fn half_activations(
+        &self,
+        ty: HalfType,
+        x: &CudaTensor,
+        norm: Option<&NormPrologue<'_, CudaWeight>>,
+        rows: usize,
+        cols: usize,
+        halves: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        let len = rows * cols;
+        check_len("GEMM scratch", halves.len(), ty.parts() * len)?;
+        if let Some(norm) = norm {
+            // One block per row: the row's inverse RMS, then its halves.
+            let (fmt, cols32) = (format_code(norm.weight.format), to_u32(cols, "cols")?);
+            let cfg = config((to_u32(rows, "rows")?, 1, 1), row_threads(cols), 0);
+            let (format, entry) = match ty {
+                HalfType::F16 => (WeightFormat::F16, "matmul_rms_norm_f16_x"),
+                HalfType::BF16 => (WeightFormat::BF16, "matmul_rms_norm_bf16_split_x"),
+            };
+            let f = self.format_function("matmul_rms_norm", format, entry)?;
+            let (mut hi, mut lo) = halves.split_at_mut(len);
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&x.buf)
+                .arg(&norm.weight.buf)
+                .arg(&fmt)
+                .arg(&norm.eps)
+                .arg(&cols32);
+            match ty {
+                HalfType::F16 => args.arg(&mut hi),
+                HalfType::BF16 => args.arg(&mut hi).arg(&mut lo),
+            };
+            return self.launch(entry, &mut args, cfg);
+        }
+        let len64 = len as u64;
+        let cfg = config(
+            (blocks_for(len, 256, "x elements")?.min(1 << 16), 1, 1),
+            256,
+            0,
+        );
+        let (file, entry) = match ty {
+            HalfType::F16 => ("matmul_f16", "matmul_f16_convert_x"),
+            HalfType::BF16 => ("matmul_bf16", "matmul_bf16_split_x"),
+        };
+        let f = self.function(file, entry)?;
+        let (mut hi, mut lo) = halves.split_at_mut(len);
+        let mut args = self.stream.launch_builder(&f);
+        args.arg(&x.buf);
+        match ty {
+            HalfType::F16 => args.arg(&mut hi),
+            HalfType::BF16 => args.arg(&mut hi).arg(&mut lo),
+        };
+        args.arg(&len64);
+        self.launch(entry, &mut args, cfg)
+    }
+
+    /// `out (+)= x · w[w_rows]ᵀ` on cuBLAS from the half activations that
+    /// `half_activations` wrote: one GEMM per half matrix (bf16: hi, then lo
+    /// accumulated). `out` is `[rows, w_rows.len()]`.
+    #[allow(clippy::too_many_arguments)]
+    fn half_gemms(
+        &self,
+        blas: &Blas,
+        ty: HalfType,
+        halves: &CudaSlice<u16>,
+        w: &CudaWeight,
+        w_rows: Range<usize>,
+        rows: usize,
+        out: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (n, cols) = (w_rows.len(), w.cols);
+        let len = rows * cols;
+        if w_rows.end > w.rows {
+            return Err(backend_error(format!(
+                "GEMM of weight rows {w_rows:?} of {}",
+                w.rows
+            )));
+        }
+        check_len("GEMM scratch", halves.len(), ty.parts() * len)?;
+        check_len("GEMM output", out.len(), rows * n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (w_ptr, _w_sync) = w.buf.device_ptr(&self.stream);
+        let (x_ptr, _x_sync) = halves.device_ptr(&self.stream);
+        let (out_ptr, _out_sync) = out.device_ptr_mut(&self.stream);
+        for part in 0..ty.parts() {
+            let gemm = HalfGemm {
+                ty,
+                w: w_ptr + (w_rows.start * cols * 2) as u64,
+                x: x_ptr + (part * len * 2) as u64,
+                out: out_ptr,
+                rows,
+                n,
+                cols,
+                accumulate: accumulate || part > 0,
+            };
+            // SAFETY: the weight rows lie in w (cols halves each, whole rows
+            // checked at upload), the scratch holds `parts * len` halves and
+            // out `rows * n` f32 (all checked above).
+            unsafe { blas.half_gemm(&gemm) }?;
+            self.count_launch();
+        }
+        Ok(())
+    }
+
+    /// `matmul_rms_norm` on cuBLAS, composed: the normalised activations in
+    /// half precision (one kernel), one GEMM per part straight into its
+    /// output (that part's rows of w), then each part's slice of the bias.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_cublas(
+        &self,
+        blas: &Blas,
+        ty: HalfType,
+        x: &CudaTensor,
+        norm: Option<&NormPrologue<'_, CudaWeight>>,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        rows: usize,
+        outs: &mut [SplitOut<'_, CudaTensor>],
+    ) -> Result<()> {
+        {
+            let mut scratch = self.gemm_scratch(ty.parts() * rows * w.cols, 0)?;
+            let (halves, _) = scratch.halves_and_floats()?;
+            self.half_activations(ty, x, norm, rows, w.cols, halves)?;
+            let mut start = 0;
+            for o in outs.iter_mut() {
+                let part = start..start + o.width;
+                self.half_gemms(blas, ty, halves, w, part, rows, &mut o.out.buf, false)?;
+                start += o.width;
+            }
+        }
+        let Some(b) = bias else {
+            return Ok(());
+        };
+        let entry = "matmul_rms_norm_add_bias";
+        let f = self.format_function("matmul_rms_norm", w.format, entry)?;
+        let (bias_fmt, rows32) = (format_code(b.format), to_u32(rows, "rows")?);
+        let mut start = 0;
+        for o in outs.iter_mut() {
+            let (width, start32) = (to_u32(o.width, "width")?, to_u32(start, "split")?);
+            start += o.width;
+            if o.width == 0 {
+                continue;
+            }
+            let mut args = self.stream.launch_builder(&f);
+            args.arg(&mut o.out.buf)
+                .arg(&b.buf)
+                .arg(&bias_fmt)
+                .arg(&rows32)
+                .arg(&width)
+                .arg(&start32);
+            let grid = (
+                blocks_for(rows * o.width, 256, "out elements")?.min(1 << 16),
+                1,
+                1,
+            );
+            self.launch(entry, &mut args, config(grid, 256, 0))?;
+        }
+        Ok(())
+    }
+
+    /// `matmul_glu` on cuBLAS, composed: the (normalised) activations in
+    /// half precision, the gate GEMM into `out`, the up GEMM into scratch,
+    /// then `matmul_glu_gate` (out = act(out) * up).
+    #[allow(clippy::too_many_arguments)]
+    fn glu_cublas(
+        &self,
+        blas: &Blas,
+        ty: HalfType,
+        x: &CudaTensor,
+        norm: Option<&NormPrologue<'_, CudaWeight>>,
+        w: &CudaWeight,
+        act: i32,
+        rows: usize,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let (f, cols) = (w.rows / 2, w.cols);
+        let len = rows * f;
+        let mut scratch = self.gemm_scratch(ty.parts() * rows * cols, len)?;
+        let (halves, up) = scratch.halves_and_floats()?;
+        let up = up.ok_or_else(|| backend_error("scratch buffer missing"))?;
+        self.half_activations(ty, x, norm, rows, cols, halves)?;
+        self.half_gemms(blas, ty, halves, w, 0..f, rows, &mut out.buf, false)?;
+        self.half_gemms(blas, ty, halves, w, f..2 * f, rows, up, false)?;
+        let entry = "matmul_glu_gate";
+        let func = self.format_function("matmul_glu", w.format, entry)?;
+        let len64 = len as u64;
+        let mut args = self.stream.launch_builder(&func);
+        args.arg(&mut out.buf).arg(&*up).arg(&len64).arg(&act);
+        let grid = (blocks_for(len, 256, "out elements")?.min(1 << 16), 1, 1);
+        self.launch(entry, &mut args, config(grid, 256, 0))
     }
 
     /// Split-K decode attention: a block per (head, row, split of
@@ -1534,12 +1986,14 @@ fn download<T: DeviceRepr + Default + Clone>(
     Ok(host)
 }
 
-/// Compiled kernel modules, one per kernel file, and their functions.
+/// Compiled kernel modules, one per kernel file (per file and weight format
+/// for `sources::PER_FORMAT_FILES`), and their functions.
 struct KernelSet {
     ctx: Arc<CudaContext>,
     arch: GpuArch,
     disk: Option<KernelCache>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// By unit: the file's name, or `NAME.STEM` for one format of a file.
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
 
@@ -1554,7 +2008,14 @@ impl KernelSet {
         }
     }
 
-    fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
+    /// Kernel `entry` of `file`; of its unit for the format named `stem`
+    /// when the file is compiled per format.
+    fn function(
+        &self,
+        file: &'static str,
+        stem: Option<&str>,
+        entry: &str,
+    ) -> Result<CudaFunction> {
         let mut functions = self
             .functions
             .lock()
@@ -1565,38 +2026,46 @@ impl KernelSet {
         let kernel_file = sources::kernel_file(file)
             .ok_or_else(|| backend_error(format!("no kernel file {file}.cu")))?;
         let f = self
-            .module(kernel_file)?
+            .module(kernel_file, stem)?
             .load_function(entry)
             .map_err(|e| backend_error(format!("{file}.cu has no kernel {entry}: {e}")))?;
         functions.insert(entry.to_string(), f.clone());
         Ok(f)
     }
 
-    fn module(&self, file: &KernelFile) -> Result<Arc<CudaModule>> {
+    fn module(&self, file: &KernelFile, stem: Option<&str>) -> Result<Arc<CudaModule>> {
+        let unit = match stem {
+            Some(stem) => format!("{}.{stem}", file.name),
+            None => file.name.to_string(),
+        };
         let mut modules = self
             .modules
             .lock()
             .map_err(|_| backend_error("kernel module lock poisoned"))?;
-        if let Some(m) = modules.get(file.name) {
+        if let Some(m) = modules.get(&unit) {
             return Ok(m.clone());
         }
-        let cubin = self.cubin(file)?;
-        let module = self.ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
-            backend_error(format!("loading {}.cu for {}: {e}", file.name, self.arch))
-        })?;
-        modules.insert(file.name, module.clone());
+        let source = match stem {
+            Some(stem) => sources::format_unit(file.name, file.source, stem),
+            None => sources::translation_unit(file.name, file.source),
+        };
+        let cubin = self.cubin(&unit, &source)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| backend_error(format!("loading {unit}.cu for {}: {e}", self.arch)))?;
+        modules.insert(unit, module.clone());
         Ok(module)
     }
 
-    /// The CUBIN of a kernel file: from the disk cache, else compiled (and
-    /// then cached).
-    fn cubin(&self, file: &KernelFile) -> Result<Vec<u8>> {
-        let source = sources::translation_unit(file.name, file.source);
+    /// The CUBIN of a translation unit: from the disk cache, else compiled
+    /// (and then cached).
+    fn cubin(&self, unit: &str, source: &str) -> Result<Vec<u8>> {
         let options = CompileOptions::new(self.arch);
         let args = options.to_args();
         let key = CacheKey {
-            kernel: file.name,
-            source: &source,
+            kernel: unit,
+            source,
             arch: self.arch,
             options: &args,
             nvrtc_version: nvrtc::nvrtc_version()?,
@@ -1604,7 +2073,7 @@ impl KernelSet {
         if let Some(cubin) = self.disk.as_ref().and_then(|d| d.load(&key)) {
             return Ok(cubin);
         }
-        let compiled = nvrtc::compile(file.name, &source, &options)?;
+        let compiled = nvrtc::compile(unit, source, &options)?;
         if let Some(disk) = &self.disk {
             // A cache that cannot be written only means compiling again next time.
             let _ = disk.store(&key, &compiled.cubin);
@@ -1636,6 +2105,53 @@ mod tests {
         assert_eq!(prefill_shared_bytes(128), (2048 + 4128 + 4096) * 4 + 256);
         assert!(prefill_shared_bytes(128) <= DEFAULT_SMEM_LIMIT);
         assert!(prefill_shared_bytes(256) > DEFAULT_SMEM_LIMIT);
+    }
+
+    #[test]
+    fn matmul_entry_points_are_named_as_the_kernels_declare_them() {
+        for format in WeightFormat::ALL {
+            let stem = format_stem(format);
+            let fmt = format!("FMT_{}", stem.to_ascii_uppercase());
+            // The fused files' entry points, and their per-format units.
+            assert!(
+                sources::COMMON_HEADER.contains(&format!("M({stem}, {fmt})")),
+                "{format}: common.cuh lists no {stem}"
+            );
+            let file = sources::kernel_file(matmul_kernel_name(format)).unwrap();
+            assert!(
+                file.source
+                    .contains(&format!("DEFINE_MATMUL(matmul_{stem}, {fmt})")),
+                "{format}: {}.cu declares no matmul_{stem}_* entry points",
+                file.name
+            );
+            let unaligned = format!("DEFINE_MATMUL_UNALIGNED(matmul_{stem}, {fmt})");
+            assert_eq!(
+                file.source.contains(&unaligned),
+                !format.is_quantized(),
+                "{format}: an unaligned GEMV exactly for float formats"
+            );
+        }
+    }
+
+    #[test]
+    fn matmul_variants_follow_the_tokens_and_the_row_alignment() {
+        let variant = |format, cols, rows| {
+            let (name, cfg) = matmul_variant(format, 101, cols, rows).unwrap();
+            (name, cfg.grid_dim, cfg.block_dim.0)
+        };
+        let gemv = |t: usize| (format!("gemv_t{t}"), (51, 1, 1), GEMV_THREADS);
+        assert_eq!(variant(WeightFormat::Q4_K, 256, 1), gemv(1));
+        assert_eq!(variant(WeightFormat::Q4_K, 256, 3), gemv(4));
+        assert_eq!(variant(WeightFormat::F32, 48, 8), gemv(8));
+        // Rows of 45 floats are not 16-byte aligned: 8 rows per block.
+        assert_eq!(
+            variant(WeightFormat::F32, 45, 8),
+            ("gemv_unaligned".to_string(), (13, 1, 1), GEMV_THREADS)
+        );
+        assert_eq!(
+            variant(WeightFormat::F16, 45, 130),
+            ("tiled".to_string(), (2, 3, 1), TILE_THREADS)
+        );
     }
 
     #[test]

@@ -19,6 +19,15 @@ pub(crate) enum HalfType {
 }
 
 impl HalfType {
+    /// Half matrices the activations become: f16 one, bf16 two (hi + lo,
+    /// see `kernels/matmul_bf16.cu`).
+    pub fn parts(self) -> usize {
+        match self {
+            HalfType::F16 => 1,
+            HalfType::BF16 => 2,
+        }
+    }
+
     fn cuda_type(self) -> sys::cudaDataType {
         match self {
             HalfType::F16 => sys::cudaDataType::CUDA_R_16F,

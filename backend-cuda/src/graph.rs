@@ -11,8 +11,12 @@
 //! the recorder runs each shape eagerly first, which sizes them. A scratch
 //! buffer that grows after a graph was recorded is kept, not freed, because
 //! the graph still writes to it (`CudaBackend::retire`).
+//!
+//! Kernels launched during a capture are counted into the graph, and each
+//! replay adds them to `Backend::kernel_launches`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaGraph};
 use tandem_core::backend::RecordedStep;
@@ -24,13 +28,18 @@ use crate::CudaBackend;
 /// A captured step, replayed on the stream that captured it.
 pub struct DecodeGraph {
     graph: CudaGraph,
+    /// Kernels the graph runs, added to the backend's count at each replay.
+    kernels: u64,
+    launches: Arc<AtomicU64>,
 }
 
 impl RecordedStep for DecodeGraph {
     fn replay(&self) -> Result<()> {
         self.graph
             .launch()
-            .map_err(|e| backend_error(format!("graph launch: {e}")))
+            .map_err(|e| backend_error(format!("graph launch: {e}")))?;
+        self.launches.fetch_add(self.kernels, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -43,6 +52,7 @@ impl CudaBackend {
                 "begin_capture: a capture is already in progress",
             ));
         }
+        self.captured_launches.store(0, Ordering::Relaxed);
         self.stream()
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .inspect_err(|_| self.capturing.store(false, Ordering::Release))
@@ -63,6 +73,10 @@ impl CudaBackend {
             .upload()
             .map_err(|e| backend_error(format!("uploading the graph: {e}")))?;
         self.recorded.store(true, Ordering::Release);
-        Ok(DecodeGraph { graph })
+        Ok(DecodeGraph {
+            graph,
+            kernels: self.captured_launches.swap(0, Ordering::Relaxed),
+            launches: self.launches.clone(),
+        })
     }
 }

@@ -6,6 +6,10 @@
 //! `#include "common.cuh"` line (NVRTC gets a single self-contained source,
 //! no include path), with `#line` markers so diagnostics name the real file
 //! and line.
+//!
+//! The fused matmul files ([`PER_FORMAT_FILES`]) hold entry points for every
+//! weight format, minutes of NVRTC as a whole; the backend compiles them one
+//! format at a time ([`format_unit`]).
 
 /// One kernel file.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +50,9 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "matmul_q4_k",
     "matmul_q5_k",
     "matmul_q6_k",
+    "matmul_rms_norm",
+    "matmul_glu",
+    "matmul_residual",
     "rope",
     "paged_kv_write",
     "paged_attention",
@@ -60,6 +67,9 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "moe_combine",
     "argmax",
 ];
+
+/// Files the backend compiles once per weight format, not whole.
+pub const PER_FORMAT_FILES: &[&str] = &["matmul_rms_norm", "matmul_glu", "matmul_residual"];
 
 /// The header every kernel file includes.
 pub const COMMON_HEADER: &str = include_str!("../../kernels/common.cuh");
@@ -90,6 +100,23 @@ pub fn translation_unit(name: &str, source: &str) -> String {
     out
 }
 
+/// The translation unit of a [`PER_FORMAT_FILES`] file with the entry points
+/// of one weight format only, the one named `stem` (`f32`, `int4_g64`,
+/// `q4_k`, ...): the format lists of `common.cuh` are defined first, naming
+/// that format alone.
+pub fn format_unit(name: &str, source: &str, stem: &str) -> String {
+    let format = format!("M({stem}, FMT_{})", stem.to_ascii_uppercase());
+    let float = if matches!(stem, "f32" | "f16" | "bf16") {
+        format.as_str()
+    } else {
+        ""
+    };
+    format!(
+        "#define FOR_EACH_MATMUL_FORMAT(M) {format}\n#define FOR_EACH_FLOAT_FORMAT(M) {float}\n#line 1 \"{name}.cu\"\n{}",
+        translation_unit(name, source)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +127,20 @@ mod tests {
         let embedded: Vec<&str> = KERNEL_FILES.iter().map(|f| f.name).collect();
         let manifest: Vec<&str> = MANIFEST.iter().map(|k| k.name).collect();
         assert_eq!(embedded, manifest);
+    }
+
+    #[test]
+    fn a_format_unit_names_one_format() {
+        let unit = format_unit("x", "#include \"common.cuh\"\n", "int4_g64");
+        assert!(unit.starts_with(
+            "#define FOR_EACH_MATMUL_FORMAT(M) M(int4_g64, FMT_INT4_G64)\n#define FOR_EACH_FLOAT_FORMAT(M) \n#line 1 \"x.cu\"\n"
+        ));
+        assert!(unit.contains("#define FMT_INT4_G64 "));
+        let unit = format_unit("x", "", "bf16");
+        assert!(unit.contains("#define FOR_EACH_FLOAT_FORMAT(M) M(bf16, FMT_BF16)\n"));
+        for name in PER_FORMAT_FILES {
+            assert!(kernel_file(name).is_some_and(|f| f.source.contains("FOR_EACH_MATMUL_FORMAT(")));
+        }
     }
 
     #[test]
