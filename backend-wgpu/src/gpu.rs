@@ -151,6 +151,8 @@ pub(crate) struct Gpu {
     state: Mutex<State>,
     errors: Arc<Mutex<ErrorLog>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Dispatches recorded since the device was opened.
+    launches: std::sync::atomic::AtomicU64,
     /// The mappable buffer of the last readback, reused by the next.
     readback: Mutex<Option<wgpu::Buffer>>,
 }
@@ -192,8 +194,14 @@ impl Gpu {
             }),
             errors,
             next_id: 1.into(),
+            launches: 0.into(),
             readback: Mutex::new(None),
         }
+    }
+
+    /// Dispatches recorded so far (`Backend::kernel_launches`).
+    pub fn launches(&self) -> u64 {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn fresh_id(&self) -> u64 {
@@ -419,6 +427,8 @@ impl Gpu {
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, group, &[offset as u32]);
         pass.dispatch_workgroups(x, y, 1);
+        self.launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

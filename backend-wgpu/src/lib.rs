@@ -12,6 +12,12 @@
 //! Shader variants: `shader-f16` and subgroup operations are used where the
 //! adapter has them (each can be turned off in [`WgpuOptions`]); see
 //! [`shader`] for how the variants are generated from one source per kernel.
+//!
+//! The fused matmuls (`Backend::fuses_matmuls`) are the matmul entry points
+//! with a norm prologue and a split, gated or residual epilogue, one
+//! dispatch per weight chunk, W8A8 included. One case runs unfused: a gated
+//! unit whose weight is split into chunks, where a gate row and its up row
+//! may lie in different buffers (`matmul_glu`).
 
 mod adapter;
 mod gpu;
@@ -24,8 +30,9 @@ pub use adapter::{
 };
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, KvDtype, MatmulParams,
-    MoeCombineParams, MoeRouteParams, RmsNormParams, RopeParams, RopeStyle,
+    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, KvDtype,
+    MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams,
+    RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -91,21 +98,45 @@ pub struct WgpuKvCache {
 
 /// Activation rows up to which `matmul` takes the GEMV path (`wgsl/matmul.wgsl`).
 const GEMV_MAX_ROWS: usize = 8;
-/// Workgroup size of `gemv_rows` (one thread per weight row).
+/// Workgroup size of `gemv_rows` (one thread per output).
 const GEMV_ROWS_WG: usize = 64;
+/// Activation rows and weight rows of one `tiled` workgroup.
+const TILE_ROWS: usize = 32;
+const TILE_WEIGHT_ROWS: usize = 64;
 /// Largest head the attention kernel holds (`src/wgsl/attention.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
 
 const READ: Access = Access::Read;
 const WRITE: Access = Access::ReadWrite;
 
+/// A matmul-family kernel (`matmul` and the fused matmuls) over every chunk
+/// of its weight: `wgsl/matmul_common.wgsl` says what each binding and
+/// parameter is.
+struct MatmulLaunch<'a> {
+    variant: ShaderVariant,
+    access: &'static [Access],
+    x: &'a WgpuTensor,
+    w: &'a WgpuWeight,
+    bias: Option<&'a GpuBuffer>,
+    rows: usize,
+    /// Weight rows per output: 2 where an output is a gate and an up row.
+    pair: usize,
+    /// The bindings after the bias: the output, then the kernel's own.
+    tail: &'a [&'a GpuBuffer],
+    /// The parameters after the six that every matmul reads.
+    extra: &'a [u32],
+}
+
 /// The wgpu backend. Construct it with [`WgpuBackend::new`] (native) or
 /// [`WgpuBackend::new_async`] (anywhere, the browser included).
 pub struct WgpuBackend {
     gpu: Gpu,
     adapter: AdapterReport,
-    /// Bound as the bias of matmuls without one.
+    /// Bound as the bias of matmuls without one (and the norm weight of
+    /// fused matmuls without a prologue).
     no_bias: GpuBuffer,
+    /// Bound as the absent parts of a split matmul's output.
+    spare_outs: [GpuBuffer; MAX_SPLIT - 1],
     /// Rows of a weight chunk are limited to this many bytes.
     max_chunk_bytes: u64,
     /// Decode-sized matmuls run `gemv_rows` rather than `gemv`.
@@ -128,6 +159,10 @@ impl WgpuBackend {
         };
         let gpu = Gpu::new(open.device, open.queue, target);
         let no_bias = gpu.dedicated(16, "no bias")?;
+        let spare_outs = [
+            gpu.dedicated(16, "spare output")?,
+            gpu.dedicated(16, "spare output")?,
+        ];
         let binding_limit = gpu.limits.max_storage_buffer_binding_size;
         let max_chunk_bytes = options
             .max_weight_chunk_bytes
@@ -137,6 +172,7 @@ impl WgpuBackend {
             gpu,
             adapter: open.report,
             no_bias,
+            spare_outs,
             max_chunk_bytes,
             gemv_per_row,
         })
@@ -369,6 +405,61 @@ impl WgpuBackend {
             &params,
             workgroups,
         )
+    }
+
+    /// Records `l`, one dispatch per weight chunk, each on the entry point
+    /// that suits its row count and the adapter.
+    fn launch_matmul(&self, l: MatmulLaunch<'_>) -> Result<()> {
+        let bias = l.bias.unwrap_or(&self.no_bias);
+        for chunk in &l.w.chunks {
+            let mut params = vec![
+                u32_of(l.rows, "rows")?,
+                u32_of(l.w.cols, "cols")?,
+                u32_of(l.w.rows, "n")?,
+                u32_of(chunk.row_start, "row")?,
+                u32_of(chunk.rows, "rows")?,
+                u32::from(l.bias.is_some()),
+            ];
+            params.extend_from_slice(l.extra);
+            let outputs = chunk.rows / l.pair;
+            let (entry, workgroups) = if l.rows > GEMV_MAX_ROWS {
+                let tiles = outputs.div_ceil(TILE_WEIGHT_ROWS / l.pair);
+                ("tiled", l.rows.div_ceil(TILE_ROWS) * tiles)
+            } else if self.gemv_per_row {
+                ("gemv_rows", outputs.div_ceil(GEMV_ROWS_WG))
+            } else {
+                ("gemv", outputs)
+            };
+            let mut buffers = vec![&chunk.buf, &l.x.buf, bias];
+            buffers.extend_from_slice(l.tail);
+            self.dispatch(l.variant, entry, l.access, &buffers, &params, workgroups)?;
+        }
+        Ok(())
+    }
+
+    /// The norm prologue's binding and parameters (`has_norm`, `eps`): a
+    /// spare binding and zeros where there is none.
+    fn prologue<'a>(
+        &'a self,
+        kernel: &str,
+        norm: Option<NormPrologue<'a, WgpuWeight>>,
+        cols: usize,
+    ) -> Result<(&'a GpuBuffer, [u32; 2])> {
+        match norm {
+            Some(n) => Ok((
+                n.weight.vector(cols, &format!("{kernel} norm"))?,
+                [1, n.eps.to_bits()],
+            )),
+            None => Ok((&self.no_bias, [0, 0])),
+        }
+    }
+
+    /// A tensor whose contents the next kernel overwrites whole.
+    fn scratch(&self, len: usize) -> Result<WgpuTensor> {
+        Ok(WgpuTensor {
+            buf: self.gpu.pooled(4 * len as u64)?,
+            len,
+        })
     }
 
     /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
@@ -667,41 +758,176 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         check_len("matmul x", x.len, p.rows * w.cols)?;
         check_len("matmul out", out.len, p.rows * w.rows)?;
-        let bias_buf = match bias {
-            Some(b) => b.vector(w.rows, "matmul bias")?,
-            None => &self.no_bias,
-        };
-        let variant = ShaderVariant {
-            kernel: matmul_kernel_name(w.format),
-            format: Some(w.format),
-            kv_f16: false,
-        };
-        for chunk in &w.chunks {
-            let params = [
-                u32_of(p.rows, "rows")?,
-                u32_of(w.cols, "cols")?,
-                u32_of(w.rows, "n")?,
-                u32_of(chunk.row_start, "row")?,
-                u32_of(chunk.rows, "rows")?,
-                u32::from(bias.is_some()),
-            ];
-            let (entry, workgroups) = if p.rows > GEMV_MAX_ROWS {
-                ("tiled", p.rows.div_ceil(32) * chunk.rows.div_ceil(64))
-            } else if self.gemv_per_row {
-                ("gemv_rows", chunk.rows.div_ceil(GEMV_ROWS_WG))
-            } else {
-                ("gemv", chunk.rows)
-            };
-            self.dispatch(
-                variant,
-                entry,
-                &[READ, READ, READ, WRITE],
-                &[&chunk.buf, &x.buf, bias_buf, &out.buf],
-                &params,
-                workgroups,
-            )?;
+        let bias = bias.map(|b| b.vector(w.rows, "matmul bias")).transpose()?;
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel: matmul_kernel_name(w.format),
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE],
+            x,
+            w,
+            bias,
+            rows: p.rows,
+            pair: 1,
+            tail: &[&out.buf],
+            extra: &[],
+        })
+    }
+
+    fn fuses_matmuls(&self) -> bool {
+        true
+    }
+
+    fn matmul_rms_norm(
+        &self,
+        x: &WgpuTensor,
+        norm: Option<NormPrologue<'_, WgpuWeight>>,
+        w: &WgpuWeight,
+        bias: Option<&WgpuWeight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, WgpuTensor>],
+    ) -> Result<()> {
+        let kernel = "matmul_rms_norm";
+        let widths: usize = outs.iter().map(|o| o.width).sum();
+        if outs.is_empty() || outs.len() > MAX_SPLIT || widths != w.rows {
+            return Err(backend_error(format!(
+                "{kernel}: {} output parts of {widths} columns for a weight of {} rows \
+                 (1 to {MAX_SPLIT} parts, widths summing to the rows)",
+                outs.len(),
+                w.rows
+            )));
         }
-        Ok(())
+        check_len("matmul_rms_norm x", x.len, p.rows * w.cols)?;
+        for o in outs.iter() {
+            check_len("matmul_rms_norm out", o.out.len, p.rows * o.width)?;
+        }
+        let bias = bias
+            .map(|b| b.vector(w.rows, "matmul_rms_norm bias"))
+            .transpose()?;
+        let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
+        // The first features of the second and third parts (n where absent:
+        // the widths sum to n).
+        let mut splits = [w.rows; MAX_SPLIT - 1];
+        let mut start = 0;
+        for (split, o) in splits.iter_mut().zip(outs.iter()) {
+            start += o.width;
+            *split = start;
+        }
+        let part = |i: usize| match outs.get(i) {
+            Some(o) => &o.out.buf,
+            None => &self.spare_outs[i - 1],
+        };
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel,
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE, READ, WRITE, WRITE],
+            x,
+            w,
+            bias,
+            rows: p.rows,
+            pair: 1,
+            tail: &[part(0), norm, part(1), part(2)],
+            extra: &[
+                has_norm,
+                eps,
+                u32_of(splits[0], "split")?,
+                u32_of(splits[1], "split")?,
+            ],
+        })
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &WgpuTensor,
+        norm: Option<NormPrologue<'_, WgpuWeight>>,
+        w: &WgpuWeight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        let kernel = "matmul_glu";
+        if !w.rows.is_multiple_of(2) {
+            return Err(backend_error(format!(
+                "{kernel}: a [gate; up] weight has an even number of rows, not {}",
+                w.rows
+            )));
+        }
+        let f = w.rows / 2;
+        check_len("matmul_glu x", x.len, p.rows * w.cols)?;
+        check_len("matmul_glu out", out.len, p.rows * f)?;
+        if w.chunks.len() > 1 {
+            // A gate row and its up row may lie in different chunks, which
+            // one dispatch cannot read together: the halves are split into
+            // scratch, then the unfused activation runs.
+            let mut gate = self.scratch(p.rows * f)?;
+            let mut up = self.scratch(p.rows * f)?;
+            let mut halves = [
+                SplitOut {
+                    out: &mut gate,
+                    width: f,
+                },
+                SplitOut {
+                    out: &mut up,
+                    width: f,
+                },
+            ];
+            self.matmul_rms_norm(x, norm, w, None, p, &mut halves)?;
+            return match glu {
+                Glu::SwiGlu => self.swiglu(&gate, &up, p.rows * f, out),
+                Glu::GeGlu => self.geglu(&gate, &up, p.rows * f, out),
+            };
+        }
+        let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel,
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE, READ],
+            x,
+            w,
+            bias: None,
+            rows: p.rows,
+            pair: 2,
+            tail: &[&out.buf, norm],
+            extra: &[has_norm, eps, u32::from(glu == Glu::GeGlu)],
+        })
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("matmul_residual x", x.len, p.rows * w.cols)?;
+        check_len("matmul_residual out", out.len, p.rows * w.rows)?;
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel: "matmul_residual",
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE],
+            x,
+            w,
+            bias: None,
+            rows: p.rows,
+            pair: 1,
+            tail: &[&out.buf],
+            extra: &[],
+        })
+    }
+
+    fn kernel_launches(&self) -> Option<u64> {
+        Some(self.gpu.launches())
     }
 
     fn rope(

@@ -4,7 +4,12 @@
 //! A variant is the kernel's file, preceded by the prelude (`wgsl/prelude.wgsl`:
 //! invocation ids and workgroup reductions) and, for the kernels that read
 //! weights, by the weight format's decoder (`shaders/matmul_FORMAT.wgsl`);
-//! the matmul entry points themselves live in `wgsl/matmul.wgsl`. Lines
+//! the matmul entry points themselves live in `wgsl/matmul.wgsl` (W8A8's
+//! integer ones in its own file) over `wgsl/matmul_common.wgsl`. The fused
+//! matmuls (`matmul_rms_norm`, `matmul_glu`, `matmul_residual`) are those
+//! same entry points with the flags of [`FUSED_MATMULS`], which select the
+//! norm prologue and the pairing of gate and up rows, and with the
+//! kernel's own file, which supplies the epilogue (`emit`). Lines
 //! `// #if FLAG`, `// #if !FLAG`, `// #else`, `// #endif` select the text of a
 //! variant. The `enable` directives that must open a module are written here,
 //! because native (naga) and browser WGSL differ there: naga rejects
@@ -37,6 +42,8 @@ pub struct ShaderVariant {
 
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const MATMUL_ENTRY_POINTS: &str = include_str!("wgsl/matmul.wgsl");
+/// Bindings, the norm prologue and the plain epilogue of every matmul's entry points.
+const MATMUL_COMMON: &str = include_str!("wgsl/matmul_common.wgsl");
 /// The attention algorithm; `paged_attention*.wgsl` supply the cache readers.
 const ATTENTION_ENTRY_POINTS: &str = include_str!("wgsl/attention.wgsl");
 /// The attention-score variant (KV eviction): kernel names ending in this
@@ -148,6 +155,25 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("../../shaders/moe_combine.wgsl"),
     ),
     ("argmax", include_str!("../../shaders/argmax.wgsl")),
+    (
+        "matmul_rms_norm",
+        include_str!("../../shaders/matmul_rms_norm.wgsl"),
+    ),
+    ("matmul_glu", include_str!("../../shaders/matmul_glu.wgsl")),
+    (
+        "matmul_residual",
+        include_str!("../../shaders/matmul_residual.wgsl"),
+    ),
+];
+
+/// The fused matmuls and the flags that shape the shared matmul entry
+/// points for each: `FUSED` (the kernel's file defines the epilogue), `NORM`
+/// (the RMSNorm prologue), `SPLIT` (three outputs), `GLU` (gate and up rows
+/// in pairs). Their variants name the weight format.
+const FUSED_MATMULS: [(&str, &[&str]); 3] = [
+    ("matmul_rms_norm", &["FUSED", "NORM", "SPLIT"]),
+    ("matmul_glu", &["FUSED", "NORM", "GLU"]),
+    ("matmul_residual", &["FUSED"]),
 ];
 
 /// The text of `shaders/NAME.wgsl`, if the manifest entry has one.
@@ -159,13 +185,30 @@ pub fn kernel_source(name: &str) -> Option<&'static str> {
 pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String, String> {
     let missing = || format!("no WGSL source for kernel `{}`", variant.kernel);
     let mut parts = vec![PRELUDE];
-    if variant.kernel == W8A8_KERNEL {
-        // W8A8 weights are INT8's bytes; its own integer entry points follow the decoder.
-        parts.push(kernel_source(decoder_of(WeightFormat::W8A8)).ok_or_else(missing)?);
-        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
-    } else if variant.kernel.starts_with("matmul_") {
-        parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
-        parts.push(MATMUL_ENTRY_POINTS);
+    let mut flags = Vec::new();
+    let fused = FUSED_MATMULS
+        .iter()
+        .find(|(name, _)| *name == variant.kernel)
+        .map(|(_, flags)| *flags);
+    if fused.is_some() || variant.kernel.starts_with("matmul_") {
+        // A plain matmul's file is its format's decoder (but for W8A8); a
+        // fused one's is its epilogue, and the variant names the format.
+        let (decoder, w8a8) = match (fused, variant.format) {
+            (Some(_), Some(format)) => (decoder_of(format), format == WeightFormat::W8A8),
+            (Some(_), None) => return Err(format!("`{}` needs a weight format", variant.kernel)),
+            (None, _) if variant.kernel == W8A8_KERNEL => (decoder_of(WeightFormat::W8A8), true),
+            (None, _) => (variant.kernel, false),
+        };
+        parts.push(kernel_source(decoder).ok_or_else(missing)?);
+        parts.push(MATMUL_COMMON);
+        if fused.is_some() {
+            parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
+        }
+        parts.push(match w8a8 {
+            true => kernel_source(W8A8_KERNEL).ok_or_else(missing)?,
+            false => MATMUL_ENTRY_POINTS,
+        });
+        flags.extend_from_slice(fused.unwrap_or_default());
     } else if let Some(entry) = variant.kernel.strip_suffix(SCORES_SUFFIX) {
         parts.push(kernel_source(entry).ok_or_else(missing)?);
         parts.push(SCORES_ENTRY_POINTS);
@@ -179,7 +222,6 @@ pub fn generate(variant: &ShaderVariant, target: &ShaderTarget) -> Result<String
         parts.push(kernel_source(variant.kernel).ok_or_else(missing)?);
     }
 
-    let mut flags = Vec::new();
     if target.f16 {
         flags.push("F16");
     }
@@ -319,6 +361,13 @@ mod tests {
                             kv_f16: false,
                         }),
                     )
+                }
+                name if FUSED_MATMULS.iter().any(|(fused, _)| *fused == name) => {
+                    variants.extend(WeightFormat::ALL.map(|f| ShaderVariant {
+                        kernel: name,
+                        format: Some(f),
+                        kv_f16: false,
+                    }))
                 }
                 "paged_kv_write" | "paged_attention" => {
                     for kv_f16 in [false, true] {

@@ -25,8 +25,8 @@ use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::prelude::*;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, KvCacheLayout, MatmulParams,
-    MoeCombineParams, MoeRouteParams, RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, MatmulParams,
+    MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Error, Result};
@@ -242,6 +242,55 @@ impl Backend for Replay {
         out: &mut Self::Tensor,
     ) -> Result<()> {
         self.gpu.matmul(x, w, bias, p, exclusive(out)?)
+    }
+
+    fn fuses_matmuls(&self) -> bool {
+        self.gpu.fuses_matmuls()
+    }
+
+    fn matmul_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, Self::Tensor>],
+    ) -> Result<()> {
+        let mut parts = Vec::with_capacity(outs.len());
+        for part in outs.iter_mut() {
+            parts.push(SplitOut {
+                out: exclusive(&mut *part.out)?,
+                width: part.width,
+            });
+        }
+        self.gpu.matmul_rms_norm(x, norm, w, bias, p, &mut parts)
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        self.gpu.matmul_glu(x, norm, w, glu, p, exclusive(out)?)
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        self.gpu.matmul_residual(x, w, p, exclusive(out)?)
+    }
+
+    fn kernel_launches(&self) -> Option<u64> {
+        self.gpu.kernel_launches()
     }
 
     fn rope(
