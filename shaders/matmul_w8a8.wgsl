@@ -46,7 +46,7 @@ fn gemv(ids: Ids, group: Group) {
     if ids.lid < GEMV_ACC {
         atomicStore(&gemv_sums[ids.lid], 0);
     }
-    var inv = gemv_norms(ids.lid, at);
+    let inv = gemv_norms(ids.lid, at);
     var inverse: array<f32, GEMV_MAX_ROWS>;
     var x_scale: array<f32, GEMV_MAX_ROWS>;
     for (var t = 0u; t < P.rows; t++) {
@@ -92,10 +92,10 @@ fn gemv(ids: Ids, group: Group) {
 @compute @workgroup_size(GEMV_ROWS_WG)
 fn gemv_rows(ids: Ids, group: Group) {
     let o = group_index(group) * GEMV_ROWS_WG + ids.lid;
+    let inv = rows_norms(ids.lid);
     if o >= outputs() {
         return;
     }
-    var inv = thread_norms();
     let pieces = P.cols / 4u;
     for (var t = 0u; t < P.rows; t++) {
         var amax = 0.0;

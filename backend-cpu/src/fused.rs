@@ -20,14 +20,22 @@ use crate::workers::Workers;
 /// Fewest elements of an epilogue worth a task of their own.
 const MIN_CHUNK_ELEMS: usize = 16 * 1024;
 
-/// `x` itself, or its rows normalised by `norm` (weight, eps) into scratch.
+/// A fused matmul's input: `rows` rows of `x`, normalised first by `norm`
+/// (weight, eps) when given.
+#[derive(Clone, Copy)]
+pub(crate) struct NormedInput<'a> {
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub norm: Option<(&'a Weight, f32)>,
+}
+
+/// `x` itself, or its rows normalised into scratch.
 fn prologue<'a>(
     workers: &Workers,
-    x: &'a [f32],
-    norm: Option<(&Weight, f32)>,
-    rows: usize,
+    input: &NormedInput<'a>,
     cols: usize,
 ) -> Result<std::borrow::Cow<'a, [f32]>> {
+    let NormedInput { x, rows, norm } = *input;
     let Some((weight, eps)) = norm else {
         return Ok(x.into());
     };
@@ -45,14 +53,13 @@ fn prologue<'a>(
 pub(crate) fn matmul_rms_norm(
     workers: &Workers,
     isa: Isa,
-    x: &[f32],
-    norm: Option<(&Weight, f32)>,
+    input: NormedInput<'_>,
     w: &Weight,
     bias: Option<&Weight>,
-    rows: usize,
     outs: &mut [(&mut [f32], usize)],
 ) -> Result<()> {
     let kernel = "matmul_rms_norm";
+    let rows = input.rows;
     let n = w.rows();
     let widths: usize = outs.iter().map(|(_, width)| width).sum();
     if outs.is_empty() || outs.len() > MAX_SPLIT || widths != n {
@@ -72,7 +79,7 @@ pub(crate) fn matmul_rms_norm(
             check::product(kernel, &[rows, *width])?,
         )?;
     }
-    let x = prologue(workers, x, norm, rows, w.cols())?;
+    let x = prologue(workers, &input, w.cols())?;
     if let [(out, _)] = outs {
         return matmul(workers, isa, &x, w, bias, rows, out);
     }
@@ -92,15 +99,14 @@ pub(crate) fn matmul_rms_norm(
 pub(crate) fn matmul_glu(
     workers: &Workers,
     isa: Isa,
-    x: &[f32],
-    norm: Option<(&Weight, f32)>,
+    input: NormedInput<'_>,
     w: &Weight,
     glu: Glu,
-    rows: usize,
     out: &mut [f32],
 ) -> Result<()> {
     let kernel = "matmul_glu";
-    if w.rows() % 2 != 0 {
+    let rows = input.rows;
+    if !w.rows().is_multiple_of(2) {
         return Err(check::error(
             kernel,
             format!(
@@ -112,7 +118,7 @@ pub(crate) fn matmul_glu(
     let f = w.rows() / 2;
     let len = check::product(kernel, &[rows, f])?;
     check::buffer_len(kernel, "out", out.len(), len)?;
-    let x = prologue(workers, x, norm, rows, w.cols())?;
+    let x = prologue(workers, &input, w.cols())?;
     let mut y = vec![0.0; 2 * len];
     matmul(workers, isa, &x, w, None, rows, &mut y)?;
     match glu {

@@ -239,16 +239,12 @@ impl Backend for CpuBackend {
             .iter_mut()
             .map(|o| (o.out.as_mut_slice(), o.width))
             .collect();
-        fused::matmul_rms_norm(
-            &self.workers,
-            self.isa,
-            x.as_slice(),
-            norm.map(|n| (n.weight, n.eps)),
-            w,
-            bias,
-            p.rows,
-            &mut outs,
-        )
+        let input = fused::NormedInput {
+            x: x.as_slice(),
+            rows: p.rows,
+            norm: norm.map(|n| (n.weight, n.eps)),
+        };
+        fused::matmul_rms_norm(&self.workers, self.isa, input, w, bias, &mut outs)
     }
 
     fn matmul_glu(
@@ -260,16 +256,12 @@ impl Backend for CpuBackend {
         p: MatmulParams,
         out: &mut Tensor,
     ) -> Result<()> {
-        fused::matmul_glu(
-            &self.workers,
-            self.isa,
-            x.as_slice(),
-            norm.map(|n| (n.weight, n.eps)),
-            w,
-            glu,
-            p.rows,
-            out.as_mut_slice(),
-        )
+        let input = fused::NormedInput {
+            x: x.as_slice(),
+            rows: p.rows,
+            norm: norm.map(|n| (n.weight, n.eps)),
+        };
+        fused::matmul_glu(&self.workers, self.isa, input, w, glu, out.as_mut_slice())
     }
 
     fn matmul_residual(

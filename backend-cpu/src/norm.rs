@@ -42,7 +42,10 @@ pub(crate) fn rms_norm(
 }
 
 /// `residual += delta; out = rms_norm(residual)`: the first pass over a row
-/// adds the delta and sums the squares, the second normalizes.
+/// adds the delta, the second sums the squares as `rms_norm` does, the
+/// third normalizes. The sum in `rms_norm`'s order gives the bits of a fused
+/// matmul's `residual += delta` followed by its norm prologue, so fusing
+/// never changes greedy output.
 pub(crate) fn rms_norm_residual(
     workers: &Workers,
     residual: &mut [f32],
@@ -66,7 +69,10 @@ pub(crate) fn rms_norm_residual(
                 .zip(delta.chunks_exact(p.dim))
                 .zip(out.chunks_exact_mut(p.dim))
             {
-                let inv_rms = inverse_rms(add_and_sum_squares(residual, delta), p);
+                for (r, d) in residual.iter_mut().zip(delta) {
+                    *r += d;
+                }
+                let inv_rms = inverse_rms(sum_of_squares(residual), p);
                 scale_row(residual, &weight, inv_rms, out);
             }
         },
@@ -82,28 +88,4 @@ fn scale_row(x: &[f32], weight: &[f32], inv_rms: f32, out: &mut [f32]) {
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * inv_rms * w;
     }
-}
-
-/// `residual += delta`, returning the sum of squares of the new residual
-/// (eight independent lanes, so it vectorizes).
-fn add_and_sum_squares(residual: &mut [f32], delta: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let mut r_chunks = residual.chunks_exact_mut(8);
-    let mut d_chunks = delta.chunks_exact(8);
-    for (r, d) in (&mut r_chunks).zip(&mut d_chunks) {
-        for i in 0..8 {
-            r[i] += d[i];
-            lanes[i] += r[i] * r[i];
-        }
-    }
-    let mut tail = 0.0;
-    for (r, d) in r_chunks
-        .into_remainder()
-        .iter_mut()
-        .zip(d_chunks.remainder())
-    {
-        *r += d;
-        tail += *r * *r;
-    }
-    lanes.iter().sum::<f32>() + tail
 }

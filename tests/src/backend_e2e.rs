@@ -148,3 +148,112 @@ pub fn smollm2_greedy_matches_the_cpu<B: Backend>(backend: B) {
         );
     }
 }
+
+/// Fused matmuls (concatenated Q/K/V and gate/up with the norm as prologue,
+/// the activation and residual add as epilogues) against the unfused
+/// kernels on the same backend, on a tiny model of every architecture,
+/// the MoE families and the k-quant mix (where gate and up differ in
+/// format and stay separate): greedy tokens are identical and the logits
+/// of prompt and generated tokens agree within `tolerance`. The backend
+/// must fuse, or the test would compare the unfused path with itself.
+pub fn fused_layers_match_the_unfused<B: Backend>(make_backend: impl Fn() -> B, tolerance: f32) {
+    assert!(
+        make_backend().fuses_matmuls(),
+        "the backend has no fused matmuls"
+    );
+    let dense = [
+        "tiny",
+        "tiny-llama3",
+        "tiny-mistral",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-gemma3",
+    ];
+    let moe = [
+        "tiny-mixtral",
+        "tiny-qwen2moe",
+        "tiny-qwen3moe",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+    ];
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 41 + 5) % 300).collect();
+    let check = |name: &str, files: &ModelFiles| {
+        let engine = |unfused| {
+            let config = EngineConfig {
+                unfused,
+                ..EngineConfig::default()
+            }
+            .with_capacity_tokens(64);
+            Engine::new(make_backend(), files, config, &mut |_, _| {}).unwrap()
+        };
+        let (mut fused, mut unfused) = (engine(false), engine(true));
+        let generated = greedy(&mut unfused, &prompt, 10);
+        assert_eq!(
+            greedy(&mut fused, &prompt, 10),
+            generated,
+            "{name}: greedy tokens"
+        );
+        let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
+        let want = unfused.score(&all, 0).unwrap();
+        let got = fused.score(&all, 0).unwrap();
+        let diff = max_abs_diff(&got, &want);
+        assert!(
+            diff <= tolerance,
+            "{name}: max |diff| {diff} (tolerance {tolerance})"
+        );
+    };
+    for (i, name) in dense.iter().chain(&moe).enumerate() {
+        let format = if i % 2 == 0 {
+            WeightFormat::Q8_0
+        } else {
+            WeightFormat::F16
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let files = tiny_gguf(
+            dir.path(),
+            &SyntheticModel::preset(name, format, 17).unwrap(),
+        );
+        check(&format!("{name} {format}"), &files);
+    }
+    for name in KQUANT_MOE_PRESETS {
+        let dir = tempfile::tempdir().unwrap();
+        let files = q4_k_m_gguf(dir.path(), &widened_moe(name, 17));
+        check(&format!("{name} Q4_K_M"), &files);
+    }
+}
+
+/// Kernel launches per decoded token of the fused and the unfused layers
+/// (`Backend::kernel_launches`), over 8 greedy decode steps of a tiny
+/// Llama-style model, with its number of layers.
+pub fn decode_launches_fused_and_unfused<B: Backend>(
+    make_backend: impl Fn() -> B,
+) -> (f64, f64, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 3));
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 29 + 3) % 300).collect();
+    let per_token = |unfused| {
+        let config = EngineConfig {
+            unfused,
+            ..EngineConfig::default()
+        }
+        .with_capacity_tokens(64);
+        let mut engine = Engine::new(make_backend(), &files, config, &mut |_, _| {}).unwrap();
+        let seq = engine
+            .add_request(prompt.clone(), SamplingParams::default(), 9, vec![])
+            .unwrap();
+        // The first step is the prefill; the rest decode one token each.
+        engine.step().unwrap();
+        let before = engine
+            .backend()
+            .kernel_launches()
+            .expect("the backend counts launches");
+        let mut steps = 0;
+        while !engine.is_finished(seq) {
+            engine.step().unwrap();
+            steps += 1;
+        }
+        let after = engine.backend().kernel_launches().unwrap();
+        (after - before) as f64 / steps as f64
+    };
+    (per_token(false), per_token(true), files.config.num_layers)
+}

@@ -12,8 +12,9 @@ use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, KvCacheLayout, MatmulParams, MoeCombineParams,
-    MoeRouteParams, RecordedStep, RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, BackendInfo, Glu, KvCacheLayout, MatmulParams,
+    MoeCombineParams, MoeRouteParams, NormPrologue, RecordedStep, RmsNormParams, RopeParams,
+    SplitOut,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Error, Result};
@@ -327,6 +328,101 @@ impl Backend for RecordingCpu {
                     positions,
                     block_tables,
                 },
+                p,
+                &mut live(&out)?.borrow_mut(),
+            )
+        })
+    }
+
+    fn fuses_matmuls(&self) -> bool {
+        true
+    }
+
+    fn matmul_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, Self::Tensor>],
+    ) -> Result<()> {
+        let (x, w, bias) = (weak(x), weak(w), bias.map(weak));
+        let norm = norm.map(|n| (weak(n.weight), n.eps));
+        let outs: Vec<_> = outs.iter().map(|o| (weak(o.out), o.width)).collect();
+        self.launch(move |cpu| {
+            let bias = bias.as_ref().map(live).transpose()?;
+            let norm_weight = norm.as_ref().map(|(w, _)| live(w)).transpose()?;
+            let prologue = norm_weight.as_deref().map(|weight| NormPrologue {
+                weight,
+                eps: norm.as_ref().map_or(0.0, |n| n.1),
+            });
+            let live_outs = outs
+                .iter()
+                .map(|(o, width)| Ok((live(o)?, *width)))
+                .collect::<Result<Vec<_>>>()?;
+            let mut borrowed: Vec<_> = live_outs
+                .iter()
+                .map(|(o, w)| (o.borrow_mut(), *w))
+                .collect();
+            let mut parts: Vec<SplitOut<'_, Tensor>> = borrowed
+                .iter_mut()
+                .map(|(out, width)| SplitOut {
+                    out: &mut **out,
+                    width: *width,
+                })
+                .collect();
+            cpu.matmul_rms_norm(
+                &live(&x)?.borrow(),
+                prologue,
+                &*live(&w)?,
+                bias.as_deref(),
+                p,
+                &mut parts,
+            )
+        })
+    }
+
+    fn matmul_glu(
+        &self,
+        x: &Self::Tensor,
+        norm: Option<NormPrologue<'_, Self::Weight>>,
+        w: &Self::Weight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (x, w, out) = (weak(x), weak(w), weak(out));
+        let norm = norm.map(|n| (weak(n.weight), n.eps));
+        self.launch(move |cpu| {
+            let norm_weight = norm.as_ref().map(|(w, _)| live(w)).transpose()?;
+            let prologue = norm_weight.as_deref().map(|weight| NormPrologue {
+                weight,
+                eps: norm.as_ref().map_or(0.0, |n| n.1),
+            });
+            cpu.matmul_glu(
+                &live(&x)?.borrow(),
+                prologue,
+                &*live(&w)?,
+                glu,
+                p,
+                &mut live(&out)?.borrow_mut(),
+            )
+        })
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        p: MatmulParams,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (x, w, out) = (weak(x), weak(w), weak(out));
+        self.launch(move |cpu| {
+            cpu.matmul_residual(
+                &live(&x)?.borrow(),
+                &*live(&w)?,
                 p,
                 &mut live(&out)?.borrow_mut(),
             )

@@ -400,3 +400,12 @@ fn sliding_window_layers_forget_what_global_layers_remember() {
     assert_eq!(last(&local, &PROMPT), last(&local, &other));
     assert!(max_abs_diff(&last(&global, &PROMPT), &last(&global, &other)) > 1e-4);
 }
+
+#[test]
+fn fused_layers_give_the_unfused_bits() {
+    // The CPU's fused matmuls run the unfused kernels' own arithmetic.
+    tandem_tests::backend_e2e::fused_layers_match_the_unfused(
+        || tandem_cpu::CpuBackend::new(2),
+        0.0,
+    );
+}

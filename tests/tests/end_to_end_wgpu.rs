@@ -47,3 +47,19 @@ fn kquant_moe_models_match_the_cpu() {
 fn smollm2_greedy_output_equals_the_cpu_backend() {
     backend_e2e::smollm2_greedy_matches_the_cpu(backend(WgpuOptions::default()));
 }
+
+#[test]
+fn fused_layers_match_the_unfused() {
+    backend_e2e::fused_layers_match_the_unfused(|| backend(WgpuOptions::default()), 2e-3);
+}
+
+#[test]
+fn fused_decode_launches_six_fewer_kernels_per_layer() {
+    let (fused, unfused, layers) =
+        backend_e2e::decode_launches_fused_and_unfused(|| backend(WgpuOptions::default()));
+    eprintln!("launches per token: fused {fused}, unfused {unfused}, {layers} layers");
+    assert!(
+        unfused - fused >= 6.0 * layers as f64,
+        "fused {fused}, unfused {unfused}"
+    );
+}

@@ -24,6 +24,9 @@ const BACKEND_KERNEL_METHODS: &[&str] = &[
     "moe_route",
     "moe_combine",
     "argmax",
+    "matmul_rms_norm",
+    "matmul_glu",
+    "matmul_residual",
 ];
 
 fn files_with_extension(dir: &str, ext: &str) -> BTreeSet<String> {

@@ -16,19 +16,14 @@
 // `gemv`'s reductions dominate.
 
 // Adds piece p of output o's weight rows times each activation row's piece
-// (inv: the rows' inverse RMS under the norm prologue) to acc.
-fn accumulate(
-    acc: ptr<function, array<f32, GEMV_ACC>>,
-    inv: ptr<function, array<f32, GEMV_MAX_ROWS>>,
-    o: u32,
-    p: u32,
-) {
+// (times the norm weight under the prologue: `x4w`) to acc.
+fn accumulate(acc: ptr<function, array<f32, GEMV_ACC>>, o: u32, p: u32) {
     var w: array<vec4<f32>, PAIR>;
     for (var h = 0u; h < PAIR; h++) {
         w[h] = decode4(weight_row(o, h), p, P.cols);
     }
     for (var t = 0u; t < P.rows; t++) {
-        let x = x4(t, 4u * p, (*inv)[t]);
+        let x = x4w(t, 4u * p);
         for (var h = 0u; h < PAIR; h++) {
             (*acc)[h * GEMV_MAX_ROWS + t] += dot(w[h], x);
         }
@@ -42,16 +37,16 @@ fn gemv(ids: Ids, group: Group) {
         return;
     }
     let at = lane_of(ids);
-    var inv = gemv_norms(ids.lid, at);
+    let inv = gemv_norms(ids.lid, at);
     let pieces = (P.cols + 3u) / 4u;
     var acc: array<f32, GEMV_ACC>;
     for (var p = ids.lid; p < pieces; p += WG) {
-        accumulate(&acc, &inv, o, p);
+        accumulate(&acc, o, p);
     }
     for (var t = 0u; t < P.rows; t++) {
         var y = vec2<f32>(0.0);
         for (var h = 0u; h < PAIR; h++) {
-            y[h] = reduce_sum(acc[h * GEMV_MAX_ROWS + t], at);
+            y[h] = reduce_sum(acc[h * GEMV_MAX_ROWS + t], at) * inv[t];
         }
         if ids.lid == 0u {
             emit(t, o, y);
@@ -62,19 +57,19 @@ fn gemv(ids: Ids, group: Group) {
 @compute @workgroup_size(GEMV_ROWS_WG)
 fn gemv_rows(ids: Ids, group: Group) {
     let o = group_index(group) * GEMV_ROWS_WG + ids.lid;
+    let inv = rows_norms(ids.lid);
     if o >= outputs() {
         return;
     }
-    var inv = thread_norms();
     let pieces = (P.cols + 3u) / 4u;
     var acc: array<f32, GEMV_ACC>;
     for (var p = 0u; p < pieces; p++) {
-        accumulate(&acc, &inv, o, p);
+        accumulate(&acc, o, p);
     }
     for (var t = 0u; t < P.rows; t++) {
         var y = vec2<f32>(0.0);
         for (var h = 0u; h < PAIR; h++) {
-            y[h] = acc[h * GEMV_MAX_ROWS + t];
+            y[h] = acc[h * GEMV_MAX_ROWS + t] * inv[t];
         }
         emit(t, o, y);
     }

@@ -9,9 +9,10 @@
 //
 // The fused matmuls (flag FUSED) change two ends of the same loops:
 // - the prologue (flag NORM: matmul_rms_norm, matmul_glu) RMS-normalises X's
-//   rows as they are read. Each workgroup (in `gemv_rows` each thread) first
+//   rows as they are read. Each workgroup first
 //   computes the inverse RMS of its activation rows, then `xin` and `x4`
-//   return x * inv_rms * NORM[c] instead of x.
+//   return x * inv_rms * NORM[c] instead of x; the GEMV paths read
+//   x * NORM[c] (`x4w`) and scale each finished sum by inv_rms instead.
 // - the epilogue: an entry point hands `emit(t, o, y)` the sums of output o
 //   for activation row t; the kernel's file defines `emit` (the plain one is
 //   below). Under GLU an output reads two weight rows, gate o and up o + f
@@ -101,34 +102,56 @@ fn tile_col(tx: u32, j: u32) -> u32 {
     return (j / 2u) * (TN / 2u) + 2u * tx + j % 2u;
 }
 
-// Activation t, column c (zero past cols) as the matmul reads it: under the
-// norm prologue scaled by the row's inverse RMS `inv` and the norm weight.
-fn xin(t: u32, c: u32, inv: f32) -> f32 {
+// Activation t, column c (zero past cols), times the norm weight under the
+// norm prologue.
+fn xw(t: u32, c: u32) -> f32 {
     if c >= P.cols {
         return 0.0;
     }
     let v = X[t * P.cols + c];
 // #if NORM
     if P.has_norm != 0u {
-        return v * inv * NORM[c];
+        return v * NORM[c];
     }
 // #endif
     return v;
 }
 
-// Activations t, c .. c + 4, as `xin` reads them.
-fn x4(t: u32, c: u32, inv: f32) -> vec4<f32> {
+// Activations t, c .. c + 4, as `xw` reads them. The GEMV paths sum these
+// against the weights and scale each sum by the row's inverse RMS once.
+fn x4w(t: u32, c: u32) -> vec4<f32> {
     if c + 3u >= P.cols {
-        return vec4<f32>(xin(t, c, inv), xin(t, c + 1u, inv), xin(t, c + 2u, inv), xin(t, c + 3u, inv));
+        return vec4<f32>(xw(t, c), xw(t, c + 1u), xw(t, c + 2u), xw(t, c + 3u));
     }
     let base = t * P.cols + c;
     let v = vec4<f32>(X[base], X[base + 1u], X[base + 2u], X[base + 3u]);
 // #if NORM
     if P.has_norm != 0u {
-        return v * inv * vec4<f32>(NORM[c], NORM[c + 1u], NORM[c + 2u], NORM[c + 3u]);
+        return v * vec4<f32>(NORM[c], NORM[c + 1u], NORM[c + 2u], NORM[c + 3u]);
     }
 // #endif
     return v;
+}
+
+// Activation t, column c as the matmul reads it: under the norm prologue
+// normalised by the row's inverse RMS `inv` and the norm weight.
+fn xin(t: u32, c: u32, inv: f32) -> f32 {
+// #if NORM
+    if P.has_norm != 0u {
+        return xw(t, c) * inv;
+    }
+// #endif
+    return xw(t, c);
+}
+
+// Activations t, c .. c + 4, as `xin` reads them.
+fn x4(t: u32, c: u32, inv: f32) -> vec4<f32> {
+// #if NORM
+    if P.has_norm != 0u {
+        return x4w(t, c) * inv;
+    }
+// #endif
+    return x4w(t, c);
 }
 
 fn bias(feature: u32) -> f32 {
@@ -136,6 +159,14 @@ fn bias(feature: u32) -> f32 {
         return BIAS[feature];
     }
     return 0.0;
+}
+
+fn unit_norms() -> array<f32, GEMV_MAX_ROWS> {
+    var inv: array<f32, GEMV_MAX_ROWS>;
+    for (var t = 0u; t < GEMV_MAX_ROWS; t++) {
+        inv[t] = 1.0;
+    }
+    return inv;
 }
 
 // #if NORM
@@ -153,10 +184,10 @@ fn inv_rms(sum_squares: f32) -> f32 {
     return 1.0 / sqrt(sum_squares / f32(P.cols) + P.eps);
 }
 
-// Inverse RMS of each activation row, computed by the whole workgroup of
-// `gemv` (uniform control flow).
+// Inverse RMS of each activation row (1 without the prologue), computed by
+// the whole workgroup of `gemv` (uniform control flow).
 fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
-    var inv: array<f32, GEMV_MAX_ROWS>;
+    var inv = unit_norms();
     if P.has_norm != 0u {
         for (var t = 0u; t < P.rows; t++) {
             inv[t] = inv_rms(reduce_sum(squares(t, lid, WG), at));
@@ -165,12 +196,23 @@ fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     return inv;
 }
 
-// The same by one thread alone (`gemv_rows`).
-fn thread_norms() -> array<f32, GEMV_MAX_ROWS> {
-    var inv: array<f32, GEMV_MAX_ROWS>;
+var<workgroup> rows_parts: array<f32, GEMV_ROWS_WG>;
+
+// The same for `gemv_rows`, its threads sharing the squares through
+// workgroup memory: one thread per output summing whole rows would read
+// the activations twice over (uniform control flow).
+fn rows_norms(lid: u32) -> array<f32, GEMV_MAX_ROWS> {
+    var inv = unit_norms();
     if P.has_norm != 0u {
         for (var t = 0u; t < P.rows; t++) {
-            inv[t] = inv_rms(squares(t, 0u, 1u));
+            rows_parts[lid] = squares(t, lid, GEMV_ROWS_WG);
+            workgroupBarrier();
+            var total = 0.0;
+            for (var i = 0u; i < GEMV_ROWS_WG; i++) {
+                total += rows_parts[i];
+            }
+            inv[t] = inv_rms(total);
+            workgroupBarrier();
         }
     }
     return inv;
@@ -207,11 +249,11 @@ fn tile_inv(tt: u32) -> f32 {
 }
 // #else
 fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
-    return array<f32, GEMV_MAX_ROWS>();
+    return unit_norms();
 }
 
-fn thread_norms() -> array<f32, GEMV_MAX_ROWS> {
-    return array<f32, GEMV_MAX_ROWS>();
+fn rows_norms(lid: u32) -> array<f32, GEMV_MAX_ROWS> {
+    return unit_norms();
 }
 
 fn tile_norms(lid: u32, t0: u32) {}

@@ -35,6 +35,9 @@ pub struct EngineConfig {
     /// KV eviction for every sequence (`--kv-budget`, `--kv-evict`, ...);
     /// `None` keeps all of a sequence's KV. A request may set its own.
     pub kv_eviction: Option<EvictionConfig>,
+    /// Run the unfused kernels even where the backend has fused matmuls
+    /// (`bench --unfused`: the reference of the fusion figures).
+    pub unfused: bool,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +52,7 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             max_recorded_batch: DEFAULT_MAX_RECORDED_BATCH,
             kv_eviction: None,
+            unfused: false,
         }
     }
 }

@@ -45,7 +45,7 @@ use std::collections::HashMap;
 
 use crate::backend::Backend;
 use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, SeqId};
-use crate::model::forward::{ForwardBatch, Model, Progress};
+use crate::model::forward::{ForwardBatch, LoadOptions, Model, Progress};
 use crate::model::recorded::DecodeRecorder;
 use crate::model::ModelFiles;
 use crate::sched::{
@@ -161,7 +161,11 @@ impl<B: Backend> Engine<B> {
             max_running: config.max_running,
             max_waiting: config.max_waiting,
         })?;
-        let model = Model::load(&backend, files, progress)?;
+        let options = LoadOptions {
+            layers: None,
+            unfused: config.unfused,
+        };
+        let model = Model::load_with(&backend, files, options, progress)?;
         let cfg = &model.config;
         let kv = model.alloc_kv_caches(
             &backend,

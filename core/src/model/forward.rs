@@ -14,6 +14,17 @@
 //! come from the architecture as data (`super::arch`), so Llama runs exactly
 //! the kernels it always did. Logits are computed only for the rows the
 //! caller asks for.
+//!
+//! On a backend with fused matmuls (`Backend::fuses_matmuls`) the loader
+//! concatenates Q/K/V and gate/up by rows when their formats match, and a
+//! layer becomes: `matmul_rms_norm` (the attention norm as prologue, Q, K
+//! and V split out) → [Q/K norms] → RoPE → KV write → attention →
+//! `matmul_residual` (O, added into the residual stream) → `matmul_glu` (the
+//! FFN norm as prologue, SwiGLU or GeGLU as epilogue) → `matmul_residual`
+//! (down). What cannot fuse falls back step by step, as data: a post-norm
+//! or a residual multiplier keeps the branch in `delta` (pending) and the
+//! next norm adds it (`rms_norm_residual`); separate weights (formats that
+//! differ, as Q4_K_M's Q6_K value rows) keep the unfused matmuls.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -23,10 +34,10 @@ use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
 use super::{ModelConfig, ModelFiles};
 use crate::backend::{
-    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, MatmulParams, MatmulTarget,
-    RmsNormParams, RopeParams,
+    AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
+    MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
-use crate::quant::{WeightFormat, WeightView};
+use crate::quant::{concat_rows, WeightFormat, WeightView};
 use crate::{Error, Result};
 
 /// The host-side description of one batch.
@@ -83,14 +94,31 @@ impl ForwardBatch {
     }
 }
 
+/// What `Model::load_with` loads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions<'a> {
+    /// Only these transformer layers, in this order (a self-speculative
+    /// draft); `None`: all of them.
+    pub layers: Option<&'a [usize]>,
+    /// Run the unfused kernels even where the backend has fused matmuls
+    /// (the reference for before/after figures).
+    pub unfused: bool,
+}
+
+/// Projections that read one input (Q, K, V; gate, up): one weight with the
+/// parts' rows concatenated in order, for the fused matmuls, or one weight
+/// per part.
+enum Projections<B: Backend> {
+    Concatenated {
+        w: B::Weight,
+        bias: Option<B::Weight>,
+    },
+    Separate(Vec<(B::Weight, Option<B::Weight>)>),
+}
+
 struct LayerWeights<B: Backend> {
     attn_norm: B::Weight,
-    wq: B::Weight,
-    wk: B::Weight,
-    wv: B::Weight,
-    bq: Option<B::Weight>,
-    bk: Option<B::Weight>,
-    bv: Option<B::Weight>,
+    qkv: Projections<B>,
     /// Per-head norms of Q and K (`BlockSpec::qk_norm`).
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
@@ -105,11 +133,10 @@ struct LayerWeights<B: Backend> {
     sliding_window: Option<usize>,
 }
 
-/// A layer's feed-forward: one FFN, or routed experts.
+/// A layer's feed-forward: one FFN (gate and up, then down), or routed experts.
 enum Ffn<B: Backend> {
     Dense {
-        gate: B::Weight,
-        up: B::Weight,
+        gate_up: Projections<B>,
         down: B::Weight,
     },
     Moe(MoeLayer<B>),
@@ -128,6 +155,8 @@ pub struct Model<B: Backend> {
     /// Bytes of weights read per decoded token (for bandwidth figures):
     /// of a MoE model, the experts one token is routed to.
     pub weight_bytes: usize,
+    /// The backend's fused matmuls run this model (`LoadOptions::unfused` off).
+    fused: bool,
 }
 
 /// Weights are uploaded one tensor at a time; the callback sees (done, total) bytes.
@@ -135,8 +164,7 @@ pub type Progress<'a> = &'a mut dyn FnMut(usize, usize);
 
 impl<B: Backend> Model<B> {
     pub fn load(backend: &B, files: &ModelFiles, progress: Progress<'_>) -> Result<Self> {
-        let all: Vec<usize> = (0..files.config.num_layers).collect();
-        Self::load_layers(backend, files, &all, progress)
+        Self::load_with(backend, files, LoadOptions::default(), progress)
     }
 
     /// Loads only the transformer layers `layers` (in that order) between the
@@ -147,6 +175,22 @@ impl<B: Backend> Model<B> {
         layers: &[usize],
         progress: Progress<'_>,
     ) -> Result<Self> {
+        let options = LoadOptions {
+            layers: Some(layers),
+            unfused: false,
+        };
+        Self::load_with(backend, files, options, progress)
+    }
+
+    pub fn load_with(
+        backend: &B,
+        files: &ModelFiles,
+        options: LoadOptions<'_>,
+        progress: Progress<'_>,
+    ) -> Result<Self> {
+        let all: Vec<usize> = (0..files.config.num_layers).collect();
+        let layers = options.layers.unwrap_or(&all);
+        let fused = backend.fuses_matmuls() && !options.unfused;
         let mut cfg = files.config.clone();
         if layers.is_empty() {
             return Err(Error::InvalidRequest(
@@ -172,12 +216,60 @@ impl<B: Backend> Model<B> {
             (progress.borrow_mut())(done.get(), total);
             upload(backend, view, is_vector, name)
         };
-        let mut get = |name: &str, is_vector: bool| -> Result<B::Weight> {
-            let view = files
+        let view = |name: &str| {
+            files
                 .tensors
                 .view(name)
-                .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))?;
-            put(view, is_vector, name)
+                .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))
+        };
+        let mut get = |name: &str, is_vector: bool| -> Result<B::Weight> {
+            put(view(name)?, is_vector, name)
+        };
+        // Matrices that read one input, with their biases: concatenated
+        // where the fused matmuls can take them, else one by one.
+        let projections = |names: &[String], biases: bool| -> Result<Projections<B>> {
+            let views = names.iter().map(|n| view(n)).collect::<Result<Vec<_>>>()?;
+            let bias_names = || names.iter().map(|n| n.replace(".weight", ".bias"));
+            if let (true, Some(data)) = (fused, concat_rows(&views)) {
+                let concatenated = WeightView {
+                    rows: views.iter().map(|v| v.rows).sum(),
+                    data: &data,
+                    ..views[0]
+                };
+                let w = put(concatenated, false, &names.join(" + "))?;
+                let bias = match biases {
+                    true => {
+                        let parts = bias_names().map(|n| view(&n)).collect::<Result<Vec<_>>>()?;
+                        let values: Vec<u8> = parts
+                            .iter()
+                            .flat_map(|v| v.to_f32())
+                            .flat_map(f32::to_le_bytes)
+                            .collect();
+                        let len = values.len() / 4;
+                        Some(put(
+                            WeightView {
+                                format: WeightFormat::F32,
+                                rows: 1,
+                                cols: len,
+                                data: &values,
+                            },
+                            true,
+                            "biases",
+                        )?)
+                    }
+                    false => None,
+                };
+                return Ok(Projections::Concatenated { w, bias });
+            }
+            views
+                .iter()
+                .zip(names.iter().zip(bias_names()))
+                .map(|(&v, (name, bias))| {
+                    let b = biases.then(|| put(view(&bias)?, true, &bias)).transpose()?;
+                    Ok((put(v, false, name)?, b))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Projections::Separate)
         };
         let embed = get("token_embd.weight", false)?;
         let output_norm = get("output_norm.weight", true)?;
@@ -206,12 +298,10 @@ impl<B: Backend> Model<B> {
             };
             layer_weights.push(LayerWeights {
                 attn_norm: get(&n("attn_norm.weight"), true)?,
-                wq: get(&n("attn_q.weight"), false)?,
-                wk: get(&n("attn_k.weight"), false)?,
-                wv: get(&n("attn_v.weight"), false)?,
-                bq: vector_if(&mut get, bias, "attn_q.bias")?,
-                bk: vector_if(&mut get, bias, "attn_k.bias")?,
-                bv: vector_if(&mut get, bias, "attn_v.bias")?,
+                qkv: projections(
+                    &[n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight")],
+                    bias,
+                )?,
                 q_norm: vector_if(&mut get, qk_norm, "attn_q_norm.weight")?,
                 k_norm: vector_if(&mut get, qk_norm, "attn_k_norm.weight")?,
                 wo: get(&n("attn_output.weight"), false)?,
@@ -219,8 +309,7 @@ impl<B: Backend> Model<B> {
                 ffn_norm: get(&n("ffn_norm.weight"), true)?,
                 ffn: match cfg.moe {
                     None => Ffn::Dense {
-                        gate: get(&n("ffn_gate.weight"), false)?,
-                        up: get(&n("ffn_up.weight"), false)?,
+                        gate_up: projections(&[n("ffn_gate.weight"), n("ffn_up.weight")], false)?,
                         down: get(&n("ffn_down.weight"), false)?,
                     },
                     Some(spec) => {
@@ -250,6 +339,7 @@ impl<B: Backend> Model<B> {
             layers: layer_weights,
             inv_freqs,
             weight_bytes: weight_bytes.get(),
+            fused,
         })
     }
 
@@ -409,35 +499,35 @@ impl<B: Backend> Model<B> {
         if let Some(factor) = cfg.embedding_scale() {
             backend.scale(residual, rows * dim, factor)?;
         }
-        for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
-            if i == 0 {
-                backend.rms_norm(residual, &layer.attn_norm, norm, normed)?;
-            } else {
-                backend.rms_norm_residual(residual, delta, &layer.attn_norm, norm, normed)?;
-            }
-            // One call for Q, K and V: the CPU backend quantizes `normed` once.
-            backend.matmuls(
-                normed,
-                &mut [
-                    MatmulTarget {
-                        w: &layer.wq,
-                        bias: layer.bq.as_ref(),
-                        out: projection_out(layer.q_norm.is_some(), q_raw, q)
-                            .ok_or_else(|| missing("Q norm"))?,
-                    },
-                    MatmulTarget {
-                        w: &layer.wk,
-                        bias: layer.bk.as_ref(),
-                        out: projection_out(layer.k_norm.is_some(), k_raw, k)
-                            .ok_or_else(|| missing("K norm"))?,
-                    },
-                    MatmulTarget {
-                        w: &layer.wv,
-                        bias: layer.bv.as_ref(),
-                        out: &mut *v,
-                    },
-                ],
+        // A branch's output waits in `delta` (pending) until the next norm
+        // adds it, unless a fused matmul added it into `residual` itself.
+        let mut stream = Stream {
+            residual,
+            delta,
+            normed,
+            pending: false,
+            norm,
+        };
+        // A branch output goes straight into the residual stream when
+        // nothing stands between the projection and the add.
+        let direct = self.fused && cfg.multipliers.residual.is_none();
+        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+            let widths = [
+                cfg.num_heads * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+            ];
+            let q_out = projection_out(layer.q_norm.is_some(), q_raw, q)
+                .ok_or_else(|| missing("Q norm"))?;
+            let k_out = projection_out(layer.k_norm.is_some(), k_raw, k)
+                .ok_or_else(|| missing("K norm"))?;
+            stream.project(
+                backend,
+                &layer.attn_norm,
+                &layer.qkv,
                 mm,
+                [q_out, k_out, &mut *v],
+                &widths,
             )?;
             let head_norms = [
                 (&layer.q_norm, &*q_raw, &mut *q, cfg.num_heads),
@@ -468,87 +558,241 @@ impl<B: Backend> Model<B> {
                 backend.paged_attention_scores(q, cache, idx, params, scores)?;
             }
             backend.paged_attention(q, cache, idx, params, attn)?;
-            post_normed(
-                backend,
-                attn,
-                &layer.wo,
-                &layer.post_attn_norm,
-                norm,
-                out_raw,
-                delta,
-            )?;
-            if let Some(factor) = cfg.multipliers.residual {
-                backend.scale(delta, rows * dim, factor)?;
-            }
-            backend.rms_norm_residual(residual, delta, &layer.ffn_norm, norm, normed)?;
+            let branch = Branch {
+                w: &layer.wo,
+                post_norm: &layer.post_attn_norm,
+                direct,
+                residual_multiplier: cfg.multipliers.residual,
+            };
+            stream.add_branch(backend, attn, branch, out_raw)?;
+            let post_norm = &layer.post_ffn_norm;
             match &layer.ffn {
-                Ffn::Dense {
-                    gate: w_gate,
-                    up: w_up,
-                    down: w_down,
-                } => {
-                    backend.matmuls(
-                        normed,
-                        &mut [
-                            MatmulTarget {
-                                w: w_gate,
-                                bias: None,
-                                out: &mut *gate,
-                            },
-                            MatmulTarget {
-                                w: w_up,
-                                bias: None,
-                                out: &mut *up,
-                            },
-                        ],
-                        mm,
-                    )?;
-                    match cfg.block.activation {
-                        Activation::Silu => backend.swiglu(gate, up, rows * ffn, act)?,
-                        Activation::GeluTanh => backend.geglu(gate, up, rows * ffn, act)?,
-                    }
-                    post_normed(
+                Ffn::Dense { gate_up, down } => {
+                    let glu = match cfg.block.activation {
+                        Activation::Silu => Glu::SwiGlu,
+                        Activation::GeluTanh => Glu::GeGlu,
+                    };
+                    stream.gated(
                         backend,
-                        act,
-                        w_down,
-                        &layer.post_ffn_norm,
-                        norm,
-                        out_raw,
-                        delta,
+                        &layer.ffn_norm,
+                        gate_up,
+                        glu,
+                        mm,
+                        ffn,
+                        [gate, up, act],
                     )?;
+                    let branch = Branch {
+                        w: down,
+                        post_norm,
+                        direct,
+                        residual_multiplier: cfg.multipliers.residual,
+                    };
+                    stream.add_branch(backend, act, branch, out_raw)?;
                 }
                 Ffn::Moe(experts) => {
                     let buffers = moe.as_mut().ok_or_else(|| missing("MoE"))?;
+                    stream.normalize(backend, &layer.ffn_norm)?;
                     experts.forward(
                         backend,
-                        normed,
+                        stream.normed,
                         rows,
                         dim,
                         buffers,
                         [&mut *gate, &mut *up, &mut *act],
-                        delta,
+                        stream.delta,
                     )?;
+                    if let Some(factor) = cfg.multipliers.residual {
+                        backend.scale(stream.delta, rows * dim, factor)?;
+                    }
+                    stream.pending = true;
                 }
-            }
-            if let Some(factor) = cfg.multipliers.residual {
-                backend.scale(delta, rows * dim, factor)?;
             }
         }
         let n_logits = shape.logit_rows;
-        backend.rms_norm_residual(residual, delta, &self.output_norm, norm, normed)?;
-        backend.gather_rows(normed, logit_rows, n_logits, dim, final_normed)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
-        backend.matmul(
-            final_normed,
-            out_w,
-            None,
-            MatmulParams { rows: n_logits },
-            logits,
-        )?;
+        let logits_mm = MatmulParams { rows: n_logits };
+        if self.fused && !stream.pending {
+            // Only the rows whose logits are wanted are normalised, inside the matmul.
+            backend.gather_rows(stream.residual, logit_rows, n_logits, dim, final_normed)?;
+            let prologue = NormPrologue {
+                weight: &self.output_norm,
+                eps: cfg.rms_eps,
+            };
+            let outs = &mut [SplitOut {
+                out: &mut *logits,
+                width: cfg.vocab_size,
+            }];
+            backend.matmul_rms_norm(final_normed, Some(prologue), out_w, None, logits_mm, outs)?;
+        } else {
+            stream.normalize(backend, &self.output_norm)?;
+            backend.gather_rows(stream.normed, logit_rows, n_logits, dim, final_normed)?;
+            backend.matmul(final_normed, out_w, None, logits_mm, logits)?;
+        }
         match cfg.multipliers.logits {
             Some(divisor) => backend.scale(logits, n_logits * cfg.vocab_size, 1.0 / divisor),
             None => Ok(()),
         }
+    }
+}
+
+/// The residual stream of one forward pass, with the branch output that
+/// may still wait to be added.
+struct Stream<'a, B: Backend> {
+    residual: &'a mut B::Tensor,
+    /// A branch's output not yet in `residual` (when `pending`).
+    delta: &'a mut B::Tensor,
+    /// The normalised stream, for consumers without a norm prologue.
+    normed: &'a mut B::Tensor,
+    pending: bool,
+    norm: RmsNormParams,
+}
+
+/// A fused matmul's input and the norm it applies first, if any.
+type FusedInput<'x, 'w, B> = (
+    &'x <B as Backend>::Tensor,
+    Option<NormPrologue<'w, <B as Backend>::Weight>>,
+);
+
+/// A branch's output projection and what stands between it and the residual add.
+struct Branch<'a, B: Backend> {
+    w: &'a B::Weight,
+    post_norm: &'a Option<B::Weight>,
+    /// The backend adds the projection into the stream (`matmul_residual`).
+    direct: bool,
+    residual_multiplier: Option<f32>,
+}
+
+impl<B: Backend> Stream<'_, B> {
+    /// `normed` = the stream (with any pending branch added) normalised by `weight`.
+    fn normalize(&mut self, backend: &B, weight: &B::Weight) -> Result<()> {
+        if std::mem::take(&mut self.pending) {
+            backend.rms_norm_residual(self.residual, self.delta, weight, self.norm, self.normed)
+        } else {
+            backend.rms_norm(self.residual, weight, self.norm, self.normed)
+        }
+    }
+
+    /// The input of a fused matmul normalised by `weight`: the stream
+    /// itself with the norm as prologue, or `normed` when a pending branch
+    /// must be added first.
+    fn fused_input<'w>(
+        &mut self,
+        backend: &B,
+        weight: &'w B::Weight,
+    ) -> Result<FusedInput<'_, 'w, B>> {
+        if self.pending {
+            self.normalize(backend, weight)?;
+            return Ok((&*self.normed, None));
+        }
+        let eps = self.norm.eps;
+        Ok((&*self.residual, Some(NormPrologue { weight, eps })))
+    }
+
+    /// Q, K and V (`outs`, of `widths`) of the stream normalised by `norm_weight`.
+    fn project(
+        &mut self,
+        backend: &B,
+        norm_weight: &B::Weight,
+        projections: &Projections<B>,
+        mm: MatmulParams,
+        outs: [&mut B::Tensor; 3],
+        widths: &[usize; 3],
+    ) -> Result<()> {
+        match projections {
+            Projections::Concatenated { w, bias } => {
+                let (x, prologue) = self.fused_input(backend, norm_weight)?;
+                let mut outs = outs
+                    .into_iter()
+                    .zip(widths)
+                    .map(|(out, &width)| SplitOut { out, width })
+                    .collect::<Vec<_>>();
+                backend.matmul_rms_norm(x, prologue, w, bias.as_ref(), mm, &mut outs)
+            }
+            Projections::Separate(parts) => {
+                self.normalize(backend, norm_weight)?;
+                // One call for all: the CPU backend quantizes `normed` once.
+                let mut targets = parts
+                    .iter()
+                    .zip(outs)
+                    .map(|((w, bias), out)| MatmulTarget {
+                        w,
+                        bias: bias.as_ref(),
+                        out,
+                    })
+                    .collect::<Vec<_>>();
+                backend.matmuls(self.normed, &mut targets, mm)
+            }
+        }
+    }
+
+    /// The gated activation of the FFN (`ffn` features) into `act`, from
+    /// the stream normalised by `norm_weight` (`gate` and `up` hold the
+    /// unfused halves).
+    #[allow(clippy::too_many_arguments)]
+    fn gated(
+        &mut self,
+        backend: &B,
+        norm_weight: &B::Weight,
+        gate_up: &Projections<B>,
+        glu: Glu,
+        mm: MatmulParams,
+        ffn: usize,
+        [gate, up, act]: [&mut B::Tensor; 3],
+    ) -> Result<()> {
+        let len = mm.rows * ffn;
+        match gate_up {
+            Projections::Concatenated { w, .. } => {
+                let (x, prologue) = self.fused_input(backend, norm_weight)?;
+                backend.matmul_glu(x, prologue, w, glu, mm, act)
+            }
+            Projections::Separate(parts) => {
+                self.normalize(backend, norm_weight)?;
+                let mut targets = parts
+                    .iter()
+                    .zip([gate, up])
+                    .map(|((w, _), out)| MatmulTarget { w, bias: None, out })
+                    .collect::<Vec<_>>();
+                backend.matmuls(self.normed, &mut targets, mm)?;
+                let [gate, up] = [&*targets[0].out, &*targets[1].out];
+                match glu {
+                    Glu::SwiGlu => backend.swiglu(gate, up, len, act),
+                    Glu::GeGlu => backend.geglu(gate, up, len, act),
+                }
+            }
+        }
+    }
+
+    /// Adds `x · branch.w` into the stream: at once when the branch is
+    /// direct and has no post-norm, else through `delta` (post-normed and
+    /// scaled where the architecture says), left pending. A norm always
+    /// stands between two branches, so nothing is pending here.
+    fn add_branch(
+        &mut self,
+        backend: &B,
+        x: &B::Tensor,
+        branch: Branch<'_, B>,
+        scratch: &mut Option<B::Tensor>,
+    ) -> Result<()> {
+        let mm = MatmulParams {
+            rows: self.norm.rows,
+        };
+        if branch.direct && branch.post_norm.is_none() {
+            return backend.matmul_residual(x, branch.w, mm, self.residual);
+        }
+        post_normed(
+            backend,
+            x,
+            branch.w,
+            branch.post_norm,
+            self.norm,
+            scratch,
+            self.delta,
+        )?;
+        if let Some(factor) = branch.residual_multiplier {
+            backend.scale(self.delta, self.norm.rows * self.norm.dim, factor)?;
+        }
+        self.pending = true;
+        Ok(())
     }
 }
 

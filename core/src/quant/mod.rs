@@ -345,6 +345,20 @@ pub struct WeightView<'a> {
     pub data: &'a [u8],
 }
 
+/// The bytes of matrices of one format and width stacked by rows (Q, K and
+/// V; gate and up): every format stores rows whole and in order, so this is
+/// their bytes one after another. `None` when formats or widths differ.
+pub fn concat_rows(views: &[WeightView<'_>]) -> Option<Vec<u8>> {
+    let first = views.first()?;
+    if views
+        .iter()
+        .any(|v| v.format != first.format || v.cols != first.cols)
+    {
+        return None;
+    }
+    Some(views.iter().flat_map(|v| v.data.iter().copied()).collect())
+}
+
 impl<'a> WeightView<'a> {
     pub fn row_bytes(&self) -> usize {
         self.format.row_head_bytes()

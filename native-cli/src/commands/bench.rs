@@ -191,6 +191,7 @@ impl WithBackend for BenchArgs {
         let mut prefill = Vec::new();
         let mut decode = Vec::new();
         let mut decode_eager = Vec::new();
+        let mut launches_per_token = None;
         for _ in 0..self.repetitions.max(1) {
             if self.prompt_tokens > 0 {
                 let prompt = random_tokens(&mut rng, self.prompt_tokens, vocab);
@@ -200,8 +201,13 @@ impl WithBackend for BenchArgs {
             if self.gen_tokens > 0 {
                 // A one-token prompt, then `gen_tokens` single-token forward passes.
                 let prompt = random_tokens(&mut rng, 1, vocab);
+                let before = engine.backend().kernel_launches();
                 let (secs, tokens) = time_request(&mut engine, prompt.clone(), self.gen_tokens)?;
                 decode.push(self.gen_tokens as f64 / secs);
+                // Every generated token is one single-row forward pass.
+                if let (Some(a), Some(b)) = (before, engine.backend().kernel_launches()) {
+                    launches_per_token = Some((b - a) as f64 / self.gen_tokens as f64);
+                }
                 if compare_graphs {
                     engine.enable_recording(false);
                     let (secs, eager_tokens) = time_request(&mut engine, prompt, self.gen_tokens)?;
@@ -221,6 +227,7 @@ impl WithBackend for BenchArgs {
         let recorded = engine.stats().recorded_steps;
         let weight_bytes = engine.model().weight_bytes;
         let (total_params, active_params) = engine.model().config.parameter_counts();
+        let layers = engine.model().config.num_layers.max(1) as f64;
         if self.json {
             let obj = serde_json::json!({
                 "model": files.path.display().to_string(),
@@ -239,6 +246,9 @@ impl WithBackend for BenchArgs {
                 "kv_dtype": self.model.kv_dtype.name(),
                 "kv_bytes_per_token": engine.kv_bytes_per_token(),
                 "kv_eviction": self.kv_eviction.describe(),
+                "unfused": self.model.unfused,
+                "launches_per_token": launches_per_token,
+                "launches_per_layer": launches_per_token.map(|l| l / layers),
                 "decode_weight_bandwidth_gb_per_s": tg * weight_bytes as f64 / 1e9,
                 "graph_batch": if compare_graphs { graph_batch } else { 0 },
                 "decode_eager_tokens_per_s": tg_eager,
@@ -275,6 +285,13 @@ impl WithBackend for BenchArgs {
                 tg_sd,
                 tg * weight_bytes as f64 / 1e9
             );
+            if let Some(launches) = launches_per_token {
+                println!(
+                    "launches: {launches:.1} per decoded token, {:.1} per layer ({}; head and embedding shared out)",
+                    launches / layers,
+                    if self.model.unfused { "unfused" } else { "fused where the backend can" }
+                );
+            }
             if compare_graphs {
                 println!(
                     "tg{:<5} {:10.1} ± {:.1} tokens/s  launching every kernel: graphs {:.2}x ({} recorded, {} replays, {} failed{})",

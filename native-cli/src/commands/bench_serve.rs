@@ -148,6 +148,7 @@ impl WithBackend for BenchServeArgs {
             max_waiting: self.requests,
             kv_dtype: self.model.kv_dtype,
             max_recorded_batch: self.model.graph_batch,
+            unfused: self.model.unfused,
             ..EngineConfig::default()
         };
         let info = backend.info();

@@ -45,6 +45,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         ctx: None,
         kv_dtype: args.kv_dtype,
         graph_batch: 0,
+        unfused: false,
     };
     let files = model_args.load_files()?;
     let c = &files.config;

@@ -54,6 +54,11 @@ pub struct ModelArgs {
     /// as CUDA graphs and replayed (0: launch every kernel every step).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_RECORDED_BATCH)]
     pub graph_batch: usize,
+    /// Run the unfused kernels (RMSNorm, Q/K/V, gate/up, activation and
+    /// residual add one by one) even where the backend has fused matmuls:
+    /// the reference of the fusion figures.
+    #[arg(long)]
+    pub unfused: bool,
 }
 
 pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
@@ -149,6 +154,7 @@ pub fn build_engine<B: Backend>(
         max_context: Some(ctx),
         kv_dtype: args.kv_dtype,
         max_recorded_batch: args.graph_batch,
+        unfused: args.unfused,
         kv_eviction: eviction.config()?,
         ..EngineConfig::default()
     }

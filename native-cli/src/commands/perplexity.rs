@@ -106,6 +106,7 @@ impl WithBackend for PerplexityArgs {
             max_context: Some(n + 1),
             kv_dtype: self.model.kv_dtype,
             max_recorded_batch: self.model.graph_batch,
+            unfused: self.model.unfused,
             max_batch_tokens: self.batch as usize,
             kv_eviction: self.kv_eviction.config()?,
             ..EngineConfig::default()

@@ -59,6 +59,7 @@ impl EngineArgs {
             max_waiting: self.max_queue,
             kv_dtype,
             max_recorded_batch: model.graph_batch,
+            unfused: model.unfused,
             ..base
         })
     }
