@@ -75,6 +75,25 @@ report_bench() {
   }'
 }
 
+# The fused layers against --unfused on one model: decode tokens/s and
+# launches per decoded token of each, and the ratio.
+#   report_fusion LABEL FUSED_LOG UNFUSED_LOG
+report_fusion() {
+  local label=$1 tf tu lf lu
+  tf=$(json_number "$2" decode_tokens_per_s)
+  tu=$(json_number "$3" decode_tokens_per_s)
+  lf=$(json_number "$2" launches_per_token)
+  lu=$(json_number "$3" launches_per_token)
+  if [ -z "$tf" ] || [ -z "$tu" ]; then
+    echo "$label: no fusion figures"
+    return 1
+  fi
+  awk -v label="$label" -v tf="$tf" -v tu="$tu" -v lf="${lf:-0}" -v lu="${lu:-0}" 'BEGIN {
+    printf "%s: fused decode %.1f tokens/s (%.1f launches per token), unfused %.1f (%.1f): %.2fx\n",
+      label, tf, lf, tu, lu, tf / tu
+  }'
+}
+
 # Bytes of an untied embedding table: VOCAB HIDDEN FORMAT.
 embedding_bytes() {
   awk -v v="$1" -v h="$2" -v f="$3" 'BEGIN {
@@ -101,6 +120,14 @@ self_test() {
   echo '{"decode_tokens_per_s":2400.0,"weight_bytes":98000000,"decode_eager_tokens_per_s":800.0}' >"$dir/graphs.log"
   expected='s: decode 2400.0 tokens/s at batch 1, 0.098 GB of weights per token, 4.9% of 4.8 TB/s; CUDA graphs 3.00x over launching every kernel (800.0 tokens/s)'
   got=$(report_bench s "$dir/graphs.log" 0)
+  if [ "$got" != "$expected" ]; then
+    echo "self-test: got '$got', expected '$expected'" >&2
+    status=1
+  fi
+  echo '{"decode_tokens_per_s":1500.0,"launches_per_token":244.0}' >"$dir/fused.log"
+  echo '{"decode_tokens_per_s":1000.0,"launches_per_token":425.0}' >"$dir/unfused.log"
+  expected='m: fused decode 1500.0 tokens/s (244.0 launches per token), unfused 1000.0 (425.0): 1.50x'
+  got=$(report_fusion m "$dir/fused.log" "$dir/unfused.log")
   if [ "$got" != "$expected" ]; then
     echo "self-test: got '$got', expected '$expected'" >&2
     status=1
@@ -248,12 +275,11 @@ main() {
     step inspect-devices 20 "$tandem" inspect --devices
     local bench=(bench --backend cuda --json --prompt-tokens 512 --gen-tokens 128 --repetitions 3)
     local smollm="${TANDEM_CACHE}/SmolLM2-135M-Instruct.Q4_1.gguf"
-    if [ -f "$smollm" ]; then
-      step bench-smollm2-135m 60 "$tandem" "${bench[@]}" --model "$smollm"
-    else
-      # The GGUF (98 MB) is over the carry limit: the same shapes, random Q4_1 weights.
-      step bench-smollm2-135m 60 "$tandem" "${bench[@]}" --random-weights smollm2-135m --weight-format q4_1
-    fi
+    # The GGUF (98 MB) is over the carry limit: else the same shapes, random Q4_1 weights.
+    local smollm_model=(--random-weights smollm2-135m --weight-format q4_1)
+    if [ -f "$smollm" ]; then smollm_model=(--model "$smollm"); fi
+    step bench-smollm2-135m 60 "$tandem" "${bench[@]}" "${smollm_model[@]}"
+    step bench-smollm2-135m-unfused 60 "$tandem" "${bench[@]}" "${smollm_model[@]}" --unfused
     step bench-llama3-8b-f16 120 "$tandem" "${bench[@]}" --random-weights llama3-8b --weight-format f16
     step bench-llama3-8b-q4_1 120 "$tandem" "${bench[@]}" --random-weights llama3-8b --weight-format q4_1
   fi
@@ -271,6 +297,11 @@ main() {
         log "$label: no figures (see bench-$name.log)"
       fi
     done
+    if line=$(report_fusion SmolLM2-135M "$out/bench-smollm2-135m.log" "$out/bench-smollm2-135m-unfused.log" 2>/dev/null); then
+      log "$line"
+    else
+      log "SmolLM2-135M: no fusion figures (see bench-smollm2-135m-unfused.log)"
+    fi
   fi
 
   if [ "${#failures[@]}" -gt 0 ]; then
