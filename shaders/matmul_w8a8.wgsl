@@ -88,11 +88,12 @@ fn gemv(ids: Ids, group: Group) {
 }
 
 // One thread per output (software adapters): each thread finds the
-// activation rows' scales itself.
+// activation rows' scales itself. Never with a norm prologue: the host
+// normalises first on these adapters (`WgpuBackend::own_prologue`).
 @compute @workgroup_size(GEMV_ROWS_WG)
 fn gemv_rows(ids: Ids, group: Group) {
     let o = group_index(group) * GEMV_ROWS_WG + ids.lid;
-    let inv = rows_norms(ids.lid);
+    let inv = unit_norms();
     if o >= outputs() {
         return;
     }

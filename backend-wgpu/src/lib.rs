@@ -437,6 +437,34 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// A fused matmul's input and norm prologue as its kernel takes them.
+    /// Decode-sized matmuls on CPU adapters run one thread per output
+    /// (`gemv_rows`), where a prologue would be recomputed for every output
+    /// and cost more than the launch it saves: there `rms_norm` normalises
+    /// the rows once first (the returned tensor) and the kernel runs
+    /// without a prologue.
+    fn own_prologue<'n>(
+        &self,
+        x: &WgpuTensor,
+        norm: Option<NormPrologue<'n, WgpuWeight>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(Option<WgpuTensor>, Option<NormPrologue<'n, WgpuWeight>>)> {
+        match norm {
+            Some(n) if self.gemv_per_row && rows <= GEMV_MAX_ROWS => {
+                let mut normed = self.scratch(rows * cols)?;
+                let p = RmsNormParams {
+                    rows,
+                    dim: cols,
+                    eps: n.eps,
+                };
+                self.rms_norm(x, n.weight, p, &mut normed)?;
+                Ok((Some(normed), None))
+            }
+            norm => Ok((None, norm)),
+        }
+    }
+
     /// The norm prologue's binding and parameters (`has_norm`, `eps`): a
     /// spare binding and zeros where there is none.
     fn prologue<'a>(
@@ -806,6 +834,8 @@ impl Backend for WgpuBackend {
         let bias = bias
             .map(|b| b.vector(w.rows, "matmul_rms_norm bias"))
             .transpose()?;
+        let (normed, norm) = self.own_prologue(x, norm, p.rows, w.cols)?;
+        let x = normed.as_ref().unwrap_or(x);
         let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
         // The first features of the second and third parts (n where absent:
         // the widths sum to n).
@@ -882,6 +912,8 @@ impl Backend for WgpuBackend {
                 Glu::GeGlu => self.geglu(&gate, &up, p.rows * f, out),
             };
         }
+        let (normed, norm) = self.own_prologue(x, norm, p.rows, w.cols)?;
+        let x = normed.as_ref().unwrap_or(x);
         let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
         self.launch_matmul(MatmulLaunch {
             variant: ShaderVariant {

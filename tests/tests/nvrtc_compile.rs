@@ -13,6 +13,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tandem_core::kernels::MANIFEST;
 use tandem_cuda::nvrtc::{self, CompileOptions, FunctionUsage, GpuArch};
@@ -98,17 +99,22 @@ fn every_kernel_compiles_for_sm_90_without_spills() {
     if !nvrtc_or_skip("every_kernel_compiles_for_sm_90_without_spills") {
         return;
     }
-    let options = hopper_with_ptxas_figures();
+    let units: Vec<(String, String)> = cu_files()
+        .into_iter()
+        .map(|name| {
+            let path = kernels_dir().join(format!("{name}.cu"));
+            let text = std::fs::read_to_string(&path).expect("read kernel file");
+            let unit = sources::translation_unit(&name, &text);
+            (name, unit)
+        })
+        .collect();
     let mut problems = Vec::new();
     let mut table = Vec::new();
-    for name in cu_files() {
-        let path = kernels_dir().join(format!("{name}.cu"));
-        let text = std::fs::read_to_string(&path).expect("read kernel file");
-        let unit = sources::translation_unit(&name, &text);
-        let compiled = match nvrtc::compile(&name, &unit, &options) {
+    for (name, compiled) in compile_in_parallel(&units) {
+        let compiled = match compiled {
             Ok(compiled) => compiled,
             Err(e) => {
-                problems.push(e.to_string());
+                problems.push(e);
                 continue;
             }
         };
@@ -136,6 +142,45 @@ fn every_kernel_compiles_for_sm_90_without_spills() {
         "kernel compilation problems:\n{}",
         problems.join("\n")
     );
+}
+
+/// Each `(name, unit)` compiled for sm_90, one NVRTC call per core at a time
+/// (the fused matmul files take minutes each), results in input order.
+fn compile_in_parallel(
+    units: &[(String, String)],
+) -> Vec<(String, Result<nvrtc::CompiledKernel, String>)> {
+    let options = hopper_with_ptxas_figures();
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut results: Vec<(usize, Result<nvrtc::CompiledKernel, String>)> =
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads.min(units.len()))
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((name, unit)) = units.get(i) else {
+                                return done;
+                            };
+                            done.push((
+                                i,
+                                nvrtc::compile(name, unit, &options).map_err(|e| e.to_string()),
+                            ));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("compile worker panicked"))
+                .collect()
+        });
+    results.sort_by_key(|(i, _)| *i);
+    results
+        .into_iter()
+        .map(|(i, r)| (units[i].0.clone(), r))
+        .collect()
 }
 
 fn print_usage_table(table: &[(String, FunctionUsage)]) {

@@ -13,17 +13,27 @@
 // 32-value block staged (dequantized) in workgroup memory, 2x4 sums per
 // thread. `gemv_rows` serves few rows on CPU adapters: one thread per output
 // and no barriers, since there a barrier switches every invocation and
-// `gemv`'s reductions dominate.
+// `gemv`'s reductions dominate; it takes no norm prologue.
 
 // Adds piece p of output o's weight rows times each activation row's piece
-// (times the norm weight under the prologue: `x4w`) to acc.
-fn accumulate(acc: ptr<function, array<f32, GEMV_ACC>>, o: u32, p: u32) {
+// (times the norm weight under the prologue) to acc, and under the
+// prologue the squares of the activations to sq.
+fn accumulate(acc: ptr<function, array<f32, GEMV_ACC>>, sq: ptr<function, array<f32, GEMV_MAX_ROWS>>, o: u32, p: u32) {
     var w: array<vec4<f32>, PAIR>;
     for (var h = 0u; h < PAIR; h++) {
         w[h] = decode4(weight_row(o, h), p, P.cols);
     }
+    let normed = has_norm();
+    var nw = vec4<f32>(1.0);
+    if normed {
+        nw = norm4(4u * p);
+    }
     for (var t = 0u; t < P.rows; t++) {
-        let x = x4w(t, 4u * p);
+        var x = x4raw(t, 4u * p);
+        if normed {
+            (*sq)[t] += dot(x, x);
+            x *= nw;
+        }
         for (var h = 0u; h < PAIR; h++) {
             (*acc)[h * GEMV_MAX_ROWS + t] += dot(w[h], x);
         }
@@ -37,12 +47,13 @@ fn gemv(ids: Ids, group: Group) {
         return;
     }
     let at = lane_of(ids);
-    let inv = gemv_norms(ids.lid, at);
     let pieces = (P.cols + 3u) / 4u;
     var acc: array<f32, GEMV_ACC>;
+    var sq: array<f32, GEMV_MAX_ROWS>;
     for (var p = ids.lid; p < pieces; p += WG) {
-        accumulate(&acc, o, p);
+        accumulate(&acc, &sq, o, p);
     }
+    let inv = summed_norms(sq, at);
     for (var t = 0u; t < P.rows; t++) {
         var y = vec2<f32>(0.0);
         for (var h = 0u; h < PAIR; h++) {
@@ -57,19 +68,20 @@ fn gemv(ids: Ids, group: Group) {
 @compute @workgroup_size(GEMV_ROWS_WG)
 fn gemv_rows(ids: Ids, group: Group) {
     let o = group_index(group) * GEMV_ROWS_WG + ids.lid;
-    let inv = rows_norms(ids.lid);
     if o >= outputs() {
         return;
     }
     let pieces = (P.cols + 3u) / 4u;
     var acc: array<f32, GEMV_ACC>;
+    // No prologue here (the host normalises first), so no squares either.
+    var sq: array<f32, GEMV_MAX_ROWS>;
     for (var p = 0u; p < pieces; p++) {
-        accumulate(&acc, o, p);
+        accumulate(&acc, &sq, o, p);
     }
     for (var t = 0u; t < P.rows; t++) {
         var y = vec2<f32>(0.0);
         for (var h = 0u; h < PAIR; h++) {
-            y[h] = acc[h * GEMV_MAX_ROWS + t] * inv[t];
+            y[h] = acc[h * GEMV_MAX_ROWS + t];
         }
         emit(t, o, y);
     }

@@ -9,10 +9,14 @@
 //
 // The fused matmuls (flag FUSED) change two ends of the same loops:
 // - the prologue (flag NORM: matmul_rms_norm, matmul_glu) RMS-normalises X's
-//   rows as they are read. Each workgroup first
+//   rows as they are read. In `tiled` (and W8A8) each workgroup first
 //   computes the inverse RMS of its activation rows, then `xin` and `x4`
-//   return x * inv_rms * NORM[c] instead of x; the GEMV paths read
-//   x * NORM[c] (`x4w`) and scale each finished sum by inv_rms instead.
+//   return x * inv_rms * NORM[c] instead of x. `gemv` instead sums
+//   x * NORM[c] against the weights and the squares of x alongside, in the
+//   same pass over X, and scales each finished sum by the row's inverse
+//   RMS. `gemv_rows` takes no prologue: on the CPU adapters it serves,
+//   every output would recompute it, so the host normalises first
+//   (`WgpuBackend::own_prologue`).
 // - the epilogue: an entry point hands `emit(t, o, y)` the sums of output o
 //   for activation row t; the kernel's file defines `emit` (the plain one is
 //   below). Under GLU an output reads two weight rows, gate o and up o + f
@@ -117,20 +121,50 @@ fn xw(t: u32, c: u32) -> f32 {
     return v;
 }
 
-// Activations t, c .. c + 4, as `xw` reads them. The GEMV paths sum these
-// against the weights and scale each sum by the row's inverse RMS once.
-fn x4w(t: u32, c: u32) -> vec4<f32> {
+// Activations t, c .. c + 4 as stored (zero past cols).
+fn x4raw(t: u32, c: u32) -> vec4<f32> {
     if c + 3u >= P.cols {
-        return vec4<f32>(xw(t, c), xw(t, c + 1u), xw(t, c + 2u), xw(t, c + 3u));
+        var v = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u && c + i < P.cols; i++) {
+            v[i] = X[t * P.cols + c + i];
+        }
+        return v;
     }
     let base = t * P.cols + c;
-    let v = vec4<f32>(X[base], X[base + 1u], X[base + 2u], X[base + 3u]);
+    return vec4<f32>(X[base], X[base + 1u], X[base + 2u], X[base + 3u]);
+}
+
+// Whether this dispatch applies the norm prologue.
+fn has_norm() -> bool {
 // #if NORM
     if P.has_norm != 0u {
-        return v * vec4<f32>(NORM[c], NORM[c + 1u], NORM[c + 2u], NORM[c + 3u]);
+        return true;
     }
 // #endif
-    return v;
+    return false;
+}
+
+// The norm weights of columns c .. c + 4 (zero past cols) under the
+// prologue, else ones.
+fn norm4(c: u32) -> vec4<f32> {
+// #if NORM
+    if P.has_norm != 0u {
+        if c + 3u >= P.cols {
+            var v = vec4<f32>(0.0);
+            for (var i = 0u; i < 4u && c + i < P.cols; i++) {
+                v[i] = NORM[c + i];
+            }
+            return v;
+        }
+        return vec4<f32>(NORM[c], NORM[c + 1u], NORM[c + 2u], NORM[c + 3u]);
+    }
+// #endif
+    return vec4<f32>(1.0);
+}
+
+// Activations t, c .. c + 4, as `xw` reads them.
+fn x4w(t: u32, c: u32) -> vec4<f32> {
+    return x4raw(t, c) * norm4(c);
 }
 
 // Activation t, column c as the matmul reads it: under the norm prologue
@@ -185,7 +219,8 @@ fn inv_rms(sum_squares: f32) -> f32 {
 }
 
 // Inverse RMS of each activation row (1 without the prologue), computed by
-// the whole workgroup of `gemv` (uniform control flow).
+// the whole workgroup of W8A8's `gemv` before it quantizes (uniform
+// control flow).
 fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     var inv = unit_norms();
     if P.has_norm != 0u {
@@ -196,23 +231,14 @@ fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     return inv;
 }
 
-var<workgroup> rows_parts: array<f32, GEMV_ROWS_WG>;
-
-// The same for `gemv_rows`, its threads sharing the squares through
-// workgroup memory: one thread per output summing whole rows would read
-// the activations twice over (uniform control flow).
-fn rows_norms(lid: u32) -> array<f32, GEMV_MAX_ROWS> {
+// The inverse RMS of each activation row (1 without the prologue) from the
+// squares a `gemv` thread summed alongside its dot products, summed over
+// the workgroup (uniform control flow).
+fn summed_norms(sq: array<f32, GEMV_MAX_ROWS>, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     var inv = unit_norms();
     if P.has_norm != 0u {
         for (var t = 0u; t < P.rows; t++) {
-            rows_parts[lid] = squares(t, lid, GEMV_ROWS_WG);
-            workgroupBarrier();
-            var total = 0.0;
-            for (var i = 0u; i < GEMV_ROWS_WG; i++) {
-                total += rows_parts[i];
-            }
-            inv[t] = inv_rms(total);
-            workgroupBarrier();
+            inv[t] = inv_rms(reduce_sum(sq[t], at));
         }
     }
     return inv;
@@ -252,9 +278,10 @@ fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     return unit_norms();
 }
 
-fn rows_norms(lid: u32) -> array<f32, GEMV_MAX_ROWS> {
+fn summed_norms(sq: array<f32, GEMV_MAX_ROWS>, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     return unit_norms();
 }
+
 
 fn tile_norms(lid: u32, t0: u32) {}
 
