@@ -6,7 +6,7 @@
 //! are the unfused kernels' own code, so a fused call gives the bits of the
 //! composition it replaces and greedy output never depends on fusion.
 
-use tandem_core::backend::{Glu, RmsNormParams, MAX_SPLIT};
+use tandem_core::backend::{split_error, Glu, RmsNormParams};
 use tandem_core::Result;
 
 use crate::buffers::Weight;
@@ -61,15 +61,8 @@ pub(crate) fn matmul_rms_norm(
     let kernel = "matmul_rms_norm";
     let rows = input.rows;
     let n = w.rows();
-    let widths: usize = outs.iter().map(|(_, width)| width).sum();
-    if outs.is_empty() || outs.len() > MAX_SPLIT || widths != n {
-        return Err(check::error(
-            kernel,
-            format!(
-                "{} output parts of {widths} columns for a weight of {n} rows (1 to {MAX_SPLIT} parts, widths summing to the rows)",
-                outs.len()
-            ),
-        ));
+    if let Some(why) = split_error(outs.iter().map(|(_, width)| *width), n) {
+        return Err(check::error(kernel, why));
     }
     for (out, width) in outs.iter() {
         check::buffer_len(

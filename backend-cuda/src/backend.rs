@@ -26,9 +26,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, KvDtype,
-    MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RecordedStep, RmsNormParams,
-    RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
+    split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout,
+    KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RecordedStep,
+    RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -1022,12 +1022,8 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let kernel = "matmul_rms_norm";
         let (rows, n, cols) = (p.rows, w.rows, w.cols);
-        let widths: usize = outs.iter().map(|o| o.width).sum();
-        if outs.is_empty() || outs.len() > MAX_SPLIT || widths != n {
-            return Err(backend_error(format!(
-                "{kernel}: {} output parts of {widths} columns for a weight of {n} rows (1 to {MAX_SPLIT} parts, widths summing to the rows)",
-                outs.len()
-            )));
+        if let Some(why) = split_error(outs.iter().map(|o| o.width), n) {
+            return Err(backend_error(format!("{kernel}: {why}")));
         }
         check_len("matmul_rms_norm: x", x.len(), rows * cols)?;
         for (i, o) in outs.iter().enumerate() {

@@ -30,9 +30,9 @@ pub use adapter::{
 };
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, KvDtype,
-    MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams,
-    RopeStyle, SplitOut, MAX_SPLIT,
+    split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout,
+    KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams,
+    RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -818,14 +818,8 @@ impl Backend for WgpuBackend {
         outs: &mut [SplitOut<'_, WgpuTensor>],
     ) -> Result<()> {
         let kernel = "matmul_rms_norm";
-        let widths: usize = outs.iter().map(|o| o.width).sum();
-        if outs.is_empty() || outs.len() > MAX_SPLIT || widths != w.rows {
-            return Err(backend_error(format!(
-                "{kernel}: {} output parts of {widths} columns for a weight of {} rows \
-                 (1 to {MAX_SPLIT} parts, widths summing to the rows)",
-                outs.len(),
-                w.rows
-            )));
+        if let Some(why) = split_error(outs.iter().map(|o| o.width), w.rows) {
+            return Err(backend_error(format!("{kernel}: {why}")));
         }
         check_len("matmul_rms_norm x", x.len, p.rows * w.cols)?;
         for o in outs.iter() {

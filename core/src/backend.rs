@@ -217,6 +217,20 @@ pub struct SplitOut<'a, T> {
 /// Most parts [`Backend::matmul_rms_norm`] splits its output into (Q, K, V).
 pub const MAX_SPLIT: usize = 3;
 
+/// What is wrong with splitting a weight of `n` rows into parts of
+/// `widths` ([`Backend::matmul_rms_norm`]): there must be 1 to
+/// [`MAX_SPLIT`] parts whose widths sum to the rows.
+pub fn split_error(widths: impl ExactSizeIterator<Item = usize>, n: usize) -> Option<String> {
+    let parts = widths.len();
+    let total: usize = widths.sum();
+    (parts == 0 || parts > MAX_SPLIT || total != n).then(|| {
+        format!(
+            "{parts} output parts of {total} columns for a weight of {n} rows \
+             (1 to {MAX_SPLIT} parts, widths summing to the rows)"
+        )
+    })
+}
+
 /// The activation of a gated linear unit ([`Backend::matmul_glu`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {

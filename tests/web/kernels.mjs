@@ -1,6 +1,9 @@
 // The cross-backend kernel suite in headless Chromium: every kernel on the
 // browser's WebGPU (SwiftShader here) against the CPU backend in wasm, once
 // with the adapter's default matmul path and once with the other GEMV path.
+// Then one decode layer's matmuls of SmolLM2-135M fused against unfused
+// (web/kernel-tests/src/fusion_bench.rs): milliseconds and launches per
+// layer, printed, not judged (an error in it fails the suite).
 //
 //   node tests/web/kernels.mjs SITE_DIR
 //
@@ -42,6 +45,16 @@ try {
       console.log(`FAIL: ${run.name}:\n  ${result.problems.join("\n  ")}`);
     }
   }
+  // The adapter's default path only: the workgroup GEMV on SwiftShader
+  // takes seconds a layer.
+  const reps = 20;
+  const bench = await page.evaluate((n) => window.benchFusedLayer(n, {}), reps);
+  console.log(
+    `fused decode layer, fastest of 3 rounds of ${reps}: ` +
+      `unfused ${bench.unfusedMs.toFixed(2)} ms (${bench.unfusedLaunches} launches), ` +
+      `fused ${bench.fusedMs.toFixed(2)} ms (${bench.fusedLaunches} launches), ` +
+      `fused / unfused speed ${(bench.unfusedMs / bench.fusedMs).toFixed(2)}x`,
+  );
 } catch (e) {
   failed = RUNS.length;
   console.log(`FAIL: ${e.stack ?? e}`);

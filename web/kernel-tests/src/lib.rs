@@ -2,7 +2,8 @@
 //! it is) in the browser: the wgpu backend on the browser's WebGPU against
 //! the CPU backend compiled to wasm. `tests/web/kernels.mjs` opens
 //! `tests/web/kernels.html` in headless Chromium, which calls
-//! [`run_kernel_conformance`].
+//! [`run_kernel_conformance`], then times one decode layer fused against
+//! unfused (`fusion_bench`).
 //!
 //! The suite reads every result back with the blocking `download`, which
 //! the browser forbids. So it runs twice over [`Replay`], a backend that
@@ -12,6 +13,8 @@
 //! the real values in the same order, and its report is the result. The
 //! suite never feeds a downloaded value back into a kernel, so the first
 //! pass's zeros change nothing but its own (discarded) report.
+
+mod fusion_bench;
 
 #[path = "../../../tests/src/conformance.rs"]
 #[allow(dead_code)]
@@ -40,20 +43,10 @@ use tandem_wgpu::{WgpuBackend, WgpuIndices, WgpuKvCache, WgpuOptions, WgpuTensor
 pub async fn run_kernel_conformance(
     options: Option<Object>,
 ) -> std::result::Result<Object, JsError> {
-    let options = options.unwrap_or_default();
-    let flag = |key: &str| {
-        Reflect::get(&options, &key.into())
-            .ok()
-            .and_then(|v| v.as_bool())
-    };
-    let gpu = WgpuBackend::new_async(WgpuOptions {
-        disable_subgroups: flag("disableSubgroups").unwrap_or(false),
-        gemv_per_row: flag("gemvPerRow"),
-        ..WgpuOptions::default()
-    })
-    .await
-    .map(Rc::new)
-    .map_err(|e| JsError::new(&e.to_string()))?;
+    let gpu = WgpuBackend::new_async(wgpu_options(options))
+        .await
+        .map(Rc::new)
+        .map_err(|e| JsError::new(&e.to_string()))?;
     let cpu = CpuBackend::new(1);
 
     let recording = Replay::new(&gpu, Mode::Record(RefCell::default()));
@@ -83,6 +76,21 @@ pub async fn run_kernel_conformance(
         .and_then(|()| set("adapter", gpu.adapter().to_string().into()))
         .map_err(|_| JsError::new("cannot build the result object"))?;
     Ok(result)
+}
+
+/// `WgpuOptions` from `{ disableSubgroups, gemvPerRow }`.
+fn wgpu_options(options: Option<Object>) -> WgpuOptions {
+    let options = options.unwrap_or_default();
+    let flag = |key: &str| {
+        Reflect::get(&options, &key.into())
+            .ok()
+            .and_then(|v| v.as_bool())
+    };
+    WgpuOptions {
+        disable_subgroups: flag("disableSubgroups").unwrap_or(false),
+        gemv_per_row: flag("gemvPerRow"),
+        ..WgpuOptions::default()
+    }
 }
 
 /// A tensor kept by the first pass until its download.

@@ -1,0 +1,243 @@
+//! One decoder layer's matmuls fused against unfused on the browser's
+//! WebGPU ([`bench_fused_layer`], printed by `tests/web/kernels.mjs`): the
+//! shapes of SmolLM2-135M (576 wide, 192-wide K and V, FFN 1536), Q4_1
+//! weights, one token, as a decode step runs them. Attention and RoPE, the
+//! same in both, are left out. The browser cannot block on the GPU, so each
+//! timed batch ends with an awaited download of the residual stream.
+
+use js_sys::{Date, Object, Reflect};
+use wasm_bindgen::prelude::*;
+
+use tandem_core::backend::{
+    Backend, Glu, MatmulParams, MatmulTarget, NormPrologue, RmsNormParams, SplitOut,
+};
+use tandem_core::quant::{quantize_matrix, WeightFormat, WeightView};
+use tandem_core::Result;
+use tandem_wgpu::{WgpuBackend, WgpuTensor, WgpuWeight};
+
+const DIM: usize = 576;
+const KV: usize = 192;
+const FFN: usize = 1536;
+const EPS: f32 = 1e-5;
+/// Rounds of (unfused, fused); each side's time is its fastest round.
+const ROUNDS: usize = 3;
+
+/// Both ways of holding one layer's weights.
+struct Layer {
+    attn_norm: WgpuWeight,
+    ffn_norm: WgpuWeight,
+    q: WgpuWeight,
+    k: WgpuWeight,
+    v: WgpuWeight,
+    qkv: WgpuWeight,
+    o: WgpuWeight,
+    gate: WgpuWeight,
+    up: WgpuWeight,
+    gate_up: WgpuWeight,
+    down: WgpuWeight,
+}
+
+struct Activations {
+    residual: WgpuTensor,
+    delta: WgpuTensor,
+    normed: WgpuTensor,
+    q: WgpuTensor,
+    k: WgpuTensor,
+    v: WgpuTensor,
+    gate: WgpuTensor,
+    up: WgpuTensor,
+    act: WgpuTensor,
+}
+
+/// Milliseconds per layer and launches per layer of each side, and the
+/// adapter: `{ adapter, unfusedMs, fusedMs, unfusedLaunches, fusedLaunches }`.
+/// `options` as `runKernelConformance`'s.
+#[wasm_bindgen(js_name = benchFusedLayer)]
+pub async fn bench_fused_layer(
+    reps: u32,
+    options: Option<Object>,
+) -> std::result::Result<Object, JsError> {
+    let js = |e: tandem_core::Error| JsError::new(&e.to_string());
+    let gpu = WgpuBackend::new_async(crate::wgpu_options(options))
+        .await
+        .map_err(js)?;
+    let layer = Layer::random(&gpu).map_err(js)?;
+    let mut a = Activations::new(&gpu).map_err(js)?;
+    let reps = reps.max(1);
+    let mut best = [f64::INFINITY; 2];
+    let mut launches = [0.0; 2];
+    for _ in 0..ROUNDS {
+        for (side, fused) in [false, true].into_iter().enumerate() {
+            // The first call compiles the pipelines: not timed.
+            layer.run(&gpu, &mut a, fused).map_err(js)?;
+            gpu.download_async(&a.residual, 1).await.map_err(js)?;
+            let (start, before) = (Date::now(), gpu.kernel_launches().unwrap_or(0));
+            for _ in 0..reps {
+                layer.run(&gpu, &mut a, fused).map_err(js)?;
+            }
+            gpu.download_async(&a.residual, 1).await.map_err(js)?;
+            best[side] = best[side].min((Date::now() - start) / f64::from(reps));
+            launches[side] = (gpu.kernel_launches().unwrap_or(0) - before) as f64 / f64::from(reps);
+        }
+    }
+    let result = Object::new();
+    let fields = [
+        ("adapter", JsValue::from(gpu.adapter().to_string())),
+        ("unfusedMs", best[0].into()),
+        ("fusedMs", best[1].into()),
+        ("unfusedLaunches", launches[0].into()),
+        ("fusedLaunches", launches[1].into()),
+    ];
+    for (key, value) in fields {
+        Reflect::set(&result, &key.into(), &value)
+            .map_err(|_| JsError::new("cannot build the result object"))?;
+    }
+    Ok(result)
+}
+
+/// Deterministic values in [-0.5, 0.5).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// A `rows` x `cols` Q4_1 weight, small enough that the residual stream
+/// stays finite over many repetitions.
+fn q4_1(gpu: &WgpuBackend, rows: usize, cols: usize, seed: u64) -> Result<WgpuWeight> {
+    let small: Vec<f32> = values(rows * cols, seed).iter().map(|v| 0.05 * v).collect();
+    let data = quantize_matrix(WeightFormat::Q4_1, cols, &small);
+    gpu.upload_weight(WeightView {
+        format: WeightFormat::Q4_1,
+        rows,
+        cols,
+        data: &data,
+    })
+}
+
+/// An RMSNorm weight near 1.
+fn norm(gpu: &WgpuBackend, seed: u64) -> Result<WgpuWeight> {
+    let data: Vec<u8> = values(DIM, seed)
+        .iter()
+        .flat_map(|v| (1.0 + v).to_le_bytes())
+        .collect();
+    gpu.upload_weight(WeightView {
+        format: WeightFormat::F32,
+        rows: 1,
+        cols: DIM,
+        data: &data,
+    })
+}
+
+fn prologue(weight: &WgpuWeight) -> Option<NormPrologue<'_, WgpuWeight>> {
+    Some(NormPrologue { weight, eps: EPS })
+}
+
+impl Layer {
+    fn random(gpu: &WgpuBackend) -> Result<Self> {
+        Ok(Layer {
+            attn_norm: norm(gpu, 1)?,
+            ffn_norm: norm(gpu, 2)?,
+            q: q4_1(gpu, DIM, DIM, 3)?,
+            k: q4_1(gpu, KV, DIM, 4)?,
+            v: q4_1(gpu, KV, DIM, 5)?,
+            qkv: q4_1(gpu, DIM + 2 * KV, DIM, 6)?,
+            o: q4_1(gpu, DIM, DIM, 7)?,
+            gate: q4_1(gpu, FFN, DIM, 8)?,
+            up: q4_1(gpu, FFN, DIM, 9)?,
+            gate_up: q4_1(gpu, 2 * FFN, DIM, 10)?,
+            down: q4_1(gpu, DIM, FFN, 11)?,
+        })
+    }
+
+    /// One layer as the forward pass runs it, `fused` or not, with the
+    /// projected Q standing in for the attention's output.
+    fn run(&self, gpu: &WgpuBackend, a: &mut Activations, fused: bool) -> Result<()> {
+        let mm = MatmulParams { rows: 1 };
+        let norm = RmsNormParams {
+            rows: 1,
+            dim: DIM,
+            eps: EPS,
+        };
+        if fused {
+            let mut qkv = [
+                SplitOut {
+                    out: &mut a.q,
+                    width: DIM,
+                },
+                SplitOut {
+                    out: &mut a.k,
+                    width: KV,
+                },
+                SplitOut {
+                    out: &mut a.v,
+                    width: KV,
+                },
+            ];
+            let attn_norm = prologue(&self.attn_norm);
+            gpu.matmul_rms_norm(&a.residual, attn_norm, &self.qkv, None, mm, &mut qkv)?;
+            gpu.matmul_residual(&a.q, &self.o, mm, &mut a.residual)?;
+            let ffn_norm = prologue(&self.ffn_norm);
+            gpu.matmul_glu(
+                &a.residual,
+                ffn_norm,
+                &self.gate_up,
+                Glu::SwiGlu,
+                mm,
+                &mut a.act,
+            )?;
+            return gpu.matmul_residual(&a.act, &self.down, mm, &mut a.residual);
+        }
+        // The previous layer's down projection waits in `delta`.
+        gpu.rms_norm_residual(
+            &mut a.residual,
+            &a.delta,
+            &self.attn_norm,
+            norm,
+            &mut a.normed,
+        )?;
+        let mut qkv = [
+            (&self.q, &mut a.q),
+            (&self.k, &mut a.k),
+            (&self.v, &mut a.v),
+        ]
+        .map(|(w, out)| MatmulTarget { w, bias: None, out });
+        gpu.matmuls(&a.normed, &mut qkv, mm)?;
+        gpu.matmul(&a.q, &self.o, None, mm, &mut a.delta)?;
+        gpu.rms_norm_residual(
+            &mut a.residual,
+            &a.delta,
+            &self.ffn_norm,
+            norm,
+            &mut a.normed,
+        )?;
+        let mut gate_up = [(&self.gate, &mut a.gate), (&self.up, &mut a.up)]
+            .map(|(w, out)| MatmulTarget { w, bias: None, out });
+        gpu.matmuls(&a.normed, &mut gate_up, mm)?;
+        gpu.swiglu(&a.gate, &a.up, FFN, &mut a.act)?;
+        gpu.matmul(&a.act, &self.down, None, mm, &mut a.delta)
+    }
+}
+
+impl Activations {
+    fn new(gpu: &WgpuBackend) -> Result<Self> {
+        let zeros = |n| gpu.upload(&vec![0.0; n]);
+        Ok(Activations {
+            residual: gpu.upload(&values(DIM, 12))?,
+            delta: zeros(DIM)?,
+            normed: zeros(DIM)?,
+            q: zeros(DIM)?,
+            k: zeros(KV)?,
+            v: zeros(KV)?,
+            gate: zeros(FFN)?,
+            up: zeros(FFN)?,
+            act: zeros(FFN)?,
+        })
+    }
+}
