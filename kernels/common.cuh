@@ -1101,8 +1101,9 @@ __device__ __forceinline__ void matmul_tiled(const u8* __restrict__ w, const flo
     extern "C" __global__ void NAME##_gemv_unaligned(ARGS) { gemv_unaligned<FMT>(w, x, tokens, cols, PRO, EPI); }
 
 // M(STEM, FMT) for every weight format, STEM naming its entry points (as
-// `tandem_cuda` does: f32, ..., int4_g64, int4_g128, ..., q6_k), and for the
-// float formats, which alone have unaligned rows. The fused matmul files
+// `tandem_cuda` does: f32, ..., int4_g64, int4_g128, ..., q6_k); for the
+// float formats, which alone have unaligned rows; and for every format whose
+// matmul takes f32 activations (all but W8A8). The fused matmul files
 // declare their entry points through these; the backend compiles them one
 // format at a time by defining both lists first, naming that format alone
 // (`tandem_cuda::sources::format_unit`), as a model uses few formats and a
@@ -1114,6 +1115,11 @@ __device__ __forceinline__ void matmul_tiled(const u8* __restrict__ w, const flo
     M(int4_g128, FMT_INT4_G128) M(q5_0, FMT_Q5_0) M(q5_1, FMT_Q5_1) M(iq4_nl, FMT_IQ4_NL)         \
     M(q2_k, FMT_Q2_K) M(q3_k, FMT_Q3_K) M(q4_k, FMT_Q4_K) M(q5_k, FMT_Q5_K) M(q6_k, FMT_Q6_K)
 #define FOR_EACH_FLOAT_FORMAT(M) M(f32, FMT_F32) M(f16, FMT_F16) M(bf16, FMT_BF16)
+#define FOR_EACH_F32_ACTIVATION_FORMAT(M)                                                         \
+    M(f32, FMT_F32) M(f16, FMT_F16) M(bf16, FMT_BF16) M(q8_0, FMT_Q8_0) M(q4_0, FMT_Q4_0)         \
+    M(q4_1, FMT_Q4_1) M(int8, FMT_INT8) M(int4_g64, FMT_INT4_G64) M(int4_g128, FMT_INT4_G128)     \
+    M(q5_0, FMT_Q5_0) M(q5_1, FMT_Q5_1) M(iq4_nl, FMT_IQ4_NL) M(q2_k, FMT_Q2_K) M(q3_k, FMT_Q3_K) \
+    M(q4_k, FMT_Q4_K) M(q5_k, FMT_Q5_K) M(q6_k, FMT_Q6_K)
 #endif
 
 // The plain matmul, out[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r]): every

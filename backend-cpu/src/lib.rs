@@ -281,6 +281,28 @@ impl Backend for CpuBackend {
         )
     }
 
+    fn mlp_residual(
+        &self,
+        residual: &mut Tensor,
+        norm: NormPrologue<'_, Weight>,
+        gate_up: &Weight,
+        down: &Weight,
+        glu: Glu,
+        p: MatmulParams,
+        _act: &mut Tensor,
+    ) -> Result<()> {
+        fused::mlp_residual(
+            &self.workers,
+            self.isa,
+            residual.as_mut_slice(),
+            p.rows,
+            (norm.weight, norm.eps),
+            gate_up,
+            down,
+            glu,
+        )
+    }
+
     fn rope(
         &self,
         x: &mut Tensor,

@@ -26,9 +26,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
-    split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout,
-    KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RecordedStep,
-    RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
+    mlp_composed, split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu,
+    KvCacheLayout, KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue,
+    RecordedStep, RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -340,8 +340,12 @@ pub struct CudaBackend {
 
 #[derive(Default)]
 struct Scratch {
-    /// Attention split partials; the up half of a GLU on the cuBLAS path.
+    /// Attention split partials; the up half of a GLU on the cuBLAS path;
+    /// the one-kernel MLP's partial sums.
     partials: Option<CudaSlice<f32>>,
+    /// The one-kernel MLP's count of blocks done, zero between launches
+    /// (`mlp_residual.cu` resets it).
+    mlp_counter: Option<CudaSlice<u32>>,
     halves: Option<CudaSlice<u16>>,
     /// Outgrown buffers a recorded graph may still write to.
     retired_partials: Vec<CudaSlice<f32>>,
@@ -550,6 +554,26 @@ impl CudaBackend {
         Ok(guard)
     }
 
+    /// The one-kernel MLP's scratch: at least `len` f32 of partials, and
+    /// its counter.
+    fn mlp_scratch(&self, len: usize) -> Result<MutexGuard<'_, Scratch>> {
+        let mut guard = self.lock_scratch()?;
+        let scratch = &mut *guard;
+        self.grow(
+            &mut scratch.partials,
+            &mut scratch.retired_partials,
+            len,
+            "MLP",
+        )?;
+        if scratch.mlp_counter.is_none() {
+            self.refuse_while_capturing(
+                "allocating the MLP counter (run the step once before capturing)",
+            )?;
+            scratch.mlp_counter = Some(self.alloc_raw::<u32>(1)?);
+        }
+        Ok(guard)
+    }
+
     /// Grows a scratch buffer to at least `len` elements (by powers of two).
     fn grow<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
@@ -608,6 +632,14 @@ impl<T> ScratchSlice<'_, T> {
 }
 
 impl Scratch {
+    /// The partials and the counter that `CudaBackend::mlp_scratch` made.
+    fn partials_and_counter(&mut self) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<u32>)> {
+        match (self.partials.as_mut(), self.mlp_counter.as_mut()) {
+            (Some(partials), Some(counter)) => Ok((partials, counter)),
+            _ => Err(backend_error("scratch buffer missing")),
+        }
+    }
+
     /// The half and f32 buffers that `CudaBackend::gemm_scratch` grew.
     fn halves_and_floats(&mut self) -> Result<(&mut CudaSlice<u16>, Option<&mut CudaSlice<f32>>)> {
         let halves = self
@@ -696,11 +728,45 @@ fn matmul_variant(
     }
 }
 
+/// Intermediate features per block of the one-kernel MLP (`MLP_SLICE`).
+const MLP_SLICE: usize = 32;
+/// Threads per block of the one-kernel MLP (`MLP_THREADS`).
+const MLP_THREADS: u32 = 256;
+
+/// The one-kernel MLP's entry point and launch shape, or `None` for what it
+/// does not take: prefill, weights of two formats or W8A8 (whose matmul
+/// quantizes the activations), `f` not a whole number of slices, float rows
+/// not 16-byte aligned.
+fn mlp_entry(
+    [format, down_format]: [WeightFormat; 2],
+    dim: usize,
+    f: usize,
+    rows: usize,
+) -> Option<(String, LaunchConfig)> {
+    let takes = rows <= GEMV_MAX_TOKENS
+        && down_format == format
+        && format != WeightFormat::W8A8
+        && f.is_multiple_of(MLP_SLICE)
+        && (format.is_quantized() || dim.is_multiple_of(8));
+    let grid = u32::try_from(f / MLP_SLICE).ok().filter(|_| takes)?;
+    let tokens = if rows == 1 { 1 } else { GEMV_MAX_TOKENS };
+    let entry = format!("mlp_residual_{}_t{tokens}", format_stem(format));
+    Some((entry, config((grid, 1, 1), MLP_THREADS, 0)))
+}
+
 /// A fused matmul's entry point for `w`'s format and `rows` tokens,
 /// `{kernel}_{format stem}_{variant}`, and its launch shape.
 fn fused_entry(kernel: &str, w: &CudaWeight, rows: usize) -> Result<(String, LaunchConfig)> {
     let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
     Ok((format!("{kernel}_{}_{variant}", format_stem(w.format)), cfg))
+}
+
+/// The kernels' activation code: GLU_SWIGLU and GLU_GEGLU in common.cuh.
+fn glu_code(glu: Glu) -> i32 {
+    match glu {
+        Glu::SwiGlu => 0,
+        Glu::GeGlu => 1,
+    }
 }
 
 /// The norm prologue's kernel arguments: weight format code and eps (the
@@ -1110,11 +1176,7 @@ impl Backend for CudaBackend {
         if rows == 0 || f == 0 {
             return Ok(());
         }
-        // GLU_SWIGLU and GLU_GEGLU in common.cuh.
-        let act: i32 = match glu {
-            Glu::SwiGlu => 0,
-            Glu::GeGlu => 1,
-        };
+        let act = glu_code(glu);
         if let Some((blas, ty)) = self.cublas_for(w, rows) {
             return self.glu_cublas(blas, ty, x, norm.as_ref(), w, act, rows, out);
         }
@@ -1177,6 +1239,55 @@ impl Backend for CudaBackend {
             .arg(&tokens)
             .arg(&n32)
             .arg(&cols32);
+        self.launch(&entry, &mut args, cfg)
+    }
+
+    fn mlp_residual(
+        &self,
+        residual: &mut CudaTensor,
+        norm: NormPrologue<'_, CudaWeight>,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        glu: Glu,
+        p: MatmulParams,
+        act: &mut CudaTensor,
+    ) -> Result<()> {
+        let kernel = "mlp_residual";
+        let (rows, dim, f) = (p.rows, gate_up.cols, gate_up.rows / 2);
+        if !gate_up.rows.is_multiple_of(2) || down.rows != dim || down.cols != f {
+            return Err(backend_error(format!(
+                "{kernel}: [gate; up] of [{}, {dim}] and down of [{}, {}] (it must be [dim, f] for 2f rows of [gate; up])",
+                gate_up.rows, down.rows, down.cols
+            )));
+        }
+        check_len("mlp_residual: residual", residual.len(), rows * dim)?;
+        check_norm(kernel, Some(&norm), dim)?;
+        if rows == 0 || f == 0 || dim == 0 {
+            return Ok(());
+        }
+        let formats = [gate_up.format, down.format];
+        let Some((entry, cfg)) = mlp_entry(formats, dim, f, rows) else {
+            return mlp_composed(self, residual, norm, gate_up, down, glu, p, act);
+        };
+        let func = self.format_function(kernel, gate_up.format, &entry)?;
+        let (norm_fmt, eps) = norm_args(Some(&norm));
+        let act = glu_code(glu);
+        let (tokens, dim32, f32_) = (to_u32(rows, "rows")?, to_u32(dim, "dim")?, to_u32(f, "f")?);
+        let mut scratch = self.mlp_scratch(f / MLP_SLICE * rows * dim)?;
+        let (partials, counter) = scratch.partials_and_counter()?;
+        let mut args = self.stream.launch_builder(&func);
+        args.arg(&gate_up.buf)
+            .arg(&down.buf)
+            .arg(&mut residual.buf)
+            .arg(&norm.weight.buf)
+            .arg(&norm_fmt)
+            .arg(&eps)
+            .arg(&act)
+            .arg(&mut *partials)
+            .arg(&mut *counter)
+            .arg(&tokens)
+            .arg(&dim32)
+            .arg(&f32_);
         self.launch(&entry, &mut args, cfg)
     }
 
@@ -2127,6 +2238,31 @@ mod tests {
                 "{format}: an unaligned GEMV exactly for float formats"
             );
         }
+    }
+
+    #[test]
+    fn the_one_kernel_mlp_takes_decode_shapes_of_one_f32_activation_format() {
+        let q4 = WeightFormat::Q4_K;
+        let entry = |formats, dim, f, rows| {
+            mlp_entry(formats, dim, f, rows).map(|(name, cfg)| (name, cfg.grid_dim.0))
+        };
+        assert_eq!(
+            entry([q4; 2], 256, 512, 1),
+            Some(("mlp_residual_q4_k_t1".into(), 16))
+        );
+        assert_eq!(
+            entry([q4; 2], 256, 512, 3),
+            Some(("mlp_residual_q4_k_t8".into(), 16))
+        );
+        assert_eq!(
+            entry([WeightFormat::F16; 2], 48, 64, 8),
+            Some(("mlp_residual_f16_t8".into(), 2))
+        );
+        assert_eq!(entry([q4; 2], 256, 512, 9), None);
+        assert_eq!(entry([q4, WeightFormat::Q6_K], 256, 512, 1), None);
+        assert_eq!(entry([WeightFormat::W8A8; 2], 64, 32, 1), None);
+        assert_eq!(entry([WeightFormat::F32; 2], 48, 37, 1), None);
+        assert_eq!(entry([WeightFormat::F32; 2], 45, 64, 1), None);
     }
 
     #[test]

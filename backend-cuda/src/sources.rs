@@ -53,6 +53,7 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "matmul_rms_norm",
     "matmul_glu",
     "matmul_residual",
+    "mlp_residual",
     "rope",
     "paged_kv_write",
     "paged_attention",
@@ -69,7 +70,12 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
 ];
 
 /// Files the backend compiles once per weight format, not whole.
-pub const PER_FORMAT_FILES: &[&str] = &["matmul_rms_norm", "matmul_glu", "matmul_residual"];
+pub const PER_FORMAT_FILES: &[&str] = &[
+    "matmul_rms_norm",
+    "matmul_glu",
+    "matmul_residual",
+    "mlp_residual",
+];
 
 /// The header every kernel file includes.
 pub const COMMON_HEADER: &str = include_str!("../../kernels/common.cuh");
@@ -111,8 +117,10 @@ pub fn format_unit(name: &str, source: &str, stem: &str) -> String {
     } else {
         ""
     };
+    let f32_activations = if stem == "w8a8" { "" } else { format.as_str() };
     format!(
-        "#define FOR_EACH_MATMUL_FORMAT(M) {format}\n#define FOR_EACH_FLOAT_FORMAT(M) {float}\n#line 1 \"{name}.cu\"\n{}",
+        "#define FOR_EACH_MATMUL_FORMAT(M) {format}\n#define FOR_EACH_FLOAT_FORMAT(M) {float}\n\
+         #define FOR_EACH_F32_ACTIVATION_FORMAT(M) {f32_activations}\n#line 1 \"{name}.cu\"\n{}",
         translation_unit(name, source)
     )
 }
@@ -133,13 +141,17 @@ mod tests {
     fn a_format_unit_names_one_format() {
         let unit = format_unit("x", "#include \"common.cuh\"\n", "int4_g64");
         assert!(unit.starts_with(
-            "#define FOR_EACH_MATMUL_FORMAT(M) M(int4_g64, FMT_INT4_G64)\n#define FOR_EACH_FLOAT_FORMAT(M) \n#line 1 \"x.cu\"\n"
+            "#define FOR_EACH_MATMUL_FORMAT(M) M(int4_g64, FMT_INT4_G64)\n#define FOR_EACH_FLOAT_FORMAT(M) \n\
+             #define FOR_EACH_F32_ACTIVATION_FORMAT(M) M(int4_g64, FMT_INT4_G64)\n#line 1 \"x.cu\"\n"
         ));
         assert!(unit.contains("#define FMT_INT4_G64 "));
         let unit = format_unit("x", "", "bf16");
         assert!(unit.contains("#define FOR_EACH_FLOAT_FORMAT(M) M(bf16, FMT_BF16)\n"));
+        assert!(unit.contains("#define FOR_EACH_F32_ACTIVATION_FORMAT(M) M(bf16, FMT_BF16)\n"));
+        let unit = format_unit("x", "", "w8a8");
+        assert!(unit.contains("#define FOR_EACH_F32_ACTIVATION_FORMAT(M) \n"));
         for name in PER_FORMAT_FILES {
-            assert!(kernel_file(name).is_some_and(|f| f.source.contains("FOR_EACH_MATMUL_FORMAT(")));
+            assert!(kernel_file(name).is_some_and(|f| f.source.contains("FOR_EACH_")));
         }
     }
 

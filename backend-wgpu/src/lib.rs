@@ -437,19 +437,21 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// A fused matmul's input and norm prologue as its kernel takes them.
-    /// Decode-sized matmuls on CPU adapters run one thread per output
-    /// (`gemv_rows`), where a prologue would be recomputed for every output
-    /// and cost more than the launch it saves: there `rms_norm` normalises
-    /// the rows once first (the returned tensor) and the kernel runs
-    /// without a prologue.
-    fn own_prologue<'n>(
-        &self,
+    /// A fused matmul's norm prologue as its kernel takes it: the rows
+    /// normalised ahead where the kernel runs without it, the norm's binding
+    /// and its parameters (`has_norm`, `eps`; a spare binding and zeros
+    /// where there is none). Decode-sized matmuls on CPU adapters run one
+    /// thread per output (`gemv_rows`), where a prologue would be recomputed
+    /// for every output and cost more than the launch it saves: there
+    /// `rms_norm` normalises the rows once first.
+    fn prologue<'a>(
+        &'a self,
+        kernel: &str,
         x: &WgpuTensor,
-        norm: Option<NormPrologue<'n, WgpuWeight>>,
+        norm: Option<NormPrologue<'a, WgpuWeight>>,
         rows: usize,
         cols: usize,
-    ) -> Result<(Option<WgpuTensor>, Option<NormPrologue<'n, WgpuWeight>>)> {
+    ) -> Result<(Option<WgpuTensor>, &'a GpuBuffer, [u32; 2])> {
         match norm {
             Some(n) if self.gemv_per_row && rows <= GEMV_MAX_ROWS => {
                 let mut normed = self.scratch(rows * cols)?;
@@ -459,26 +461,14 @@ impl WgpuBackend {
                     eps: n.eps,
                 };
                 self.rms_norm(x, n.weight, p, &mut normed)?;
-                Ok((Some(normed), None))
+                Ok((Some(normed), &self.no_bias, [0, 0]))
             }
-            norm => Ok((None, norm)),
-        }
-    }
-
-    /// The norm prologue's binding and parameters (`has_norm`, `eps`): a
-    /// spare binding and zeros where there is none.
-    fn prologue<'a>(
-        &'a self,
-        kernel: &str,
-        norm: Option<NormPrologue<'a, WgpuWeight>>,
-        cols: usize,
-    ) -> Result<(&'a GpuBuffer, [u32; 2])> {
-        match norm {
             Some(n) => Ok((
+                None,
                 n.weight.vector(cols, &format!("{kernel} norm"))?,
                 [1, n.eps.to_bits()],
             )),
-            None => Ok((&self.no_bias, [0, 0])),
+            None => Ok((None, &self.no_bias, [0, 0])),
         }
     }
 
@@ -828,9 +818,8 @@ impl Backend for WgpuBackend {
         let bias = bias
             .map(|b| b.vector(w.rows, "matmul_rms_norm bias"))
             .transpose()?;
-        let (normed, norm) = self.own_prologue(x, norm, p.rows, w.cols)?;
+        let (normed, norm, [has_norm, eps]) = self.prologue(kernel, x, norm, p.rows, w.cols)?;
         let x = normed.as_ref().unwrap_or(x);
-        let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
         // The first features of the second and third parts (n where absent:
         // the widths sum to n).
         let mut splits = [w.rows; MAX_SPLIT - 1];
@@ -906,9 +895,8 @@ impl Backend for WgpuBackend {
                 Glu::GeGlu => self.geglu(&gate, &up, p.rows * f, out),
             };
         }
-        let (normed, norm) = self.own_prologue(x, norm, p.rows, w.cols)?;
+        let (normed, norm, [has_norm, eps]) = self.prologue(kernel, x, norm, p.rows, w.cols)?;
         let x = normed.as_ref().unwrap_or(x);
-        let (norm, [has_norm, eps]) = self.prologue(kernel, norm, w.cols)?;
         self.launch_matmul(MatmulLaunch {
             variant: ShaderVariant {
                 kernel,

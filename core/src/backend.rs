@@ -231,6 +231,23 @@ pub fn split_error(widths: impl ExactSizeIterator<Item = usize>, n: usize) -> Op
     })
 }
 
+/// [`Backend::mlp_residual`] as two fused matmuls: `matmul_glu` into `act`,
+/// then `matmul_residual` (what a backend runs where one kernel cannot).
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_composed<B: Backend + ?Sized>(
+    backend: &B,
+    residual: &mut B::Tensor,
+    norm: NormPrologue<'_, B::Weight>,
+    gate_up: &B::Weight,
+    down: &B::Weight,
+    glu: Glu,
+    p: MatmulParams,
+    act: &mut B::Tensor,
+) -> Result<()> {
+    backend.matmul_glu(residual, Some(norm), gate_up, glu, p, act)?;
+    backend.matmul_residual(act, down, p, residual)
+}
+
 /// The activation of a gated linear unit ([`Backend::matmul_glu`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {
@@ -431,7 +448,8 @@ pub trait Backend: 'static {
     }
 
     /// Whether this backend has the fused matmuls ([`Backend::matmul_rms_norm`],
-    /// [`Backend::matmul_glu`], [`Backend::matmul_residual`]). The loader
+    /// [`Backend::matmul_glu`], [`Backend::matmul_residual`],
+    /// [`Backend::mlp_residual`]). The loader
     /// concatenates Q/K/V and gate/up only for backends that do; the others
     /// run the unfused kernels.
     fn fuses_matmuls(&self) -> bool {
@@ -482,6 +500,26 @@ pub trait Backend: 'static {
     ) -> Result<()> {
         let _ = (x, w, p, out);
         Err(self.no_fused_matmuls())
+    }
+
+    /// A layer's whole dense MLP added into the residual stream:
+    /// `residual += down · glu(norm(residual) · gate_upᵀ)`, `gate_up` as in
+    /// [`Backend::matmul_glu`] (`2f` rows) and `down` `[dim, f]`. A backend
+    /// that can keep the intermediate on chip runs it as one kernel for
+    /// decode; the others, and shapes the one kernel does not take, run
+    /// `matmul_glu` into `act` (`[rows, f]`, scratch) then `matmul_residual`.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp_residual(
+        &self,
+        residual: &mut Self::Tensor,
+        norm: NormPrologue<'_, Self::Weight>,
+        gate_up: &Self::Weight,
+        down: &Self::Weight,
+        glu: Glu,
+        p: MatmulParams,
+        act: &mut Self::Tensor,
+    ) -> Result<()> {
+        mlp_composed(self, residual, norm, gate_up, down, glu, p, act)
     }
 
     /// The error of a fused matmul on a backend without them.

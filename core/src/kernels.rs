@@ -1,10 +1,11 @@
 //! The kernel manifest: every fused kernel Tandem runs, once.
 //!
 //! Each entry exists three times under the same name: a method of the CPU
-//! reference backend, `shaders/NAME.wgsl` and `kernels/NAME.cu`. The
-//! manifest test in `tests/` checks that no implementation is missing and no
-//! file is stray; the cross-backend tests compare every backend present with
-//! the CPU reference within `tolerance`.
+//! reference backend, `shaders/NAME.wgsl` (or, where WGSL cannot express
+//! it, a listed composition of other entries: [`WEBGPU_COMPOSITIONS`]) and
+//! `kernels/NAME.cu`. The manifest test in `tests/` checks that no
+//! implementation is missing and no file is stray; the cross-backend tests
+//! compare every backend present with the CPU reference within `tolerance`.
 
 /// One fused kernel.
 #[derive(Debug)]
@@ -19,6 +20,17 @@ pub struct KernelSpec {
     /// Largest allowed `|x - ref| / (1 + |ref|)` against the CPU reference.
     pub tolerance: f32,
 }
+
+/// Entries WebGPU runs as a sequence of other entries' dispatches, with
+/// why: `(name, parts)`, and no `shaders/NAME.wgsl`.
+///
+/// `mlp_residual` needs one workgroup to sum the others' partial products
+/// after they are written. CUDA orders that with `__threadfence` and an
+/// atomic counter; WGSL atomics are relaxed and `storageBarrier` reaches
+/// one workgroup only, so nothing makes another workgroup's stores visible
+/// within a dispatch. Two dispatches are the portable form.
+pub const WEBGPU_COMPOSITIONS: &[(&str, &[&str])] =
+    &[("mlp_residual", &["matmul_glu", "matmul_residual"])];
 
 pub const MANIFEST: &[KernelSpec] = &[
     KernelSpec {
@@ -180,6 +192,13 @@ pub const MANIFEST: &[KernelSpec] = &[
         method: "matmul_residual",
         inputs: "x [rows, cols] f32; w [n, cols] any weight format; out [rows, n] f32 (updated)",
         outputs: "out += x w^T",
+        tolerance: 1e-2,
+    },
+    KernelSpec {
+        name: "mlp_residual",
+        method: "mlp_residual",
+        inputs: "residual [rows, dim] f32 (updated); norm [dim] f32 (RMSNorm prologue, eps); gate_up [2f, dim] and down [dim, f], one weight format; SwiGLU or GeGLU",
+        outputs: "residual += glu(norm(residual) gate_up^T) down^T, the [rows, f] intermediate kept on chip",
         tolerance: 1e-2,
     },
     KernelSpec {

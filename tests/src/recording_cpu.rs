@@ -429,6 +429,32 @@ impl Backend for RecordingCpu {
         })
     }
 
+    fn mlp_residual(
+        &self,
+        residual: &mut Self::Tensor,
+        norm: NormPrologue<'_, Self::Weight>,
+        gate_up: &Self::Weight,
+        down: &Self::Weight,
+        glu: Glu,
+        p: MatmulParams,
+        act: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (residual, gate_up, down, act) = (weak(residual), weak(gate_up), weak(down), weak(act));
+        let (norm_weight, eps) = (weak(norm.weight), norm.eps);
+        self.launch(move |cpu| {
+            let weight = &*live(&norm_weight)?;
+            cpu.mlp_residual(
+                &mut live(&residual)?.borrow_mut(),
+                NormPrologue { weight, eps },
+                &*live(&gate_up)?,
+                &*live(&down)?,
+                glu,
+                p,
+                &mut live(&act)?.borrow_mut(),
+            )
+        })
+    }
+
     fn swiglu(
         &self,
         gate: &Self::Tensor,

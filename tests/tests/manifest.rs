@@ -1,12 +1,13 @@
 //! The kernel manifest is the single list of fused kernels: every entry has a
 //! CPU implementation (a `Backend` method, checked by the compiler and run
-//! here), a `shaders/NAME.wgsl` and a `kernels/NAME.cu`, and no shader or CUDA
-//! file exists without an entry.
+//! here), a `shaders/NAME.wgsl` (or a WebGPU composition of other entries)
+//! and a `kernels/NAME.cu`, and no shader or CUDA file exists without an
+//! entry.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use tandem_core::kernels::MANIFEST;
+use tandem_core::kernels::{MANIFEST, WEBGPU_COMPOSITIONS};
 
 /// The `Backend` methods the manifest may name.
 const BACKEND_KERNEL_METHODS: &[&str] = &[
@@ -27,6 +28,7 @@ const BACKEND_KERNEL_METHODS: &[&str] = &[
     "matmul_rms_norm",
     "matmul_glu",
     "matmul_residual",
+    "mlp_residual",
 ];
 
 fn files_with_extension(dir: &str, ext: &str) -> BTreeSet<String> {
@@ -66,9 +68,14 @@ fn names_are_unique_and_methods_exist() {
     }
 }
 
-fn assert_one_file_per_entry(dir: &str, ext: &str) {
+/// Checks that `dir/*.ext` holds exactly the manifest entries not in `composed`.
+fn assert_one_file_per_entry(dir: &str, ext: &str, composed: &[(&str, &[&str])]) {
     let files = files_with_extension(dir, ext);
-    let names: BTreeSet<String> = MANIFEST.iter().map(|k| k.name.to_string()).collect();
+    let names: BTreeSet<String> = MANIFEST
+        .iter()
+        .filter(|k| !composed.iter().any(|(name, _)| *name == k.name))
+        .map(|k| k.name.to_string())
+        .collect();
     let missing: Vec<_> = names.difference(&files).collect();
     let stray: Vec<_> = files.difference(&names).collect();
     assert!(
@@ -82,11 +89,23 @@ fn assert_one_file_per_entry(dir: &str, ext: &str) {
 }
 
 #[test]
-fn every_entry_has_a_wgsl_shader() {
-    assert_one_file_per_entry("shaders", "wgsl");
+fn every_entry_has_a_wgsl_shader_or_a_composition() {
+    assert_one_file_per_entry("shaders", "wgsl", WEBGPU_COMPOSITIONS);
+    for (name, parts) in WEBGPU_COMPOSITIONS {
+        assert!(
+            MANIFEST.iter().any(|k| k.name == *name),
+            "WebGPU composition of {name}, which is no manifest entry"
+        );
+        for part in *parts {
+            assert!(
+                MANIFEST.iter().any(|k| k.name == *part) && part != name,
+                "{name}: its WebGPU part {part} is no other manifest entry"
+            );
+        }
+    }
 }
 
 #[test]
 fn every_entry_has_a_cuda_kernel() {
-    assert_one_file_per_entry("kernels", "cu");
+    assert_one_file_per_entry("kernels", "cu", &[]);
 }

@@ -2,7 +2,8 @@
 //! reference (tests/reference/gguf_reference.py and perplexity_reference.py,
 //! fixtures in tests/fixtures/): prompt token ids, logits at every position
 //! under teacher forcing, greedy continuations, perplexity over the first two
-//! windows of the evaluation text, and wgpu's greedy tokens against the CPU's.
+//! windows of the evaluation text, wgpu's greedy tokens against the CPU's,
+//! and the fused layers' greedy tokens against the unfused ones.
 //!
 //! Tolerance. The reference runs in float64 on the exactly dequantized
 //! weights; Tandem runs float32 activations, rounded to 16-bit blocks before
@@ -22,7 +23,9 @@
 //! on, an implementation within the tolerance may legitimately pick the other.
 
 use serde_json::Value;
+use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
+use tandem_cpu::CpuBackend;
 use tandem_tests::backend_e2e::{engine_on, greedy};
 use tandem_tests::{cpu_engine, model_path};
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
@@ -251,6 +254,40 @@ fn wgpu_greedy_equals_the_cpu(checkpoint: &Checkpoint) {
             checkpoint.name,
             p["prompt"]
         );
+    }
+}
+
+/// Greedy tokens compared between the fused and the unfused layers, per checkpoint.
+const FUSION_GREEDY_TOKENS: usize = 8;
+
+/// The fused layers (`--unfused` off: Q/K/V and gate/up concatenated, the
+/// norms as prologues, the whole MLP in one call) give the unfused layers'
+/// greedy tokens on every checkpoint, for the fixture's first two prompts.
+/// On the CPU both run the same kernels, so this holds to the bit; wgpu's
+/// fused layers are held to the CPU's by the tests above.
+#[test]
+fn fused_layers_give_the_unfused_greedy_tokens_on_every_checkpoint() {
+    for checkpoint in [&SMOLLM2, &QWEN2_5_0_5B, &QWEN2_5_1_5B, &GEMMA3_270M] {
+        let (files, fixture) = checkpoint.load();
+        let engine = |unfused| {
+            let config = EngineConfig {
+                unfused,
+                ..EngineConfig::default()
+            }
+            .with_capacity_tokens(256);
+            Engine::new(CpuBackend::new(2), &files, config, &mut |_, _| {}).expect("engine")
+        };
+        let (mut fused, mut unfused) = (engine(false), engine(true));
+        for p in fixture["prompts"].as_array().unwrap().iter().take(2) {
+            let prompt = ids(&p["prompt_ids"]);
+            assert_eq!(
+                greedy(&mut fused, &prompt, FUSION_GREEDY_TOKENS),
+                greedy(&mut unfused, &prompt, FUSION_GREEDY_TOKENS),
+                "{}: {:?}",
+                checkpoint.name,
+                p["prompt"]
+            );
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 //   same pass over X, and scales each finished sum by the row's inverse
 //   RMS. `gemv_rows` takes no prologue: on the CPU adapters it serves,
 //   every output would recompute it, so the host normalises first
-//   (`WgpuBackend::own_prologue`).
+//   (`WgpuBackend::prologue`).
 // - the epilogue: an entry point hands `emit(t, o, y)` the sums of output o
 //   for activation row t; the kernel's file defines `emit` (the plain one is
 //   below). Under GLU an output reads two weight rows, gate o and up o + f
@@ -281,7 +281,6 @@ fn gemv_norms(lid: u32, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
 fn summed_norms(sq: array<f32, GEMV_MAX_ROWS>, at: Lane) -> array<f32, GEMV_MAX_ROWS> {
     return unit_norms();
 }
-
 
 fn tile_norms(lid: u32, t0: u32) {}
 

@@ -19,9 +19,11 @@
 //! concatenates Q/K/V and gate/up by rows when their formats match, and a
 //! layer becomes: `matmul_rms_norm` (the attention norm as prologue, Q, K
 //! and V split out) → [Q/K norms] → RoPE → KV write → attention →
-//! `matmul_residual` (O, added into the residual stream) → `matmul_glu` (the
-//! FFN norm as prologue, SwiGLU or GeGLU as epilogue) → `matmul_residual`
-//! (down). What cannot fuse falls back step by step, as data: a post-norm
+//! `matmul_residual` (O, added into the residual stream) → `mlp_residual`
+//! (the FFN norm as prologue, gate/up, SwiGLU or GeGLU, down, the residual
+//! add: one kernel where the backend keeps the intermediate on chip, else
+//! `matmul_glu` then `matmul_residual`). What cannot fuse falls back step
+//! by step, as data: a post-norm
 //! or a residual multiplier keeps the branch in `delta` (pending) and the
 //! next norm adds it (`rms_norm_residual`); separate weights (formats that
 //! differ, as Q4_K_M's Q6_K value rows) keep the unfused matmuls.
@@ -572,22 +574,36 @@ impl<B: Backend> Model<B> {
                         Activation::Silu => Glu::SwiGlu,
                         Activation::GeluTanh => Glu::GeGlu,
                     };
-                    stream.gated(
-                        backend,
-                        &layer.ffn_norm,
-                        gate_up,
-                        glu,
-                        mm,
-                        ffn,
-                        [gate, up, act],
-                    )?;
-                    let branch = Branch {
-                        w: down,
-                        post_norm,
-                        direct,
-                        residual_multiplier: cfg.multipliers.residual,
-                    };
-                    stream.add_branch(backend, act, branch, out_raw)?;
+                    // The whole MLP in one call when its output goes straight
+                    // into the stream and gate/up are one weight.
+                    let whole = direct && post_norm.is_none() && !stream.pending;
+                    match gate_up {
+                        Projections::Concatenated { w, .. } if whole => {
+                            let norm = NormPrologue {
+                                weight: &layer.ffn_norm,
+                                eps: cfg.rms_eps,
+                            };
+                            backend.mlp_residual(stream.residual, norm, w, down, glu, mm, act)?;
+                        }
+                        _ => {
+                            stream.gated(
+                                backend,
+                                &layer.ffn_norm,
+                                gate_up,
+                                glu,
+                                mm,
+                                ffn,
+                                [gate, up, act],
+                            )?;
+                            let branch = Branch {
+                                w: down,
+                                post_norm,
+                                direct,
+                                residual_multiplier: cfg.multipliers.residual,
+                            };
+                            stream.add_branch(backend, act, branch, out_raw)?;
+                        }
+                    }
                 }
                 Ffn::Moe(experts) => {
                     let buffers = moe.as_mut().ok_or_else(|| missing("MoE"))?;

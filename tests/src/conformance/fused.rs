@@ -1,5 +1,5 @@
-//! The fused matmuls in the conformance suite: each against the unfused
-//! composition it replaces, run on the reference (RMSNorm, then `matmul`,
+//! The fused matmuls and the whole MLP in the conformance suite: each
+//! against the unfused composition it replaces, run on the reference (RMSNorm, then `matmul`,
 //! then the split, the gated activation or the residual add), over float,
 //! block and k-quant formats, decode and prefill row counts (1, 3, 17, 40:
 //! GEMV paths and past one 32-row tile), output widths that fill no tile,
@@ -51,6 +51,43 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
         }
         // One part: the logits from the unnormalised residual.
         self.split_case(WeightFormat::Q8_0, 2, 96, true, false);
+        // The whole MLP, (rows, dim, f): decode sizes take CUDA's one kernel,
+        // 17 rows, f = 37 (its slices are 32 wide), W8A8 and dim = 45 (rows
+        // not 16-byte aligned) the composition.
+        let int4 = WeightFormat::Int4 {
+            group: tandem_core::quant::Int4Group::G64,
+        };
+        let cases = [
+            (WeightFormat::F32, 3, 45, 37),
+            (WeightFormat::F16, 1, 48, 64),
+            (WeightFormat::Q8_0, 2, 96, 96),
+            (WeightFormat::Q4_1, 17, 160, 64),
+            (WeightFormat::W8A8, 1, 64, 32),
+            (int4, 5, 128, 128),
+            (WeightFormat::Q4_K, 1, 256, 512),
+            (WeightFormat::Q6_K, 8, 512, 256),
+        ];
+        for (i, (format, rows, dim, f)) in cases.into_iter().enumerate() {
+            let glu = if i % 2 == 0 { Glu::SwiGlu } else { Glu::GeGlu };
+            self.mlp_case(format, rows, dim, f, glu);
+        }
+    }
+
+    /// `[gate; up]` of `2f` rows and down `[dim, f]` added onto a residual
+    /// stream of `dim` columns, normed first.
+    fn mlp_case(&mut self, format: WeightFormat, rows: usize, dim: usize, f: usize, glu: Glu) {
+        // Weights of a trained model's size: outputs far from zero are what
+        // a relative tolerance measures.
+        let gate_up = HostWeight::new(format, 2 * f, dim, &self.rng.values(2 * f * dim, 0.2));
+        let down = HostWeight::new(format, dim, f, &self.rng.values(dim * f, 0.05));
+        let residual = self.rng.values(rows * dim, 2.0);
+        let g = self.rng.values(dim, 1.0);
+        let got = mlp_fused(self.backend, &residual, &g, [&gate_up, &down], glu, rows);
+        let want = unfused_glu(self.reference, &residual, Some(&g), &gate_up, glu, rows)
+            .and_then(|act| matmul(self.reference, &act, &down, None, rows))
+            .map(|y| y.iter().zip(&residual).map(|(y, r)| r + y).collect());
+        let case = format!("{format} {glu:?} {rows}x{dim}, f = {f}");
+        self.check("mlp_residual", case, got, want);
     }
 
     /// Q, K and V from one weight of 37 + 11 + 11 rows.
@@ -235,6 +272,27 @@ fn residual_fused<X: Backend>(
     let mut out = be.upload(residual)?;
     be.matmul_residual(&xs, &weight, MatmulParams { rows }, &mut out)?;
     be.download(&out, residual.len())
+}
+
+fn mlp_fused<X: Backend>(
+    be: &X,
+    residual: &[f32],
+    norm: &[f32],
+    [gate_up, down]: [&HostWeight; 2],
+    glu: Glu,
+    rows: usize,
+) -> Out {
+    let mut stream = be.upload(residual)?;
+    let weight = vector(be, norm)?;
+    let mut act = be.alloc(rows * down.cols)?;
+    let (gate_up, down) = (gate_up.upload(be)?, down.upload(be)?);
+    let norm = NormPrologue {
+        weight: &weight,
+        eps: EPS,
+    };
+    let p = MatmulParams { rows };
+    be.mlp_residual(&mut stream, norm, &gate_up, &down, glu, p, &mut act)?;
+    be.download(&stream, residual.len())
 }
 
 fn normed<X: Backend>(be: &X, x: &[f32], norm: Option<&[f32]>, rows: usize) -> Out {

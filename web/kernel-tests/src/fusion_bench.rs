@@ -11,7 +11,7 @@ use wasm_bindgen::prelude::*;
 use tandem_core::backend::{
     Backend, Glu, MatmulParams, MatmulTarget, NormPrologue, RmsNormParams, SplitOut,
 };
-use tandem_core::quant::{quantize_matrix, WeightFormat, WeightView};
+use tandem_core::quant::{concat_rows, quantize_matrix, WeightFormat, WeightView};
 use tandem_core::Result;
 use tandem_wgpu::{WgpuBackend, WgpuTensor, WgpuWeight};
 
@@ -108,17 +108,37 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// A `rows` x `cols` Q4_1 weight, small enough that the residual stream
+/// A `rows` x `cols` Q4_1 matrix, small enough that the residual stream
 /// stays finite over many repetitions.
-fn q4_1(gpu: &WgpuBackend, rows: usize, cols: usize, seed: u64) -> Result<WgpuWeight> {
+fn q4_1(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let small: Vec<f32> = values(rows * cols, seed).iter().map(|v| 0.05 * v).collect();
-    let data = quantize_matrix(WeightFormat::Q4_1, cols, &small);
-    gpu.upload_weight(WeightView {
-        format: WeightFormat::Q4_1,
-        rows,
-        cols,
-        data: &data,
-    })
+    quantize_matrix(WeightFormat::Q4_1, cols, &small)
+}
+
+/// `parts` (rows, data) of `cols` columns uploaded one by one, then
+/// concatenated by rows as the loader does.
+fn with_concatenation<const N: usize>(
+    gpu: &WgpuBackend,
+    cols: usize,
+    parts: [(usize, Vec<u8>); N],
+) -> Result<([WgpuWeight; N], WgpuWeight)> {
+    fn view(cols: usize, rows: usize, data: &[u8]) -> WeightView<'_> {
+        WeightView {
+            format: WeightFormat::Q4_1,
+            rows,
+            cols,
+            data,
+        }
+    }
+    let views = parts.each_ref().map(|(rows, data)| view(cols, *rows, data));
+    let whole = concat_rows(&views).expect("one format and width");
+    let rows = views.iter().map(|v| v.rows).sum();
+    let mut separate = Vec::with_capacity(N);
+    for v in views {
+        separate.push(gpu.upload_weight(v)?);
+    }
+    let separate = separate.try_into().ok().expect("one weight per part");
+    Ok((separate, gpu.upload_weight(view(cols, rows, &whole))?))
 }
 
 /// An RMSNorm weight near 1.
@@ -141,18 +161,25 @@ fn prologue(weight: &WgpuWeight) -> Option<NormPrologue<'_, WgpuWeight>> {
 
 impl Layer {
     fn random(gpu: &WgpuBackend) -> Result<Self> {
+        let qkv_parts =
+            [(DIM, 3), (KV, 4), (KV, 5)].map(|(rows, seed)| (rows, q4_1(rows, DIM, seed)));
+        let ([q, k, v], qkv) = with_concatenation(gpu, DIM, qkv_parts)?;
+        let glu_parts = [(FFN, 8), (FFN, 9)].map(|(rows, seed)| (rows, q4_1(rows, DIM, seed)));
+        let ([gate, up], gate_up) = with_concatenation(gpu, DIM, glu_parts)?;
+        let ([o], _) = with_concatenation(gpu, DIM, [(DIM, q4_1(DIM, DIM, 7))])?;
+        let ([down], _) = with_concatenation(gpu, FFN, [(DIM, q4_1(DIM, FFN, 11))])?;
         Ok(Layer {
             attn_norm: norm(gpu, 1)?,
             ffn_norm: norm(gpu, 2)?,
-            q: q4_1(gpu, DIM, DIM, 3)?,
-            k: q4_1(gpu, KV, DIM, 4)?,
-            v: q4_1(gpu, KV, DIM, 5)?,
-            qkv: q4_1(gpu, DIM + 2 * KV, DIM, 6)?,
-            o: q4_1(gpu, DIM, DIM, 7)?,
-            gate: q4_1(gpu, FFN, DIM, 8)?,
-            up: q4_1(gpu, FFN, DIM, 9)?,
-            gate_up: q4_1(gpu, 2 * FFN, DIM, 10)?,
-            down: q4_1(gpu, DIM, FFN, 11)?,
+            q,
+            k,
+            v,
+            qkv,
+            o,
+            gate,
+            up,
+            gate_up,
+            down,
         })
     }
 
@@ -183,16 +210,20 @@ impl Layer {
             let attn_norm = prologue(&self.attn_norm);
             gpu.matmul_rms_norm(&a.residual, attn_norm, &self.qkv, None, mm, &mut qkv)?;
             gpu.matmul_residual(&a.q, &self.o, mm, &mut a.residual)?;
-            let ffn_norm = prologue(&self.ffn_norm);
-            gpu.matmul_glu(
-                &a.residual,
+            let ffn_norm = NormPrologue {
+                weight: &self.ffn_norm,
+                eps: EPS,
+            };
+            let (gate_up, down) = (&self.gate_up, &self.down);
+            return gpu.mlp_residual(
+                &mut a.residual,
                 ffn_norm,
-                &self.gate_up,
+                gate_up,
+                down,
                 Glu::SwiGlu,
                 mm,
                 &mut a.act,
-            )?;
-            return gpu.matmul_residual(&a.act, &self.down, mm, &mut a.residual);
+            );
         }
         // The previous layer's down projection waits in `delta`.
         gpu.rms_norm_residual(
