@@ -19,6 +19,7 @@ pub mod upcycle;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use tandem_core::backend::Backend;
 use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
@@ -83,8 +84,8 @@ pub fn cpu_engine(
 
 /// Runs every prompt to completion together, prompt `i` sampled with
 /// `params(i)`; returns each one's generated tokens.
-pub fn generate(
-    engine: &mut Engine<CpuBackend>,
+pub fn generate<B: Backend>(
+    engine: &mut Engine<B>,
     prompts: &[Vec<u32>],
     params: &dyn Fn(usize) -> SamplingParams,
     max_new: usize,
