@@ -515,15 +515,16 @@ impl CudaBackend {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A scratch buffer of at least `len` f32, for attention split partials.
-    fn partials(&self, len: usize) -> Result<ScratchSlice<'_, f32>> {
+    /// A scratch buffer of at least `len` f32 for `what`'s partial sums
+    /// (attention splits, the one-kernel MLP).
+    fn partials(&self, len: usize, what: &str) -> Result<ScratchSlice<'_, f32>> {
         let mut guard = self.lock_scratch()?;
         let scratch = &mut *guard;
         self.grow(
             &mut scratch.partials,
             &mut scratch.retired_partials,
             len,
-            "attention",
+            what,
         )?;
         Ok(ScratchSlice {
             guard,
@@ -557,19 +558,12 @@ impl CudaBackend {
     /// The one-kernel MLP's scratch: at least `len` f32 of partials, and
     /// its counter.
     fn mlp_scratch(&self, len: usize) -> Result<MutexGuard<'_, Scratch>> {
-        let mut guard = self.lock_scratch()?;
-        let scratch = &mut *guard;
-        self.grow(
-            &mut scratch.partials,
-            &mut scratch.retired_partials,
-            len,
-            "MLP",
-        )?;
-        if scratch.mlp_counter.is_none() {
+        let ScratchSlice { mut guard, .. } = self.partials(len, "MLP")?;
+        if guard.mlp_counter.is_none() {
             self.refuse_while_capturing(
                 "allocating the MLP counter (run the step once before capturing)",
             )?;
-            scratch.mlp_counter = Some(self.alloc_raw::<u32>(1)?);
+            guard.mlp_counter = Some(self.alloc_raw::<u32>(1)?);
         }
         Ok(guard)
     }
@@ -1979,7 +1973,7 @@ impl CudaBackend {
             grid_yz(splits, "splits")?,
         );
         let partial_len = p.rows * p.heads * splits * (p.head_dim + 2);
-        let mut partials = self.partials(if splits > 1 { partial_len } else { 1 })?;
+        let mut partials = self.partials(if splits > 1 { partial_len } else { 1 }, "attention")?;
         let partials = partials.slice()?;
         {
             let mut args = self.stream.launch_builder(&f);
