@@ -142,8 +142,10 @@ fuzz:
 ## Every target for FUZZ_SMOKE_SECONDS (part of `make test`), where a nightly
 ## toolchain and cargo-fuzz exist; one line saying it skipped elsewhere. The
 ## smoke builds unoptimised (`--dev`, still with coverage and AddressSanitizer):
-## a cold build took 5.5 min here against about 20 for the optimised one, and
-## a run of seconds needs the instrumentation, not the speed.
+## a cold build took 5.5 min here against about 20 for the optimised one. It
+## runs the seeds and some hundreds to thousands of mutations per target (the
+## fewest, ~80, for gguf_reader, which builds a tokenizer per input): a check
+## that the targets build and hold, while `make fuzz` is the search.
 fuzz-smoke:
 	@if rustup toolchain list 2>/dev/null | grep -q '^nightly' && cargo +nightly fuzz --version >/dev/null 2>&1; then \
 		$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) FUZZ_BUILD=--dev; \
