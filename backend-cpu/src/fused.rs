@@ -166,7 +166,7 @@ pub(crate) fn matmul_residual(
 }
 
 /// `residual += down · glu(norm(residual) · gate_upᵀ)`: [`matmul_glu`] into
-/// a row-sized intermediate, then [`matmul_residual`].
+/// `act` (`[rows, f]` at least), then [`matmul_residual`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mlp_residual(
     workers: &Workers,
@@ -174,9 +174,9 @@ pub(crate) fn mlp_residual(
     residual: &mut [f32],
     rows: usize,
     norm: (&Weight, f32),
-    gate_up: &Weight,
-    down: &Weight,
+    [gate_up, down]: [&Weight; 2],
     glu: Glu,
+    act: &mut [f32],
 ) -> Result<()> {
     let kernel = "mlp_residual";
     let (dim, f) = (gate_up.cols(), gate_up.rows() / 2);
@@ -197,12 +197,14 @@ pub(crate) fn mlp_residual(
         residual.len(),
         check::product(kernel, &[rows, dim])?,
     )?;
-    let mut act = vec![0.0; check::product(kernel, &[rows, f])?];
+    let act_len = check::product(kernel, &[rows, f])?;
+    check::buffer_len(kernel, "act", act.len(), act_len)?;
+    let act = &mut act[..act_len];
     let input = NormedInput {
         x: residual,
         rows,
         norm: Some(norm),
     };
-    matmul_glu(workers, isa, input, gate_up, glu, &mut act)?;
-    matmul_residual(workers, isa, &act, down, rows, residual)
+    matmul_glu(workers, isa, input, gate_up, glu, act)?;
+    matmul_residual(workers, isa, act, down, rows, residual)
 }

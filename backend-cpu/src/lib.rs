@@ -289,7 +289,7 @@ impl Backend for CpuBackend {
         down: &Weight,
         glu: Glu,
         p: MatmulParams,
-        _act: &mut Tensor,
+        act: &mut Tensor,
     ) -> Result<()> {
         fused::mlp_residual(
             &self.workers,
@@ -297,9 +297,9 @@ impl Backend for CpuBackend {
             residual.as_mut_slice(),
             p.rows,
             (norm.weight, norm.eps),
-            gate_up,
-            down,
+            [gate_up, down],
             glu,
+            act.as_mut_slice(),
         )
     }
 

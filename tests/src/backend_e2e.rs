@@ -149,6 +149,24 @@ pub fn smollm2_greedy_matches_the_cpu<B: Backend>(backend: B) {
     }
 }
 
+/// Engines of `capacity` tokens on `make_backend()`, one with the fused
+/// layers (the default) and one `unfused`.
+pub fn fused_and_unfused<B: Backend>(
+    make_backend: impl Fn() -> B,
+    files: &ModelFiles,
+    capacity: usize,
+) -> (Engine<B>, Engine<B>) {
+    let engine = |unfused| {
+        let config = EngineConfig {
+            unfused,
+            ..EngineConfig::default()
+        }
+        .with_capacity_tokens(capacity);
+        Engine::new(make_backend(), files, config, &mut |_, _| {}).expect("engine")
+    };
+    (engine(false), engine(true))
+}
+
 /// Fused matmuls (concatenated Q/K/V and gate/up with the norm as prologue,
 /// the activation and residual add as epilogues) against the unfused
 /// kernels on the same backend, on a tiny model of every architecture,
@@ -178,15 +196,7 @@ pub fn fused_layers_match_the_unfused<B: Backend>(make_backend: impl Fn() -> B, 
     ];
     let prompt: Vec<u32> = (0..23).map(|i| (i * 41 + 5) % 300).collect();
     let check = |name: &str, files: &ModelFiles| {
-        let engine = |unfused| {
-            let config = EngineConfig {
-                unfused,
-                ..EngineConfig::default()
-            }
-            .with_capacity_tokens(64);
-            Engine::new(make_backend(), files, config, &mut |_, _| {}).unwrap()
-        };
-        let (mut fused, mut unfused) = (engine(false), engine(true));
+        let (mut fused, mut unfused) = fused_and_unfused(&make_backend, files, 64);
         let generated = greedy(&mut unfused, &prompt, 10);
         assert_eq!(
             greedy(&mut fused, &prompt, 10),

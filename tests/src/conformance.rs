@@ -157,8 +157,9 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     }
 }
 
-/// SplitMix64: reproducible inputs without a dependency.
-struct Rng(u64);
+/// SplitMix64: reproducible inputs without a dependency (the browser's
+/// fused-layer bench draws its weights from it too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
@@ -174,7 +175,7 @@ impl Rng {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
     }
 
-    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(crate) fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.value(scale)).collect()
     }
 

@@ -23,11 +23,10 @@
 //! on, an implementation within the tolerance may legitimately pick the other.
 
 use serde_json::Value;
-use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::model::ModelFiles;
 use tandem_core::sched::SamplingParams;
 use tandem_cpu::CpuBackend;
-use tandem_tests::backend_e2e::{engine_on, greedy};
+use tandem_tests::backend_e2e::{engine_on, fused_and_unfused, greedy};
 use tandem_tests::{cpu_engine, generate, model_path};
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
@@ -275,15 +274,7 @@ const FUSION_GREEDY_TOKENS: usize = 8;
 fn fused_layers_give_the_unfused_greedy_tokens_on_every_checkpoint() {
     for checkpoint in [&SMOLLM2, &QWEN2_5_0_5B, &QWEN2_5_1_5B, &GEMMA3_270M] {
         let (files, fixture) = checkpoint.load();
-        let engine = |unfused| {
-            let config = EngineConfig {
-                unfused,
-                ..EngineConfig::default()
-            }
-            .with_capacity_tokens(256);
-            Engine::new(CpuBackend::new(2), &files, config, &mut |_, _| {}).expect("engine")
-        };
-        let (mut fused, mut unfused) = (engine(false), engine(true));
+        let (mut fused, mut unfused) = fused_and_unfused(|| CpuBackend::new(2), &files, 256);
         for p in fixture["prompts"].as_array().unwrap().iter().take(2) {
             let prompt = ids(&p["prompt_ids"]);
             assert_eq!(

@@ -15,6 +15,8 @@ use tandem_core::quant::{concat_rows, quantize_matrix, WeightFormat, WeightView}
 use tandem_core::Result;
 use tandem_wgpu::{WgpuBackend, WgpuTensor, WgpuWeight};
 
+use crate::conformance::Rng;
+
 const DIM: usize = 576;
 const KV: usize = 192;
 const FFN: usize = 1536;
@@ -97,15 +99,7 @@ pub async fn bench_fused_layer(
 
 /// Deterministic values in [-0.5, 0.5).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    Rng(seed).values(n, 0.5)
 }
 
 /// A `rows` x `cols` Q4_1 matrix, small enough that the residual stream
@@ -115,6 +109,16 @@ fn q4_1(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     quantize_matrix(WeightFormat::Q4_1, cols, &small)
 }
 
+/// A Q4_1 matrix of `rows` x `cols` on the GPU.
+fn upload(gpu: &WgpuBackend, rows: usize, cols: usize, data: &[u8]) -> Result<WgpuWeight> {
+    gpu.upload_weight(WeightView {
+        format: WeightFormat::Q4_1,
+        rows,
+        cols,
+        data,
+    })
+}
+
 /// `parts` (rows, data) of `cols` columns uploaded one by one, then
 /// concatenated by rows as the loader does.
 fn with_concatenation<const N: usize>(
@@ -122,23 +126,20 @@ fn with_concatenation<const N: usize>(
     cols: usize,
     parts: [(usize, Vec<u8>); N],
 ) -> Result<([WgpuWeight; N], WgpuWeight)> {
-    fn view(cols: usize, rows: usize, data: &[u8]) -> WeightView<'_> {
-        WeightView {
-            format: WeightFormat::Q4_1,
-            rows,
-            cols,
-            data,
-        }
-    }
-    let views = parts.each_ref().map(|(rows, data)| view(cols, *rows, data));
-    let whole = concat_rows(&views).expect("one format and width");
-    let rows = views.iter().map(|v| v.rows).sum();
     let mut separate = Vec::with_capacity(N);
-    for v in views {
-        separate.push(gpu.upload_weight(v)?);
+    for (rows, data) in &parts {
+        separate.push(upload(gpu, *rows, cols, data)?);
     }
+    let views = parts.each_ref().map(|(rows, data)| WeightView {
+        format: WeightFormat::Q4_1,
+        rows: *rows,
+        cols,
+        data,
+    });
+    let whole = concat_rows(&views).expect("one format and width");
+    let rows = parts.iter().map(|(rows, _)| rows).sum();
     let separate = separate.try_into().ok().expect("one weight per part");
-    Ok((separate, gpu.upload_weight(view(cols, rows, &whole))?))
+    Ok((separate, upload(gpu, rows, cols, &whole)?))
 }
 
 /// An RMSNorm weight near 1.
@@ -166,8 +167,8 @@ impl Layer {
         let ([q, k, v], qkv) = with_concatenation(gpu, DIM, qkv_parts)?;
         let glu_parts = [(FFN, 8), (FFN, 9)].map(|(rows, seed)| (rows, q4_1(rows, DIM, seed)));
         let ([gate, up], gate_up) = with_concatenation(gpu, DIM, glu_parts)?;
-        let ([o], _) = with_concatenation(gpu, DIM, [(DIM, q4_1(DIM, DIM, 7))])?;
-        let ([down], _) = with_concatenation(gpu, FFN, [(DIM, q4_1(DIM, FFN, 11))])?;
+        let o = upload(gpu, DIM, DIM, &q4_1(DIM, DIM, 7))?;
+        let down = upload(gpu, DIM, FFN, &q4_1(DIM, FFN, 11))?;
         Ok(Layer {
             attn_norm: norm(gpu, 1)?,
             ffn_norm: norm(gpu, 2)?,
