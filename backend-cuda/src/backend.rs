@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
     result as driver_result, sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
-    DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
 };
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
@@ -39,6 +39,7 @@ use crate::blas::{Blas, HalfGemm, HalfType};
 use crate::cache::{self, CacheKey, KernelCache};
 use crate::device::{require_driver, DeviceReport};
 use crate::nvrtc::{self, CompileOptions, GpuArch};
+use crate::signatures::{self as sig, Resolved, Signature, Which};
 use crate::sources::{self, KernelFile};
 use crate::{backend_error, BACKEND_NAME};
 
@@ -140,7 +141,7 @@ fn format_code(format: WeightFormat) -> i32 {
 /// How the kernels name a weight format's matmul entry points:
 /// `matmul_STEM_*`, `matmul_rms_norm_STEM_*`, ... (`matmul_FMT.cu`'s stem;
 /// `matmul_int4.cu` holds one set per group size).
-fn format_stem(format: WeightFormat) -> &'static str {
+pub(crate) fn format_stem(format: WeightFormat) -> &'static str {
     match format {
         WeightFormat::Int4 {
             group: Int4Group::G64,
@@ -155,7 +156,7 @@ fn format_stem(format: WeightFormat) -> &'static str {
 /// Mirror of `AttentionShape` in `kernels/paged_attention.cu`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct AttentionShape {
+pub(crate) struct AttentionShape {
     rows: u32,
     heads: u32,
     kv_heads: u32,
@@ -241,7 +242,7 @@ fn quant_shape(
 /// Mirror of `QuantAttentionShape` in `kernels/paged_attention_quant.cu`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct QuantAttentionShape {
+pub(crate) struct QuantAttentionShape {
     shape: AttentionShape,
     groups_per_head: u32,
     bits: u32,
@@ -473,30 +474,39 @@ impl CudaBackend {
         }
     }
 
-    fn function(&self, file: &'static str, entry: &str) -> Result<CudaFunction> {
-        self.kernels.function(file, None, entry)
-    }
-
-    /// A kernel of a file compiled per weight format (the fused matmuls),
-    /// from its unit for `format`.
-    fn format_function(
+    /// The kernel of `sig` that `which` names, and its entry point's name,
+    /// ready for a launch of `cfg` (more dynamic shared memory than a block
+    /// may use by default opted into). Only the launch functions of
+    /// `crate::signatures` call this.
+    pub(crate) fn kernel(
         &self,
-        file: &'static str,
-        format: WeightFormat,
-        entry: &str,
-    ) -> Result<CudaFunction> {
-        self.kernels
-            .function(file, Some(format_stem(format)), entry)
+        sig: &Signature,
+        which: Which<'_>,
+        cfg: &LaunchConfig,
+    ) -> Result<(CudaFunction, String)> {
+        let Resolved { file, unit, entry } = sig.resolve(which)?;
+        let f = self.kernels.function(file, unit, &entry)?;
+        let smem = cfg.shared_mem_bytes as usize;
+        if smem > DEFAULT_SMEM_LIMIT {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| backend_error(format!("{entry}: {smem} bytes of shared memory: {e}")))?;
+        }
+        Ok((f, entry))
     }
 
-    fn launch(
+    pub(crate) fn launch(
         &self,
         what: &str,
         args: &mut cudarc::driver::LaunchArgs<'_>,
         cfg: LaunchConfig,
     ) -> Result<()> {
         // SAFETY: every caller checks its buffer sizes against the kernel's
-        // shape arguments first and pushes arguments in the kernel's order.
+        // shape arguments first; the arguments are pushed by the launch
+        // functions of `crate::signatures`, whose table the tests check
+        // against the kernels' declarations.
         unsafe { args.launch(cfg) }
             .map(drop)
             .map_err(|e| backend_error(format!("launching {what}: {e}")))?;
@@ -690,15 +700,12 @@ fn row_threads(width: usize) -> u32 {
     (width.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
-/// The null pointer for an absent optional buffer.
-const NULL_DEVICE_PTR: u64 = 0;
-
 /// The matmul kernel for `rows` tokens by an `n` x `cols` weight in
 /// `format`: its entry point's suffix (`gemv_t{1,2,4,8}`, `gemv_unaligned`,
 /// `tiled`) and launch shape, the same for the plain and the fused matmuls.
 /// The kernels walk the weight's rows in pairs (a GLU's gate and up rows
 /// interleaved), so the grids count its rows whatever the output's width.
-fn matmul_variant(
+pub(crate) fn matmul_variant(
     format: WeightFormat,
     n: usize,
     cols: usize,
@@ -727,11 +734,11 @@ const MLP_SLICE: usize = 32;
 /// Threads per block of the one-kernel MLP (`MLP_THREADS`).
 const MLP_THREADS: u32 = 256;
 
-/// The one-kernel MLP's entry point and launch shape, or `None` for what it
-/// does not take: prefill, weights of two formats or W8A8 (whose matmul
-/// quantizes the activations), `f` not a whole number of slices, float rows
-/// not 16-byte aligned.
-fn mlp_entry(
+/// The one-kernel MLP's variant (`t1`, `t8`: the most tokens it takes) and
+/// launch shape, or `None` for what it does not take: prefill, weights of two
+/// formats or W8A8 (whose matmul quantizes the activations), `f` not a whole
+/// number of slices, float rows not 16-byte aligned.
+pub(crate) fn mlp_variant(
     [format, down_format]: [WeightFormat; 2],
     dim: usize,
     f: usize,
@@ -744,15 +751,26 @@ fn mlp_entry(
         && (format.is_quantized() || dim.is_multiple_of(8));
     let grid = u32::try_from(f / MLP_SLICE).ok().filter(|_| takes)?;
     let tokens = if rows == 1 { 1 } else { GEMV_MAX_TOKENS };
-    let entry = format!("mlp_residual_{}_t{tokens}", format_stem(format));
-    Some((entry, config((grid, 1, 1), MLP_THREADS, 0)))
+    Some((format!("t{tokens}"), config((grid, 1, 1), MLP_THREADS, 0)))
 }
 
-/// A fused matmul's entry point for `w`'s format and `rows` tokens,
-/// `{kernel}_{format stem}_{variant}`, and its launch shape.
-fn fused_entry(kernel: &str, w: &CudaWeight, rows: usize) -> Result<(String, LaunchConfig)> {
-    let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
-    Ok((format!("{kernel}_{}_{variant}", format_stem(w.format)), cfg))
+/// The variant of the float KV cache's kernels (`paged_kv_write_*`,
+/// `paged_attention_{decode,prefill,scores}_*`); the quantized caches have
+/// kernels of their own.
+pub(crate) fn kv_variant(dtype: KvDtype) -> &'static str {
+    match dtype {
+        KvDtype::F16 => "f16",
+        KvDtype::F32 | KvDtype::Int8 | KvDtype::Int4 => "f32",
+    }
+}
+
+/// The half type of the weight formats whose prefill GEMMs may go to cuBLAS.
+pub(crate) fn half_type(format: WeightFormat) -> Option<HalfType> {
+    match format {
+        WeightFormat::F16 => Some(HalfType::F16),
+        WeightFormat::BF16 => Some(HalfType::BF16),
+        _ => None,
+    }
 }
 
 /// The kernels' activation code: GLU_SWIGLU and GLU_GEGLU in common.cuh.
@@ -784,28 +802,30 @@ impl CudaBackend {
     /// `out = act(gate) * up` elementwise: the shared launch of `swiglu` and `geglu`.
     fn gated_product(
         &self,
-        kernel: &'static str,
+        glu: Glu,
         gate: &CudaTensor,
         up: &CudaTensor,
         len: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
+        let kernel = match glu {
+            Glu::SwiGlu => "swiglu",
+            Glu::GeGlu => "geglu",
+        };
         check_len(&format!("{kernel}: gate"), gate.len(), len)?;
         check_len(&format!("{kernel}: up"), up.len(), len)?;
         check_len(&format!("{kernel}: out"), out.len(), len)?;
         if len == 0 {
             return Ok(());
         }
-        let f = self.function(kernel, kernel)?;
         let len64 = len as u64;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&gate.buf)
-            .arg(&up.buf)
-            .arg(&len64)
-            .arg(&mut out.buf);
         // A grid-stride loop: enough blocks to fill the GPU, not one per element.
         let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
-        self.launch(kernel, &mut args, config(grid, 256, 0))
+        let (one, cfg) = (Which::ONE, config(grid, 256, 0));
+        match glu {
+            Glu::SwiGlu => sig::swiglu(self, one, cfg, &gate.buf, &up.buf, &len64, &mut out.buf),
+            Glu::GeGlu => sig::geglu(self, one, cfg, &gate.buf, &up.buf, &len64, &mut out.buf),
+        }
     }
 }
 
@@ -969,19 +989,21 @@ impl Backend for CudaBackend {
         if rows == 0 || dim == 0 {
             return Ok(());
         }
-        let f = self.function("embedding", "embedding")?;
         let (fmt, row_bytes) = (format_code(table.format), table.row_bytes() as u64);
         let (vocab, dim32) = (to_u32(table.rows, "vocabulary")?, to_u32(dim, "dim")?);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&table.buf)
-            .arg(&fmt)
-            .arg(&row_bytes)
-            .arg(&vocab)
-            .arg(&tokens.buf)
-            .arg(&dim32)
-            .arg(&mut out.buf);
         let grid = (blocks_for(dim, 256, "dim")?, grid_yz(rows, "rows")?, 1);
-        self.launch("embedding", &mut args, config(grid, 256, 0))
+        sig::embedding(
+            self,
+            Which::ONE,
+            config(grid, 256, 0),
+            &table.buf,
+            &fmt,
+            &row_bytes,
+            &vocab,
+            &tokens.buf,
+            &dim32,
+            &mut out.buf,
+        )
     }
 
     fn rms_norm(
@@ -997,17 +1019,19 @@ impl Backend for CudaBackend {
         if p.rows == 0 || p.dim == 0 {
             return Ok(());
         }
-        let f = self.function("rms_norm", "rms_norm")?;
         let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&x.buf)
-            .arg(&weight.buf)
-            .arg(&fmt)
-            .arg(&dim)
-            .arg(&p.eps)
-            .arg(&mut out.buf);
         let grid = (to_u32(p.rows, "rows")?, 1, 1);
-        self.launch("rms_norm", &mut args, config(grid, row_threads(p.dim), 0))
+        sig::rms_norm(
+            self,
+            Which::ONE,
+            config(grid, row_threads(p.dim), 0),
+            &x.buf,
+            &weight.buf,
+            &fmt,
+            &dim,
+            &p.eps,
+            &mut out.buf,
+        )
     }
 
     fn rms_norm_residual(
@@ -1026,21 +1050,19 @@ impl Backend for CudaBackend {
         if p.rows == 0 || p.dim == 0 {
             return Ok(());
         }
-        let f = self.function("rms_norm_residual", "rms_norm_residual")?;
         let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&mut residual.buf)
-            .arg(&delta.buf)
-            .arg(&weight.buf)
-            .arg(&fmt)
-            .arg(&dim)
-            .arg(&p.eps)
-            .arg(&mut out.buf);
         let grid = (to_u32(p.rows, "rows")?, 1, 1);
-        self.launch(
-            "rms_norm_residual",
-            &mut args,
+        sig::rms_norm_residual(
+            self,
+            Which::ONE,
             config(grid, row_threads(p.dim), 0),
+            &mut residual.buf,
+            &delta.buf,
+            &weight.buf,
+            &fmt,
+            &dim,
+            &p.eps,
+            &mut out.buf,
         )
     }
 
@@ -1103,8 +1125,7 @@ impl Backend for CudaBackend {
         if let Some((blas, ty)) = self.cublas_for(w, rows) {
             return self.rms_norm_cublas(blas, ty, x, norm.as_ref(), w, bias, rows, outs);
         }
-        let (entry, cfg) = fused_entry(kernel, w, rows)?;
-        let f = self.format_function(kernel, w.format, &entry)?;
+        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
         let (norm_fmt, eps) = norm_args(norm.as_ref());
         let bias_fmt = bias.map_or(0, |b| format_code(b.format));
         // Where parts 0 and 1 end (n for an absent part).
@@ -1120,31 +1141,30 @@ impl Backend for CudaBackend {
             to_u32(n, "n")?,
             to_u32(cols, "cols")?,
         );
-        let parts = outs.len();
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&w.buf).arg(&x.buf);
-        match &norm {
-            Some(norm) => args.arg(&norm.weight.buf),
-            None => args.arg(&NULL_DEVICE_PTR),
-        };
-        args.arg(&norm_fmt).arg(&eps);
-        match bias {
-            Some(b) => args.arg(&b.buf),
-            None => args.arg(&NULL_DEVICE_PTR),
-        };
-        args.arg(&bias_fmt);
-        for o in outs.iter_mut() {
-            args.arg(&mut o.out.buf);
-        }
-        for _ in parts..MAX_SPLIT {
-            args.arg(&NULL_DEVICE_PTR);
-        }
-        args.arg(&end0)
-            .arg(&end1)
-            .arg(&tokens)
-            .arg(&n32)
-            .arg(&cols32);
-        self.launch(&entry, &mut args, cfg)
+        // The parts' outputs in order, null for an absent part.
+        const _: () = assert!(MAX_SPLIT == 3, "matmul_rms_norm takes three outputs");
+        let mut parts = outs.iter_mut().map(|o| &mut o.out.buf);
+        let (out0, out1, out2) = (parts.next(), parts.next(), parts.next());
+        sig::matmul_rms_norm(
+            self,
+            Which::format_variant(w.format, &variant),
+            cfg,
+            &w.buf,
+            &x.buf,
+            norm.as_ref().map(|n| &n.weight.buf),
+            &norm_fmt,
+            &eps,
+            bias.map(|b| &b.buf),
+            &bias_fmt,
+            out0,
+            out1,
+            out2,
+            &end0,
+            &end1,
+            &tokens,
+            &n32,
+            &cols32,
+        )
     }
 
     fn matmul_glu(
@@ -1174,28 +1194,28 @@ impl Backend for CudaBackend {
         if let Some((blas, ty)) = self.cublas_for(w, rows) {
             return self.glu_cublas(blas, ty, x, norm.as_ref(), w, act, rows, out);
         }
-        let (entry, cfg) = fused_entry(kernel, w, rows)?;
-        let func = self.format_function(kernel, w.format, &entry)?;
+        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
         let (norm_fmt, eps) = norm_args(norm.as_ref());
         let (tokens, n32, cols32) = (
             to_u32(rows, "rows")?,
             to_u32(w.rows, "n")?,
             to_u32(cols, "cols")?,
         );
-        let mut args = self.stream.launch_builder(&func);
-        args.arg(&w.buf).arg(&x.buf);
-        match &norm {
-            Some(norm) => args.arg(&norm.weight.buf),
-            None => args.arg(&NULL_DEVICE_PTR),
-        };
-        args.arg(&norm_fmt)
-            .arg(&eps)
-            .arg(&act)
-            .arg(&mut out.buf)
-            .arg(&tokens)
-            .arg(&n32)
-            .arg(&cols32);
-        self.launch(&entry, &mut args, cfg)
+        sig::matmul_glu(
+            self,
+            Which::format_variant(w.format, &variant),
+            cfg,
+            &w.buf,
+            &x.buf,
+            norm.as_ref().map(|n| &n.weight.buf),
+            &norm_fmt,
+            &eps,
+            &act,
+            &mut out.buf,
+            &tokens,
+            &n32,
+            &cols32,
+        )
     }
 
     fn matmul_residual(
@@ -1205,7 +1225,6 @@ impl Backend for CudaBackend {
         p: MatmulParams,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let kernel = "matmul_residual";
         let (rows, n, cols) = (p.rows, w.rows, w.cols);
         check_len("matmul_residual: x", x.len(), rows * cols)?;
         check_len("matmul_residual: out", out.len(), rows * n)?;
@@ -1219,21 +1238,23 @@ impl Backend for CudaBackend {
             self.half_activations(ty, x, None, rows, cols, halves)?;
             return self.half_gemms(blas, ty, halves, w, 0..n, rows, &mut out.buf, true);
         }
-        let (entry, cfg) = fused_entry(kernel, w, rows)?;
-        let f = self.format_function(kernel, w.format, &entry)?;
+        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
         let (tokens, n32, cols32) = (
             to_u32(rows, "rows")?,
             to_u32(n, "n")?,
             to_u32(cols, "cols")?,
         );
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&w.buf)
-            .arg(&x.buf)
-            .arg(&mut out.buf)
-            .arg(&tokens)
-            .arg(&n32)
-            .arg(&cols32);
-        self.launch(&entry, &mut args, cfg)
+        sig::matmul_residual(
+            self,
+            Which::format_variant(w.format, &variant),
+            cfg,
+            &w.buf,
+            &x.buf,
+            &mut out.buf,
+            &tokens,
+            &n32,
+            &cols32,
+        )
     }
 
     fn mlp_residual(
@@ -1260,29 +1281,31 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let formats = [gate_up.format, down.format];
-        let Some((entry, cfg)) = mlp_entry(formats, dim, f, rows) else {
+        let Some((variant, cfg)) = mlp_variant(formats, dim, f, rows) else {
             return mlp_composed(self, residual, norm, gate_up, down, glu, p, act);
         };
-        let func = self.format_function(kernel, gate_up.format, &entry)?;
         let (norm_fmt, eps) = norm_args(Some(&norm));
         let act = glu_code(glu);
         let (tokens, dim32, f32_) = (to_u32(rows, "rows")?, to_u32(dim, "dim")?, to_u32(f, "f")?);
         let mut scratch = self.mlp_scratch(f / MLP_SLICE * rows * dim)?;
         let (partials, counter) = scratch.partials_and_counter()?;
-        let mut args = self.stream.launch_builder(&func);
-        args.arg(&gate_up.buf)
-            .arg(&down.buf)
-            .arg(&mut residual.buf)
-            .arg(&norm.weight.buf)
-            .arg(&norm_fmt)
-            .arg(&eps)
-            .arg(&act)
-            .arg(&mut *partials)
-            .arg(&mut *counter)
-            .arg(&tokens)
-            .arg(&dim32)
-            .arg(&f32_);
-        self.launch(&entry, &mut args, cfg)
+        sig::mlp_residual(
+            self,
+            Which::format_variant(gate_up.format, &variant),
+            cfg,
+            &gate_up.buf,
+            &down.buf,
+            &mut residual.buf,
+            &norm.weight.buf,
+            &norm_fmt,
+            &eps,
+            &act,
+            partials,
+            counter,
+            &tokens,
+            &dim32,
+            &f32_,
+        )
     }
 
     fn kernel_launches(&self) -> Option<u64> {
@@ -1309,7 +1332,6 @@ impl Backend for CudaBackend {
         if pairs == 0 {
             return Ok(());
         }
-        let f = self.function("rope", "rope")?;
         let (rows, heads) = (to_u32(p.rows, "rows")?, to_u32(p.heads, "heads")?);
         let (head_dim, rotary_dim) = (
             to_u32(p.head_dim, "head_dim")?,
@@ -1319,17 +1341,20 @@ impl Backend for CudaBackend {
             RopeStyle::Interleaved => 0,
             RopeStyle::NeoX => 1,
         };
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&mut x.buf)
-            .arg(&positions.buf)
-            .arg(&inv_freq.buf)
-            .arg(&rows)
-            .arg(&heads)
-            .arg(&head_dim)
-            .arg(&rotary_dim)
-            .arg(&style);
         let grid = (blocks_for(pairs, 256, "rope pairs")?, 1, 1);
-        self.launch("rope", &mut args, config(grid, 256, 0))
+        sig::rope(
+            self,
+            Which::ONE,
+            config(grid, 256, 0),
+            &mut x.buf,
+            &positions.buf,
+            &inv_freq.buf,
+            &rows,
+            &heads,
+            &head_dim,
+            &rotary_dim,
+            &style,
+        )
     }
 
     fn paged_kv_write(
@@ -1348,66 +1373,75 @@ impl Backend for CudaBackend {
         if rows == 0 || width == 0 {
             return Ok(());
         }
+        let rows32 = to_u32(rows, "rows")?;
+        let num_slots = to_u32(layout.num_slots(), "KV slots")?;
         if let Some(quant) = layout.quant() {
-            let entry = "paged_kv_write_quant";
-            let f = self.function(entry, entry)?;
-            let sizes = [
-                to_u32(rows, "rows")?,
+            let (kv_heads, head_dim, groups_per_head) = (
                 to_u32(quant.kv_heads, "kv_heads")?,
                 to_u32(quant.head_dim, "head_dim")?,
                 to_u32(quant.groups_per_head, "groups per head")?,
-                to_u32(layout.num_slots(), "KV slots")?,
+            );
+            let (slot_words, bits) = (
                 to_u32(quant.slot_words(), "slot words")?,
                 to_u32(quant.bits, "bits")?,
-                u32::from(layout.key_blocks().is_none()),
-            ];
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&k.buf).arg(&v.buf).arg(&slots.buf);
-            for size in &sizes {
-                args.arg(size);
-            }
-            args.arg(&mut cache.k).arg(&mut cache.v);
+            );
+            let keys = u32::from(layout.key_blocks().is_none());
             let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
-            self.launch(entry, &mut args, config(grid, 128, 0))?;
+            sig::paged_kv_write_quant(
+                self,
+                Which::ONE,
+                config(grid, 128, 0),
+                &k.buf,
+                &v.buf,
+                &slots.buf,
+                &rows32,
+                &kv_heads,
+                &head_dim,
+                &groups_per_head,
+                &num_slots,
+                &slot_words,
+                &bits,
+                &keys,
+                &mut cache.k,
+                &mut cache.v,
+            )?;
             let Some(blocks) = layout.key_blocks() else {
                 return Ok(());
             };
-            let entry = "paged_kv_write_int4_keys";
-            let f = self.function(entry, entry)?;
-            let sizes = [
-                to_u32(rows, "rows")?,
+            let (channels, block_size) = (
                 to_u32(blocks.channels(), "KV width")?,
                 to_u32(blocks.block_size, "block_size")?,
-                to_u32(layout.num_slots(), "KV slots")?,
-            ];
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&k.buf).arg(&slots.buf);
-            for size in &sizes {
-                args.arg(size);
-            }
-            args.arg(&mut cache.k);
+            );
             let words = rows * blocks.words_per_token();
             let grid = (blocks_for(words, 128, "INT4 key words")?, 1, 1);
-            return self.launch(entry, &mut args, config(grid, 128, 0));
+            return sig::paged_kv_write_int4_keys(
+                self,
+                Which::ONE,
+                config(grid, 128, 0),
+                &k.buf,
+                &slots.buf,
+                &rows32,
+                &channels,
+                &block_size,
+                &num_slots,
+                &mut cache.k,
+            );
         }
-        let entry = match layout.dtype {
-            KvDtype::F16 => "paged_kv_write_f16",
-            _ => "paged_kv_write_f32",
-        };
-        let f = self.function("paged_kv_write", entry)?;
-        let (rows32, width32) = (to_u32(rows, "rows")?, to_u32(width, "KV width")?);
-        let num_slots = to_u32(layout.num_slots(), "KV slots")?;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&k.buf)
-            .arg(&v.buf)
-            .arg(&slots.buf)
-            .arg(&rows32)
-            .arg(&width32)
-            .arg(&num_slots)
-            .arg(&mut cache.k)
-            .arg(&mut cache.v);
+        let width32 = to_u32(width, "KV width")?;
         let grid = (blocks_for(rows * width, 256, "KV elements")?, 1, 1);
-        self.launch(entry, &mut args, config(grid, 256, 0))
+        sig::paged_kv_write(
+            self,
+            Which::variant(kv_variant(layout.dtype)),
+            config(grid, 256, 0),
+            &k.buf,
+            &v.buf,
+            &slots.buf,
+            &rows32,
+            &width32,
+            &num_slots,
+            &mut cache.k,
+            &mut cache.v,
+        )
     }
 
     fn paged_attention(
@@ -1424,25 +1458,23 @@ impl Backend for CudaBackend {
             return Ok(());
         };
         if let Some(quant) = layout.quant() {
-            let entry = "paged_attention_quant";
-            let f = self.function(entry, entry)?;
             let shape = quant_shape(&layout, quant, shape)?;
             let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&q.buf)
-                .arg(&cache.k)
-                .arg(&cache.v)
-                .arg(&idx.row_seq.buf)
-                .arg(&idx.positions.buf)
-                .arg(&idx.block_tables.buf)
-                .arg(&shape)
-                .arg(&mut out.buf);
-            return self.launch(entry, &mut args, config(grid, WARP_THREADS, 0));
+            return sig::paged_attention_quant(
+                self,
+                Which::ONE,
+                config(grid, WARP_THREADS, 0),
+                &q.buf,
+                &cache.k,
+                &cache.v,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &shape,
+                &mut out.buf,
+            );
         }
-        let suffix = match layout.dtype {
-            KvDtype::F16 => "f16",
-            _ => "f32",
-        };
+        let suffix = kv_variant(layout.dtype);
         match self.config.attention {
             AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
                 let max_context = p.max_blocks_per_seq * p.block_size;
@@ -1482,30 +1514,33 @@ impl Backend for CudaBackend {
         };
         // One warp per (KV head, row).
         let grid = (to_u32(p.kv_heads, "kv_heads")?, grid_yz(p.rows, "rows")?, 1);
-        let (file, entry) = match layout.dtype {
-            KvDtype::Int8 | KvDtype::Int4 => {
-                ("paged_attention_quant", "paged_attention_quant_scores")
-            }
-            KvDtype::F16 => ("paged_attention", "paged_attention_scores_f16"),
-            KvDtype::F32 => ("paged_attention", "paged_attention_scores_f32"),
-        };
-        let f = self.function(file, entry)?;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&q.buf)
-            .arg(&cache.k)
-            .arg(&idx.row_seq.buf)
-            .arg(&idx.positions.buf)
-            .arg(&idx.block_tables.buf);
-        let quant = match layout.quant() {
-            Some(quant) => Some(quant_shape(&layout, quant, shape)?),
-            None => None,
-        };
-        match &quant {
-            Some(quant) => args.arg(quant),
-            None => args.arg(&shape),
-        };
-        args.arg(&mut scores.buf);
-        self.launch(entry, &mut args, config(grid, WARP_THREADS, 0))
+        let cfg = config(grid, WARP_THREADS, 0);
+        match layout.quant() {
+            Some(quant) => sig::paged_attention_quant_scores(
+                self,
+                Which::ONE,
+                cfg,
+                &q.buf,
+                &cache.k,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &quant_shape(&layout, quant, shape)?,
+                &mut scores.buf,
+            ),
+            None => sig::paged_attention_scores(
+                self,
+                Which::variant(kv_variant(layout.dtype)),
+                cfg,
+                &q.buf,
+                &cache.k,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &shape,
+                &mut scores.buf,
+            ),
+        }
     }
 
     fn swiglu(
@@ -1515,7 +1550,7 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        self.gated_product("swiglu", gate, up, len, out)
+        self.gated_product(Glu::SwiGlu, gate, up, len, out)
     }
 
     fn geglu(
@@ -1525,7 +1560,7 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        self.gated_product("geglu", gate, up, len, out)
+        self.gated_product(Glu::GeGlu, gate, up, len, out)
     }
 
     fn scale(&self, x: &mut CudaTensor, len: usize, factor: f32) -> Result<()> {
@@ -1533,12 +1568,16 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let f = self.function("scale", "scale")?;
         let len64 = len as u64;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&mut x.buf).arg(&len64).arg(&factor);
         let grid = (blocks_for(len, 256, "len")?.min(1 << 16), 1, 1);
-        self.launch("scale", &mut args, config(grid, 256, 0))
+        sig::scale(
+            self,
+            Which::ONE,
+            config(grid, 256, 0),
+            &mut x.buf,
+            &len64,
+            &factor,
+        )
     }
 
     fn gather_rows(
@@ -1556,15 +1595,17 @@ impl Backend for CudaBackend {
         }
         // The source rows are device data: the kernel trusts them to lie in
         // `x`, as the CPU reference's indexing does.
-        let f = self.function("gather_rows", "gather_rows")?;
         let width32 = to_u32(width, "width")?;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&x.buf)
-            .arg(&rows.buf)
-            .arg(&width32)
-            .arg(&mut out.buf);
         let grid = (blocks_for(width, 256, "width")?, grid_yz(n, "rows")?, 1);
-        self.launch("gather_rows", &mut args, config(grid, 256, 0))
+        sig::gather_rows(
+            self,
+            Which::ONE,
+            config(grid, 256, 0),
+            &x.buf,
+            &rows.buf,
+            &width32,
+            &mut out.buf,
+        )
     }
 
     fn moe_route(
@@ -1586,22 +1627,26 @@ impl Backend for CudaBackend {
         if p.rows == 0 {
             return Ok(());
         }
-        let f = self.function("moe_route", "moe_route")?;
-        let scalars = [
+        let (rows, experts, k) = (
             to_u32(p.rows, "rows")?,
             to_u32(p.experts, "experts")?,
             to_u32(p.k, "k")?,
-            u32::from(p.normalize),
-            u32::from(p.shared_gate),
-        ];
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&logits.buf);
-        for s in &scalars {
-            args.arg(s);
-        }
-        args.arg(&mut ids.buf).arg(&mut weights.buf);
+        );
+        let (normalize, shared_gate) = (u32::from(p.normalize), u32::from(p.shared_gate));
         let grid = (blocks_for(p.rows, 64, "rows")?, 1, 1);
-        self.launch("moe_route", &mut args, config(grid, 64, 0))
+        sig::moe_route(
+            self,
+            Which::ONE,
+            config(grid, 64, 0),
+            &logits.buf,
+            &rows,
+            &experts,
+            &k,
+            &normalize,
+            &shared_gate,
+            &mut ids.buf,
+            &mut weights.buf,
+        )
     }
 
     fn moe_combine(
@@ -1621,23 +1666,25 @@ impl Backend for CudaBackend {
         }
         // The rows and ids are device data: the kernel trusts them to lie in
         // `out` and `weights`, as the CPU reference's indexing does.
-        let f = self.function("moe_combine", "moe_combine")?;
         let (width, slots) = (to_u32(p.width, "width")?, to_u32(p.slots, "slots")?);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&y.buf)
-            .arg(&rows.buf)
-            .arg(&ids.buf)
-            .arg(&weights.buf)
-            .arg(&width)
-            .arg(&p.expert)
-            .arg(&slots)
-            .arg(&mut out.buf);
         let grid = (
             blocks_for(p.width, 256, "width")?,
             grid_yz(p.count, "rows")?,
             1,
         );
-        self.launch("moe_combine", &mut args, config(grid, 256, 0))
+        sig::moe_combine(
+            self,
+            Which::ONE,
+            config(grid, 256, 0),
+            &y.buf,
+            &rows.buf,
+            &ids.buf,
+            &weights.buf,
+            &width,
+            &p.expert,
+            &slots,
+            &mut out.buf,
+        )
     }
 
     fn argmax(
@@ -1652,12 +1699,16 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function("argmax", "argmax")?;
         let width32 = to_u32(width, "width")?;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&x.buf).arg(&width32).arg(&mut out.buf);
         let grid = (to_u32(rows, "rows")?, 1, 1);
-        self.launch("argmax", &mut args, config(grid, row_threads(width), 0))
+        sig::argmax(
+            self,
+            Which::ONE,
+            config(grid, row_threads(width), 0),
+            &x.buf,
+            &width32,
+            &mut out.buf,
+        )
     }
 }
 
@@ -1672,26 +1723,25 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
-        let entry = format!("matmul_{}_{variant}", format_stem(w.format));
-        let f = self.function(matmul_kernel_name(w.format), &entry)?;
         let bias_fmt = bias.map_or(0, |b| format_code(b.format));
         let (tokens, n32, cols32) = (
             to_u32(rows, "rows")?,
             to_u32(w.rows, "n")?,
             to_u32(w.cols, "cols")?,
         );
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&w.buf).arg(&x.buf);
-        match bias {
-            Some(b) => args.arg(&b.buf),
-            None => args.arg(&NULL_DEVICE_PTR),
-        };
-        args.arg(&bias_fmt)
-            .arg(&mut out.buf)
-            .arg(&tokens)
-            .arg(&n32)
-            .arg(&cols32);
-        self.launch(&entry, &mut args, cfg)
+        sig::matmul(
+            self,
+            Which::format_variant(w.format, &variant),
+            cfg,
+            &w.buf,
+            &x.buf,
+            bias.map(|b| &b.buf),
+            &bias_fmt,
+            &mut out.buf,
+            &tokens,
+            &n32,
+            &cols32,
+        )
     }
 
     /// cuBLAS and the half type when a matmul of `rows` tokens by `w` goes
@@ -1699,11 +1749,7 @@ impl CudaBackend {
     /// rows, the only steps recorded as graphs) never does, so the scratch
     /// these paths grow is never needed during a capture.
     fn cublas_for(&self, w: &CudaWeight, rows: usize) -> Option<(&Blas, HalfType)> {
-        let ty = match w.format {
-            WeightFormat::F16 => HalfType::F16,
-            WeightFormat::BF16 => HalfType::BF16,
-            _ => return None,
-        };
+        let ty = half_type(w.format)?;
         let blas = self.blas.as_ref()?;
         (rows > GEMV_MAX_TOKENS && w.cols > 0).then_some((blas, ty))
     }
@@ -1729,23 +1775,23 @@ impl CudaBackend {
             self.half_gemms(blas, ty, halves, w, 0..w.rows, rows, &mut out.buf, false)?;
         }
         if let Some(b) = bias {
-            let file = matmul_kernel_name(w.format);
-            let entry = format!("{file}_add_bias");
-            let f = self.function(file, &entry)?;
             let bias_fmt = format_code(b.format);
             let (rows32, n32) = (to_u32(rows, "rows")?, to_u32(w.rows, "n")?);
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&mut out.buf)
-                .arg(&b.buf)
-                .arg(&bias_fmt)
-                .arg(&rows32)
-                .arg(&n32);
             let grid = (
                 blocks_for(rows * w.rows, 256, "out elements")?.min(1 << 16),
                 1,
                 1,
             );
-            self.launch(&entry, &mut args, config(grid, 256, 0))?;
+            sig::matmul_add_bias(
+                self,
+                Which::format(w.format),
+                config(grid, 256, 0),
+                &mut out.buf,
+                &b.buf,
+                &bias_fmt,
+                &rows32,
+                &n32,
+            )?;
         }
         Ok(())
     }
@@ -1767,23 +1813,34 @@ impl CudaBackend {
             // One block per row: the row's inverse RMS, then its halves.
             let (fmt, cols32) = (format_code(norm.weight.format), to_u32(cols, "cols")?);
             let cfg = config((to_u32(rows, "rows")?, 1, 1), row_threads(cols), 0);
-            let (format, entry) = match ty {
-                HalfType::F16 => (WeightFormat::F16, "matmul_rms_norm_f16_x"),
-                HalfType::BF16 => (WeightFormat::BF16, "matmul_rms_norm_bf16_split_x"),
-            };
-            let f = self.format_function("matmul_rms_norm", format, entry)?;
             let (mut hi, mut lo) = halves.split_at_mut(len);
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&x.buf)
-                .arg(&norm.weight.buf)
-                .arg(&fmt)
-                .arg(&norm.eps)
-                .arg(&cols32);
-            match ty {
-                HalfType::F16 => args.arg(&mut hi),
-                HalfType::BF16 => args.arg(&mut hi).arg(&mut lo),
+            let (x, weight, eps) = (&x.buf, &norm.weight.buf, &norm.eps);
+            // Units of matmul_rms_norm.cu, each has both; the half format's.
+            return match ty {
+                HalfType::F16 => sig::matmul_rms_norm_f16_x(
+                    self,
+                    Which::format(WeightFormat::F16),
+                    cfg,
+                    x,
+                    weight,
+                    &fmt,
+                    eps,
+                    &cols32,
+                    &mut hi,
+                ),
+                HalfType::BF16 => sig::matmul_rms_norm_bf16_split_x(
+                    self,
+                    Which::format(WeightFormat::BF16),
+                    cfg,
+                    x,
+                    weight,
+                    &fmt,
+                    eps,
+                    &cols32,
+                    &mut hi,
+                    &mut lo,
+                ),
             };
-            return self.launch(entry, &mut args, cfg);
         }
         let len64 = len as u64;
         let cfg = config(
@@ -1791,20 +1848,15 @@ impl CudaBackend {
             256,
             0,
         );
-        let (file, entry) = match ty {
-            HalfType::F16 => ("matmul_f16", "matmul_f16_convert_x"),
-            HalfType::BF16 => ("matmul_bf16", "matmul_bf16_split_x"),
-        };
-        let f = self.function(file, entry)?;
         let (mut hi, mut lo) = halves.split_at_mut(len);
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&x.buf);
         match ty {
-            HalfType::F16 => args.arg(&mut hi),
-            HalfType::BF16 => args.arg(&mut hi).arg(&mut lo),
-        };
-        args.arg(&len64);
-        self.launch(entry, &mut args, cfg)
+            HalfType::F16 => {
+                sig::matmul_f16_convert_x(self, Which::ONE, cfg, &x.buf, &mut hi, &len64)
+            }
+            HalfType::BF16 => {
+                sig::matmul_bf16_split_x(self, Which::ONE, cfg, &x.buf, &mut hi, &mut lo, &len64)
+            }
+        }
     }
 
     /// `out (+)= x · w[w_rows]ᵀ` on cuBLAS from the half activations that
@@ -1887,8 +1939,6 @@ impl CudaBackend {
         let Some(b) = bias else {
             return Ok(());
         };
-        let entry = "matmul_rms_norm_add_bias";
-        let f = self.format_function("matmul_rms_norm", w.format, entry)?;
         let (bias_fmt, rows32) = (format_code(b.format), to_u32(rows, "rows")?);
         let mut start = 0;
         for o in outs.iter_mut() {
@@ -1897,19 +1947,22 @@ impl CudaBackend {
             if o.width == 0 {
                 continue;
             }
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&mut o.out.buf)
-                .arg(&b.buf)
-                .arg(&bias_fmt)
-                .arg(&rows32)
-                .arg(&width)
-                .arg(&start32);
             let grid = (
                 blocks_for(rows * o.width, 256, "out elements")?.min(1 << 16),
                 1,
                 1,
             );
-            self.launch(entry, &mut args, config(grid, 256, 0))?;
+            sig::matmul_rms_norm_add_bias(
+                self,
+                Which::format(w.format),
+                config(grid, 256, 0),
+                &mut o.out.buf,
+                &b.buf,
+                &bias_fmt,
+                &rows32,
+                &width,
+                &start32,
+            )?;
         }
         Ok(())
     }
@@ -1937,13 +1990,17 @@ impl CudaBackend {
         self.half_activations(ty, x, norm, rows, cols, halves)?;
         self.half_gemms(blas, ty, halves, w, 0..f, rows, &mut out.buf, false)?;
         self.half_gemms(blas, ty, halves, w, f..2 * f, rows, up, false)?;
-        let entry = "matmul_glu_gate";
-        let func = self.format_function("matmul_glu", w.format, entry)?;
         let len64 = len as u64;
-        let mut args = self.stream.launch_builder(&func);
-        args.arg(&mut out.buf).arg(&*up).arg(&len64).arg(&act);
         let grid = (blocks_for(len, 256, "out elements")?.min(1 << 16), 1, 1);
-        self.launch(entry, &mut args, config(grid, 256, 0))
+        sig::matmul_glu_gate(
+            self,
+            Which::format(w.format),
+            config(grid, 256, 0),
+            &mut out.buf,
+            &*up,
+            &len64,
+            &act,
+        )
     }
 
     /// Split-K decode attention: a block per (head, row, split of
@@ -1965,8 +2022,6 @@ impl CudaBackend {
         let split_keys = keys_per_split.div_ceil(KEY_TILE).max(1) * KEY_TILE;
         let splits = max_context.div_ceil(split_keys).max(1);
         let split_keys = to_u32(split_keys, "split length")?;
-        let entry = format!("paged_attention_decode_{suffix}");
-        let f = self.function("paged_attention", &entry)?;
         let grid = (
             to_u32(p.heads, "heads")?,
             grid_yz(p.rows, "rows")?,
@@ -1975,35 +2030,34 @@ impl CudaBackend {
         let partial_len = p.rows * p.heads * splits * (p.head_dim + 2);
         let mut partials = self.partials(if splits > 1 { partial_len } else { 1 }, "attention")?;
         let partials = partials.slice()?;
-        {
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&q.buf)
-                .arg(&cache.k)
-                .arg(&cache.v)
-                .arg(&idx.row_seq.buf)
-                .arg(&idx.positions.buf)
-                .arg(&idx.block_tables.buf)
-                .arg(&shape)
-                .arg(&split_keys)
-                .arg(&mut *partials)
-                .arg(&mut out.buf);
-            self.launch(&entry, &mut args, config(grid, ATTENTION_THREADS, 0))?;
-        }
+        sig::paged_attention_decode(
+            self,
+            Which::variant(suffix),
+            config(grid, ATTENTION_THREADS, 0),
+            &q.buf,
+            &cache.k,
+            &cache.v,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            &shape,
+            &split_keys,
+            &mut *partials,
+            &mut out.buf,
+        )?;
         if splits > 1 {
-            let f = self.function("paged_attention", "paged_attention_reduce")?;
             let (heads, head_dim, splits32) =
                 (shape.heads, shape.head_dim, to_u32(splits, "splits")?);
-            let mut args = self.stream.launch_builder(&f);
-            args.arg(&*partials)
-                .arg(&heads)
-                .arg(&head_dim)
-                .arg(&splits32)
-                .arg(&mut out.buf);
             let grid = (shape.heads, grid_yz(p.rows, "rows")?, 1);
-            self.launch(
-                "paged_attention_reduce",
-                &mut args,
+            sig::paged_attention_reduce(
+                self,
+                Which::ONE,
                 config(grid, ATTENTION_THREADS, 0),
+                &*partials,
+                &heads,
+                &head_dim,
+                &splits32,
+                &mut out.buf,
             )?;
         }
         Ok(())
@@ -2022,34 +2076,26 @@ impl CudaBackend {
         suffix: &str,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let entry = format!("paged_attention_prefill_{suffix}");
-        let f = self.function("paged_attention", &entry)?;
+        // More shared memory than the default is opted into by
+        // `CudaBackend::kernel`.
         let smem = prefill_shared_bytes(p.head_dim);
-        if smem > DEFAULT_SMEM_LIMIT {
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| backend_error(format!("{entry}: {smem} bytes of shared memory: {e}")))?;
-        }
         let grid = (
             blocks_for(p.rows, PREFILL_ROWS, "rows")?,
             grid_yz(p.heads, "heads")?,
             1,
         );
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&q.buf)
-            .arg(&cache.k)
-            .arg(&cache.v)
-            .arg(&idx.row_seq.buf)
-            .arg(&idx.positions.buf)
-            .arg(&idx.block_tables.buf)
-            .arg(&shape)
-            .arg(&mut out.buf);
-        self.launch(
-            &entry,
-            &mut args,
+        sig::paged_attention_prefill(
+            self,
+            Which::variant(suffix),
             config(grid, ATTENTION_THREADS, smem as u32),
+            &q.buf,
+            &cache.k,
+            &cache.v,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            &shape,
+            &mut out.buf,
         )
     }
 }
@@ -2237,8 +2283,14 @@ mod tests {
     #[test]
     fn the_one_kernel_mlp_takes_decode_shapes_of_one_f32_activation_format() {
         let q4 = WeightFormat::Q4_K;
-        let entry = |formats, dim, f, rows| {
-            mlp_entry(formats, dim, f, rows).map(|(name, cfg)| (name, cfg.grid_dim.0))
+        let entry = |formats: [WeightFormat; 2], dim, f, rows| {
+            mlp_variant(formats, dim, f, rows).map(|(variant, cfg)| {
+                let which = Which::format_variant(formats[0], &variant);
+                (
+                    sig::MLP_RESIDUAL.resolve(which).unwrap().entry,
+                    cfg.grid_dim.0,
+                )
+            })
         };
         assert_eq!(
             entry([q4; 2], 256, 512, 1),

@@ -12,6 +12,8 @@
 //! - [`cache`]: compiled kernels on disk, per GPU architecture.
 //! - [`backend`]: [`CudaBackend`], the `Backend` implementation.
 //! - [`graph`]: recording a step as a CUDA graph (`Backend::begin_capture`).
+//! - `signatures`: every kernel launched, its file, entry point and
+//!   parameters, in one table the launch code goes through.
 
 pub mod backend;
 pub mod cache;
@@ -21,6 +23,7 @@ pub mod nvrtc;
 pub mod sources;
 
 mod blas;
+mod signatures;
 
 pub use backend::{
     AttentionPath, CudaBackend, CudaConfig, CudaIndices, CudaKvCache, CudaTensor, CudaWeight,
