@@ -142,6 +142,16 @@ impl Backend for CpuBackend {
         kv::copy_kv_blocks(cache, pairs)
     }
 
+    fn all_reduce_sum(
+        &self,
+        t: &mut Tensor,
+        len: usize,
+        comm: &dyn tandem_core::parallel::Communicator,
+    ) -> Result<()> {
+        check::buffer_len("all_reduce_sum", "tensor", t.len(), len)?;
+        comm.all_reduce_sum(&mut t.as_mut_slice()[..len])
+    }
+
     fn supports_format(&self, _format: WeightFormat) -> bool {
         true
     }

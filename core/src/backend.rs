@@ -363,6 +363,21 @@ pub trait Backend: 'static {
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
     /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
     fn copy_kv_blocks(&self, cache: &mut Self::KvCache, pairs: &[(u32, u32)]) -> Result<()>;
+    /// `t`'s first `len` elements become their sum over the ranks of `comm`
+    /// (tensor parallelism's one collective per branch). By default through
+    /// the host, after which `t` holds exactly `len` elements; a backend
+    /// with host tensors or device collectives (NCCL) does it in place.
+    fn all_reduce_sum(
+        &self,
+        t: &mut Self::Tensor,
+        len: usize,
+        comm: &dyn crate::parallel::Communicator,
+    ) -> Result<()> {
+        let mut host = self.download(t, len)?;
+        comm.all_reduce_sum(&mut host)?;
+        *t = self.upload(&host)?;
+        Ok(())
+    }
 
     /// Weight formats `matmul` accepts; the loader refuses others with a clear error.
     fn supports_format(&self, format: WeightFormat) -> bool;

@@ -42,6 +42,11 @@ pub enum Error {
     #[error("out of KV cache blocks: {0}")]
     KvCacheFull(String),
 
+    /// Ranks of a distributed job could not exchange data (a rank died, or
+    /// they disagree on what to run).
+    #[error("communication: {0}")]
+    Communication(String),
+
     #[error("backend {backend}: {message}")]
     Backend { backend: String, message: String },
 }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod parallel;
 pub mod quant;
 pub mod sched;
 pub mod spec;

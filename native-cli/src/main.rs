@@ -3,6 +3,7 @@
 mod backend_select;
 mod commands;
 mod model_path;
+mod parallel;
 mod progress;
 
 use anyhow::Result;
@@ -44,7 +45,20 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let result: Result<()> = match cli.command {
+    let result = match cli.command.model_args().map(|m| (m, parallel::start(m.tp))) {
+        Some((_, Err(e))) => Err(e),
+        Some((args, Ok(parallel::Role::Follower))) => parallel::follow(args),
+        _ => run(cli.command),
+    };
+    parallel::finish();
+    if let Err(e) = result {
+        eprintln!("error: {}", one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
@@ -55,10 +69,21 @@ fn main() {
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::BenchServe(a) => commands::bench_serve::run(a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {}", one_line(&e));
-        std::process::exit(1);
+    }
+}
+
+impl Command {
+    /// The model options of a command that runs a model.
+    fn model_args(&self) -> Option<&commands::ModelArgs> {
+        match self {
+            Command::Run(a) => Some(&a.model),
+            Command::Chat(a) => Some(&a.model),
+            Command::Perplexity(a) => Some(&a.model),
+            Command::Bench(a) => Some(&a.model),
+            Command::Serve(a) => Some(&a.model),
+            Command::BenchServe(a) => Some(&a.model),
+            _ => None,
+        }
     }
 }
 

@@ -164,6 +164,7 @@ impl<B: Backend> Engine<B> {
         let options = LoadOptions {
             layers: None,
             unfused: config.unfused,
+            tensor_parallel: config.tensor_parallel.as_ref(),
         };
         let model = Model::load_with(&backend, files, options, progress)?;
         let cfg = &model.config;
@@ -203,7 +204,15 @@ impl<B: Backend> Engine<B> {
         // A MoE layer reads its routing back to group rows by expert, which
         // a recording cannot do: MoE models decode eagerly.
         let routed = engine.model.config.moe.is_some();
-        if max_batch > 0 && engine.backend.can_record() && !routed {
+        // Nor do the all-reduces of a tensor-parallel model.
+        let split = engine.model.tensor_parallel_plan().is_some();
+        if split && engine.eviction.is_some_and(|e| e.policy.needs_scores()) {
+            return Err(Error::Unsupported(
+                "KV eviction by attention score with tensor parallelism (use --kv-evict streaming)"
+                    .into(),
+            ));
+        }
+        if max_batch > 0 && engine.backend.can_record() && !routed && !split {
             let longest = engine.max_context.min(engine.kv_capacity());
             let widest = rounded_width(longest.div_ceil(engine.config.block_size));
             engine.recorder = Some(DecodeRecorder::new(max_batch, widest));

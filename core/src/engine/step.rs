@@ -170,11 +170,8 @@ impl<B: Backend> Engine<B> {
         let mut sampled: Vec<(SeqId, usize)> = Vec::new();
         let mut scoring: Vec<ScoredRows> = Vec::new();
         for c in &schedule.chunks {
-            if !c.reservation.copies.is_empty() {
-                for cache in &mut self.kv {
-                    self.backend.copy_kv_blocks(cache, &c.reservation.copies)?;
-                }
-            }
+            self.model
+                .copy_kv_blocks(&self.backend, &mut self.kv, &c.reservation.copies)?;
             let s = self.scheduler.get(c.seq).expect("scheduled");
             let table = self
                 .kv_manager

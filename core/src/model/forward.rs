@@ -30,6 +30,7 @@
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
 use super::arch::Activation;
 use super::moe_layer::MoeLayer;
@@ -39,11 +40,13 @@ use crate::backend::{
     AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
     MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
+use crate::parallel::shard::{shard, ShardView};
+use crate::parallel::{Command, Communicator, TensorParallel, TensorParallelPlan};
 use crate::quant::{concat_rows, WeightFormat, WeightView};
 use crate::{Error, Result};
 
 /// The host-side description of one batch.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ForwardBatch {
     /// New tokens of all sequences, flattened.
     pub tokens: Vec<u32>,
@@ -105,6 +108,9 @@ pub struct LoadOptions<'a> {
     /// Run the unfused kernels even where the backend has fused matmuls
     /// (the reference for before/after figures).
     pub unfused: bool,
+    /// Load this rank's tensor-parallel shard (when the job has more than
+    /// one rank): its heads and FFN features, sliced as they are read.
+    pub tensor_parallel: Option<&'a Arc<dyn Communicator>>,
 }
 
 /// Projections that read one input (Q, K, V; gate, up): one weight with the
@@ -159,6 +165,8 @@ pub struct Model<B: Backend> {
     pub weight_bytes: usize,
     /// The backend's fused matmuls run this model (`LoadOptions::unfused` off).
     fused: bool,
+    /// This rank's place when the model is split over several ranks.
+    pub(super) tp: Option<TensorParallel>,
 }
 
 /// Weights are uploaded one tensor at a time; the callback sees (done, total) bytes.
@@ -179,7 +187,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self> {
         let options = LoadOptions {
             layers: Some(layers),
-            unfused: false,
+            ..LoadOptions::default()
         };
         Self::load_with(backend, files, options, progress)
     }
@@ -207,6 +215,28 @@ impl<B: Backend> Model<B> {
         }
         cfg.num_layers = layers.len();
         cfg.layers = layers.iter().map(|&l| cfg.layers[l].clone()).collect();
+        let tp = match options.tensor_parallel {
+            Some(comm) if comm.size() > 1 => {
+                if options.layers.is_some() {
+                    return Err(Error::Unsupported(
+                        "a layer subset of a tensor-parallel model (a self-speculative draft)"
+                            .into(),
+                    ));
+                }
+                let plan = TensorParallelPlan::for_model(files, comm.rank(), comm.size())?;
+                cfg = plan.local_config(&cfg);
+                let tp = TensorParallel {
+                    comm: Arc::clone(comm),
+                    plan,
+                };
+                tp.announce(&Command::Load {
+                    unfused: options.unfused,
+                })?;
+                Some(tp)
+            }
+            _ => None,
+        };
+        let leader = tp.as_ref().is_none_or(|tp| tp.is_leader());
         let total = files.tensors.total_bytes();
         // Shared by the uploads by name and those of experts' slices.
         let done = Cell::new(0usize);
@@ -218,19 +248,25 @@ impl<B: Backend> Model<B> {
             (progress.borrow_mut())(done.get(), total);
             upload(backend, view, is_vector, name)
         };
-        let view = |name: &str| {
-            files
+        // A tensor, or this rank's slice of it.
+        let view = |name: &str| -> Result<ShardView<'_>> {
+            let whole = files
                 .tensors
                 .view(name)
-                .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))
+                .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))?;
+            match &tp {
+                Some(tp) => shard(whole, &tp.plan.split(name), name),
+                None => Ok(ShardView::whole(whole)),
+            }
         };
         let mut get = |name: &str, is_vector: bool| -> Result<B::Weight> {
-            put(view(name)?, is_vector, name)
+            put(view(name)?.view(), is_vector, name)
         };
         // Matrices that read one input, with their biases: concatenated
         // where the fused matmuls can take them, else one by one.
         let projections = |names: &[String], biases: bool| -> Result<Projections<B>> {
-            let views = names.iter().map(|n| view(n)).collect::<Result<Vec<_>>>()?;
+            let shards = names.iter().map(|n| view(n)).collect::<Result<Vec<_>>>()?;
+            let views: Vec<WeightView<'_>> = shards.iter().map(ShardView::view).collect();
             let bias_names = || names.iter().map(|n| n.replace(".weight", ".bias"));
             if let (true, Some(data)) = (fused, concat_rows(&views)) {
                 let concatenated = WeightView {
@@ -244,7 +280,7 @@ impl<B: Backend> Model<B> {
                         let parts = bias_names().map(|n| view(&n)).collect::<Result<Vec<_>>>()?;
                         let values: Vec<u8> = parts
                             .iter()
-                            .flat_map(|v| v.to_f32())
+                            .flat_map(|v| v.view().to_f32())
                             .flat_map(f32::to_le_bytes)
                             .collect();
                         let len = values.len() / 4;
@@ -267,7 +303,9 @@ impl<B: Backend> Model<B> {
                 .iter()
                 .zip(names.iter().zip(bias_names()))
                 .map(|(&v, (name, bias))| {
-                    let b = biases.then(|| put(view(&bias)?, true, &bias)).transpose()?;
+                    let b = biases
+                        .then(|| put(view(&bias)?.view(), true, &bias))
+                        .transpose()?;
                     Ok((put(v, false, name)?, b))
                 })
                 .collect::<Result<Vec<_>>>()
@@ -275,7 +313,8 @@ impl<B: Backend> Model<B> {
         };
         let embed = get("token_embd.weight", false)?;
         let output_norm = get("output_norm.weight", true)?;
-        let output = if cfg.tied_embeddings {
+        // Only rank 0 computes logits.
+        let output = if cfg.tied_embeddings || !leader {
             None
         } else {
             Some(get("output.weight", false)?)
@@ -342,6 +381,7 @@ impl<B: Backend> Model<B> {
             inv_freqs,
             weight_bytes: weight_bytes.get(),
             fused,
+            tp,
         })
     }
 
@@ -353,6 +393,11 @@ impl<B: Backend> Model<B> {
         block_size: usize,
         dtype: KvDtype,
     ) -> Result<Vec<B::KvCache>> {
+        self.announce(Command::AllocKv {
+            num_blocks,
+            block_size,
+            dtype,
+        })?;
         let layout = KvCacheLayout {
             num_blocks,
             block_size,
@@ -388,6 +433,13 @@ impl<B: Backend> Model<B> {
         scores: Option<&mut B::Tensor>,
     ) -> Result<B::Tensor> {
         let shape = self.check_batch(batch, kv)?;
+        if scores.is_some() && self.tp.is_some() {
+            return Err(Error::Unsupported(
+                "KV eviction by attention score with tensor parallelism (use --kv-evict streaming)"
+                    .into(),
+            ));
+        }
+        self.announce(Command::Forward(batch.clone()))?;
         let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
         let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
         self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores)?;
@@ -503,16 +555,19 @@ impl<B: Backend> Model<B> {
         }
         // A branch's output waits in `delta` (pending) until the next norm
         // adds it, unless a fused matmul added it into `residual` itself.
+        let comm = self.tp.as_ref().map(|tp| &*tp.comm);
         let mut stream = Stream {
             residual,
             delta,
             normed,
             pending: false,
             norm,
+            comm,
         };
         // A branch output goes straight into the residual stream when
-        // nothing stands between the projection and the add.
-        let direct = self.fused && cfg.multipliers.residual.is_none();
+        // nothing stands between the projection and the add: not across
+        // ranks, whose partial outputs are summed first.
+        let direct = self.fused && cfg.multipliers.residual.is_none() && comm.is_none();
         for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let widths = [
                 cfg.num_heads * cfg.head_dim,
@@ -624,6 +679,9 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
+        if self.tp.as_ref().is_some_and(|tp| !tp.is_leader()) {
+            return Ok(());
+        }
         let n_logits = shape.logit_rows;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
         let logits_mm = MatmulParams { rows: n_logits };
@@ -661,6 +719,9 @@ struct Stream<'a, B: Backend> {
     normed: &'a mut B::Tensor,
     pending: bool,
     norm: RmsNormParams,
+    /// The other ranks of a tensor-parallel model: branch outputs are
+    /// partial sums until reduced.
+    comm: Option<&'a dyn Communicator>,
 }
 
 /// A fused matmul's input and the norm it applies first, if any.
@@ -803,6 +864,7 @@ impl<B: Backend> Stream<'_, B> {
             self.norm,
             scratch,
             self.delta,
+            self.comm,
         )?;
         if let Some(factor) = branch.residual_multiplier {
             backend.scale(self.delta, self.norm.rows * self.norm.dim, factor)?;
@@ -826,8 +888,10 @@ fn projection_out<'a, T>(
     }
 }
 
-/// `out = x·w`, then RMSNorm by `post_norm` when the architecture has one
-/// (through `scratch`, which such architectures allocate).
+/// `out = x·w` (summed over the ranks of `comm`), then RMSNorm by
+/// `post_norm` when the architecture has one (through `scratch`, which such
+/// architectures allocate).
+#[allow(clippy::too_many_arguments)]
 fn post_normed<B: Backend>(
     backend: &B,
     x: &B::Tensor,
@@ -836,12 +900,22 @@ fn post_normed<B: Backend>(
     norm: RmsNormParams,
     scratch: &mut Option<B::Tensor>,
     out: &mut B::Tensor,
+    comm: Option<&dyn Communicator>,
 ) -> Result<()> {
     let mm = MatmulParams { rows: norm.rows };
+    let len = norm.rows * norm.dim;
+    let reduce = |t: &mut B::Tensor| match comm {
+        Some(comm) => backend.all_reduce_sum(t, len, comm),
+        None => Ok(()),
+    };
     match (post_norm, scratch) {
-        (None, _) => backend.matmul(x, w, None, mm, out),
+        (None, _) => {
+            backend.matmul(x, w, None, mm, out)?;
+            reduce(out)
+        }
         (Some(weight), Some(raw)) => {
             backend.matmul(x, w, None, mm, raw)?;
+            reduce(raw)?;
             backend.rms_norm(raw, weight, norm, out)
         }
         (Some(_), None) => Err(Error::backend(

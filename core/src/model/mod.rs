@@ -27,6 +27,7 @@ pub mod synthetic;
 #[cfg(not(target_arch = "wasm32"))]
 mod synthetic_hf;
 mod synthetic_moe;
+mod tensor_parallel;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

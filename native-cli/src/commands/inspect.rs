@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::DEFAULT_BLOCK_SIZE;
+use tandem_core::parallel::TensorParallelPlan;
 use tandem_quantize::dense::{linear_name, LINEARS};
 
 use super::ModelArgs;
@@ -28,6 +29,9 @@ pub struct InspectArgs {
     /// KV cache element type whose size per token to report.
     #[arg(long, default_value = "f32", value_parser = super::parse_kv_dtype)]
     pub kv_dtype: KvDtype,
+    /// Show how `--tp N` would split the model: each rank's heads and FFN features.
+    #[arg(long, value_name = "N")]
+    pub tp: Option<usize>,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -46,6 +50,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         kv_dtype: args.kv_dtype,
         graph_batch: 0,
         unfused: false,
+        tp: 1,
     };
     let files = model_args.load_files()?;
     let c = &files.config;
@@ -113,6 +118,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
         .map(|d| format!("{d} {}", kv_bytes(d)))
         .collect();
     println!("                (other KV dtypes: {})", others.join(", "));
+    if let Some(tp) = args.tp {
+        for line in TensorParallelPlan::describe(&files, tp)? {
+            println!("--tp {tp}:        {line}");
+        }
+    }
 
     let mut by_format: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for t in files.tensors.tensors() {

@@ -59,6 +59,10 @@ pub struct ModelArgs {
     /// the reference of the fusion figures.
     #[arg(long)]
     pub unfused: bool,
+    /// Tensor parallelism: split every layer's heads and FFN over N ranks
+    /// (start as `mpirun -np N tandem ... --tp N`; needs the `mpi` build).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub tp: usize,
 }
 
 pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
@@ -166,8 +170,9 @@ pub fn build_engine<B: Backend>(
 pub fn build_engine_with<B: Backend>(
     backend: B,
     files: &ModelFiles,
-    config: EngineConfig,
+    mut config: EngineConfig,
 ) -> Result<Engine<B>> {
+    config.tensor_parallel = config.tensor_parallel.or_else(crate::parallel::job);
     let mut progress = LoadProgress::new(files.path.display().to_string());
     Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))

@@ -1,0 +1,84 @@
+//! Running one model over several ranks: tensor parallelism.
+//!
+//! A [`Communicator`] moves f32 activations and command bytes between the
+//! ranks of one job. `core` holds the trait and the single-rank
+//! implementation; the transports live outside it (MPI in `tandem-mpi`, for
+//! CPU and wgpu ranks; NCCL belongs to the CUDA backend), so `core` names none.
+//!
+//! Tensor parallelism (`plan`) gives each rank whole attention heads and a
+//! slice of the FFN width: Q/K/V and gate/up split by output rows, O and down
+//! by input columns, so each rank's branch output is a partial sum that one
+//! all-reduce per branch completes. Weights are sliced as they are read
+//! (`shard`), and rank 0 drives the others through `link`: every forward
+//! pass, KV allocation and block copy it makes is sent first, so all ranks
+//! run the same kernels in the same order.
+
+pub mod link;
+pub mod plan;
+pub mod shard;
+
+pub use link::{announce, receive, Command, TensorParallel};
+pub use plan::TensorParallelPlan;
+
+use crate::Result;
+
+/// Collective and point-to-point operations among the ranks of one job.
+/// Every rank calls the collectives in the same order; slices have the same
+/// length on every rank unless a method says otherwise.
+pub trait Communicator: Send + Sync + std::fmt::Debug {
+    /// This rank, `0..size()`.
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// `data` becomes the element-wise sum of every rank's `data`.
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()>;
+    /// `out` (`size()` × `local.len()`) becomes every rank's `local`, in rank order.
+    fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<()>;
+    /// Chunk `r` of `send` goes to rank `r`; chunk `r` of `recv` comes from
+    /// rank `r` (`size()` equal chunks each).
+    fn all_to_all(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
+    fn send(&self, data: &[f32], to: usize) -> Result<()>;
+    fn recv(&self, data: &mut [f32], from: usize) -> Result<()>;
+    /// `data` on every rank becomes `root`'s (its length included).
+    fn broadcast_bytes(&self, data: &mut Vec<u8>, root: usize) -> Result<()>;
+    fn barrier(&self) -> Result<()>;
+}
+
+/// The communicator of a job with one rank: every collective is the identity.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleRank;
+
+impl Communicator for SingleRank {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _data: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&self, local: &[f32], out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(local);
+        Ok(())
+    }
+    fn all_to_all(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn send(&self, _data: &[f32], to: usize) -> Result<()> {
+        Err(no_peer(to))
+    }
+    fn recv(&self, _data: &mut [f32], from: usize) -> Result<()> {
+        Err(no_peer(from))
+    }
+    fn broadcast_bytes(&self, _data: &mut Vec<u8>, _root: usize) -> Result<()> {
+        Ok(())
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn no_peer(rank: usize) -> crate::Error {
+    crate::Error::Communication(format!("rank {rank} does not exist: this job has one rank"))
+}

@@ -1,0 +1,119 @@
+//! `--tp N`: one model over N ranks started by `mpirun -np N tandem ...`.
+//!
+//! Every rank parses the same command line. Rank 0 runs the command as it
+//! would alone (it alone reads stdin, writes the completion, serves HTTP);
+//! its engines load the model split (`EngineConfig::tensor_parallel`).
+//! The other ranks never run the command: they load their shard of each
+//! model rank 0 loads and run what it announces (`Model::follow`), until
+//! rank 0 says the job is over.
+
+use std::sync::{Arc, Mutex};
+
+#[cfg(not(feature = "mpi"))]
+use anyhow::bail;
+use anyhow::{Context, Result};
+use tandem_core::model::forward::{LoadOptions, Model};
+use tandem_core::parallel::{announce, receive, Command, Communicator};
+use tandem_core::Backend;
+
+use crate::backend_select::{dispatch, WithBackend};
+use crate::commands::ModelArgs;
+
+/// The job's communicator, from `start` until `finish`.
+static JOB: Mutex<Option<Arc<dyn Communicator>>> = Mutex::new(None);
+
+/// What this process does in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Alone: no `--tp`.
+    Single,
+    /// Rank 0 of a job: runs the command.
+    Leader,
+    /// Another rank: follows rank 0.
+    Follower,
+}
+
+/// The job's communicator, when this process is one rank of several.
+pub fn job() -> Option<Arc<dyn Communicator>> {
+    JOB.lock().ok()?.clone()
+}
+
+/// Joins the job that `--tp tp` asks for.
+pub fn start(tp: usize) -> Result<Role> {
+    if tp <= 1 {
+        return Ok(Role::Single);
+    }
+    join(tp)
+}
+
+#[cfg(feature = "mpi")]
+fn join(tp: usize) -> Result<Role> {
+    let comm = tandem_mpi::MpiCommunicator::init()?;
+    anyhow::ensure!(
+        comm.size() == tp,
+        "--tp {tp} needs {tp} ranks: start it as `mpirun -np {tp} tandem ...` (this job has {})",
+        comm.size()
+    );
+    let role = match comm.rank() {
+        0 => Role::Leader,
+        _ => Role::Follower,
+    };
+    *JOB.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(comm));
+    Ok(role)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn join(tp: usize) -> Result<Role> {
+    bail!("--tp {tp}: this tandem was built without MPI (cargo feature `mpi`)")
+}
+
+/// Ends this process's part in the job: rank 0 releases the followers,
+/// and MPI is finalised once the last engine holding it is gone.
+pub fn finish() {
+    let Some(comm) = JOB.lock().ok().and_then(|mut job| job.take()) else {
+        return;
+    };
+    if comm.rank() == 0 {
+        let _ = announce(&*comm, &Command::Exit);
+    }
+}
+
+/// A follower rank's life, on the backend `args` choose.
+pub fn follow(args: &ModelArgs) -> Result<()> {
+    let comm = job().context("no job to follow")?;
+    dispatch(args.backend, args.threads, Follow { args, comm })
+}
+
+struct Follow<'a> {
+    args: &'a ModelArgs,
+    comm: Arc<dyn Communicator>,
+}
+
+impl WithBackend for Follow<'_> {
+    type Output = ();
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let rank = self.comm.rank();
+        let files = self.args.load_files()?;
+        loop {
+            match receive(&*self.comm)? {
+                Command::Load { unfused } => {
+                    let options = LoadOptions {
+                        layers: None,
+                        unfused,
+                        tensor_parallel: Some(&self.comm),
+                    };
+                    let model = Model::load_with(&backend, &files, options, &mut |_, _| {})
+                        .with_context(|| {
+                            format!("rank {rank}: loading {}", files.path.display())
+                        })?;
+                    model
+                        .follow(&backend)
+                        .with_context(|| format!("rank {rank}"))?;
+                }
+                Command::Exit => return Ok(()),
+                other => anyhow::bail!("rank {rank}: rank 0 sent {other:?} before loading a model"),
+            }
+        }
+    }
+}
