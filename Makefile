@@ -16,7 +16,7 @@ run: model
 ## Install what the tests need, then run the whole suite.
 test: deps models
 	$(CARGO) check --target wasm32-unknown-unknown -p tandem-core -p tandem-wgpu
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --no-fail-fast --features tandem/mpi
 	$(MAKE) test-web WEB_NATIVE_TANDEM=$(NATIVE_DEBUG)/tandem
 	$(MAKE) fuzz-smoke
 
@@ -45,7 +45,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features tandem/mpi -- -D warnings
 	$(CARGO) clippy --target wasm32-unknown-unknown -p tandem-web -p tandem-web-kernel-tests --all-targets -- -D warnings
 
 # ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----

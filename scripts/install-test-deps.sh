@@ -17,6 +17,16 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     apt-get install -y -qq mesa-vulkan-drivers >/dev/null
 fi
 
+# OpenMPI for tensor parallelism (`--tp` under mpirun, the `mpi` feature
+# `make test` builds): the library and mpirun, and libclang for the bindings
+# the `mpi` crate generates against mpi.h.
+if ! command -v mpirun >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
+    || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq libopenmpi-dev openmpi-bin libclang-dev >/dev/null
+fi
+
 # NVRTC and the CUDA headers (PyPI wheels), so every kernels/*.cu is compiled in the tests.
 "$here/install-nvrtc.sh"
 

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 #[cfg(not(feature = "mpi"))]
 use anyhow::bail;
 use anyhow::{Context, Result};
+use tandem_core::backend::KvDtype;
+use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::model::forward::{LoadOptions, Model};
 use tandem_core::parallel::{announce, receive, Command, Communicator};
 use tandem_core::Backend;
@@ -78,6 +80,30 @@ pub fn finish() {
     }
 }
 
+/// One rank's share and its memory, a line on stderr per rank and model:
+/// `rank R of N: query heads .., KV heads .., FFN features ..; weights B
+/// bytes, KV B bytes per token, RSS B bytes` (RSS where /proc has it).
+pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String {
+    let Some(plan) = model.tensor_parallel_plan() else {
+        return String::new();
+    };
+    let c = &model.config;
+    let kv =
+        c.num_layers * kv_dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE);
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(format!(", RSS {} bytes", kib * 1024))
+        })
+        .unwrap_or_default();
+    format!(
+        "rank {} of {}: query heads {:?}, KV heads {:?}, FFN features {:?}; weights {} bytes, KV {kv} bytes per token{rss}",
+        plan.rank, plan.size, plan.heads, plan.kv_heads, plan.ffn, model.loaded_bytes
+    )
+}
+
 /// A follower rank's life, on the backend `args` choose.
 pub fn follow(args: &ModelArgs) -> Result<()> {
     let comm = job().context("no job to follow")?;
@@ -107,6 +133,7 @@ impl WithBackend for Follow<'_> {
                         .with_context(|| {
                             format!("rank {rank}: loading {}", files.path.display())
                         })?;
+                    eprintln!("{}", describe_rank(&model, self.args.kv_dtype));
                     model
                         .follow(&backend)
                         .with_context(|| format!("rank {rank}"))?;

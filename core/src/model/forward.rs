@@ -163,6 +163,8 @@ pub struct Model<B: Backend> {
     /// Bytes of weights read per decoded token (for bandwidth figures):
     /// of a MoE model, the experts one token is routed to.
     pub weight_bytes: usize,
+    /// Bytes of weights this model put on the backend (a rank's shard only).
+    pub loaded_bytes: usize,
     /// The backend's fused matmuls run this model (`LoadOptions::unfused` off).
     fused: bool,
     /// This rank's place when the model is split over several ranks.
@@ -380,6 +382,7 @@ impl<B: Backend> Model<B> {
             layers: layer_weights,
             inv_freqs,
             weight_bytes: weight_bytes.get(),
+            loaded_bytes: done.get(),
             fused,
             tp,
         })

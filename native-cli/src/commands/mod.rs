@@ -174,8 +174,16 @@ pub fn build_engine_with<B: Backend>(
 ) -> Result<Engine<B>> {
     config.tensor_parallel = config.tensor_parallel.or_else(crate::parallel::job);
     let mut progress = LoadProgress::new(files.path.display().to_string());
-    Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
-        .with_context(|| format!("loading {}", files.path.display()))
+    let kv_dtype = config.kv_dtype;
+    let engine = Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
+        .with_context(|| format!("loading {}", files.path.display()))?;
+    if engine.model().tensor_parallel_plan().is_some() {
+        eprintln!(
+            "{}",
+            crate::parallel::describe_rank(engine.model(), kv_dtype)
+        );
+    }
+    Ok(engine)
 }
 
 /// Timings of one generation.
