@@ -412,6 +412,17 @@ missing() {
   record "$1" MISSING "-"
 }
 
+# SmolLM2's greedy token ids on one GPU and split over two (NCCL) agree.
+#   tp2_greedy TANDEM MODEL
+tp2_greedy() {
+  local run=(run --backend cuda --model "$2" -n 24 --token-ids "The capital of France is") one two
+  one=$("$1" "${run[@]}" 2>&1 | grep '^token ids:')
+  two=$(mpirun --allow-run-as-root -np 2 "$1" "${run[@]}" --tp 2 2>&1 | grep '^token ids:')
+  echo "one GPU:  $one"
+  echo "two GPUs: $two"
+  [ -n "$one" ] && [ "$one" = "$two" ]
+}
+
 main() {
   mkdir -p "$out"
   : >"$summary"
@@ -456,6 +467,18 @@ main() {
     step bench-smollm2-135m-unfused 60 "$tandem" "${bench[@]}" "${smollm_model[@]}" --unfused
     step bench-llama3-8b-f16 120 "$tandem" "${bench[@]}" --random-weights llama3-8b --weight-format f16
     step bench-llama3-8b-q4_1 120 "$tandem" "${bench[@]}" --random-weights llama3-8b --weight-format q4_1
+    # Tensor parallelism over two GPUs through NCCL (NCCL refuses two ranks
+    # on one GPU): SmolLM2's greedy tokens split over two ranks, against one.
+    # The one-rank NCCL all-reduce runs in the end-to-end tests above.
+    local gpus
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ "${gpus:-0}" -ge 2 ] && [ -f "$smollm" ] && command -v mpirun >/dev/null; then
+      # `timeout` runs programs, not functions: through bash.
+      export -f tp2_greedy
+      step tp2-greedy 120 bash -c 'tp2_greedy "$@"' tp2 "$tandem" "$smollm"
+    else
+      log "TP=2 over NCCL not run: it needs 2 GPUs (found ${gpus:-0}), mpirun and the SmolLM2 GGUF"
+    fi
   fi
 
   if [ "$mode" = run ]; then

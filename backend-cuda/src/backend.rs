@@ -337,6 +337,8 @@ pub struct CudaBackend {
     /// Set once a graph was recorded: outgrown scratch buffers are retired
     /// rather than freed from then on.
     pub(crate) recorded: AtomicBool,
+    /// The GPUs of a tensor-parallel job (`Backend::join_ranks`).
+    nccl: std::sync::OnceLock<crate::nccl::Nccl>,
 }
 
 #[derive(Default)]
@@ -406,6 +408,7 @@ impl CudaBackend {
             captured_launches: AtomicU64::new(0),
             capturing: AtomicBool::new(false),
             recorded: AtomicBool::new(false),
+            nccl: std::sync::OnceLock::new(),
         })
     }
 
@@ -876,6 +879,32 @@ impl Backend for CudaBackend {
 
     fn write_indices(&self, dst: &mut CudaIndices, data: &[u32]) -> Result<()> {
         self.write_prefix("write_indices", &mut dst.buf, data)
+    }
+
+    fn join_ranks(&self, comm: &dyn tandem_core::parallel::Communicator) -> Result<()> {
+        if self.nccl.get().is_none() {
+            let nccl = crate::nccl::Nccl::join(Arc::clone(&self.stream), comm)?;
+            let _ = self.nccl.set(nccl);
+        }
+        Ok(())
+    }
+
+    fn all_reduce_sum(
+        &self,
+        t: &mut CudaTensor,
+        len: usize,
+        comm: &dyn tandem_core::parallel::Communicator,
+    ) -> Result<()> {
+        self.refuse_while_capturing("all_reduce_sum")?;
+        check_len("all_reduce_sum", t.buf.len(), len)?;
+        match self.nccl.get() {
+            Some(nccl) if nccl.size() == comm.size() => nccl.all_reduce_sum(&mut t.buf, len),
+            _ => {
+                let mut host = download(&self.stream, &t.buf, len)?;
+                comm.all_reduce_sum(&mut host)?;
+                self.write_prefix("all_reduce_sum", &mut t.buf, &host)
+            }
+        }
     }
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {

@@ -12,6 +12,7 @@
 //! - [`cache`]: compiled kernels on disk, per GPU architecture.
 //! - [`backend`]: [`CudaBackend`], the `Backend` implementation.
 //! - [`graph`]: recording a step as a CUDA graph (`Backend::begin_capture`).
+//! - [`nccl`]: the all-reduce of a tensor-parallel job between GPUs.
 //! - `signatures`: every kernel launched, its file, entry point and
 //!   parameters, in one table the launch code goes through.
 
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod cache;
 pub mod device;
 pub mod graph;
+pub mod nccl;
 pub mod nvrtc;
 pub mod sources;
 

@@ -363,6 +363,12 @@ pub trait Backend: 'static {
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
     /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
     fn copy_kv_blocks(&self, cache: &mut Self::KvCache, pairs: &[(u32, u32)]) -> Result<()>;
+    /// Joins the other ranks of `comm` for device-side collectives (NCCL),
+    /// once; by default collectives go through the host (`all_reduce_sum`).
+    fn join_ranks(&self, _comm: &dyn crate::parallel::Communicator) -> Result<()> {
+        Ok(())
+    }
+
     /// `t`'s first `len` elements become their sum over the ranks of `comm`
     /// (tensor parallelism's one collective per branch). By default through
     /// the host, after which `t` holds exactly `len` elements; a backend

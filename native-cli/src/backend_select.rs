@@ -2,7 +2,6 @@
 //! [`WithBackend`] visitor, generic over the backend type, and this module
 //! instantiates them for the backend the user chose.
 
-#[cfg(not(all(feature = "wgpu", feature = "cuda")))]
 use anyhow::bail;
 use anyhow::Result;
 use clap::ValueEnum;
@@ -21,25 +20,47 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// Where a command runs: `--backend`, `--threads` and `--device`.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub backend: BackendChoice,
+    pub threads: usize,
+    /// A CUDA device ordinal; `None`: this rank's index on its machine.
+    pub device: Option<usize>,
+}
+
+impl Target {
+    /// The CUDA device to open: `--device`, else the local rank (0 alone).
+    fn cuda_device(&self) -> usize {
+        self.device.unwrap_or_else(crate::parallel::local_rank)
+    }
+}
+
 /// A command body that runs on any backend.
 pub trait WithBackend {
     type Output;
     fn run<B: Backend>(self, backend: B) -> Result<Self::Output>;
 }
 
-pub fn dispatch<W: WithBackend>(
-    choice: BackendChoice,
-    threads: usize,
-    body: W,
-) -> Result<W::Output> {
-    match choice {
+pub fn dispatch<W: WithBackend>(target: Target, body: W) -> Result<W::Output> {
+    let threads = target.threads;
+    if let (Some(device), BackendChoice::Cpu | BackendChoice::Wgpu) =
+        (target.device, target.backend)
+    {
+        let name = target.backend.to_possible_value().expect("not skipped");
+        bail!(
+            "--device {device} picks a CUDA device; --backend {} has none to pick",
+            name.get_name()
+        );
+    }
+    match target.backend {
         BackendChoice::Cpu => body.run(CpuBackend::new(threads)),
         BackendChoice::Wgpu => run_wgpu(body),
-        BackendChoice::Cuda => run_cuda(body),
+        BackendChoice::Cuda => run_cuda(body, target.cuda_device()),
         BackendChoice::Auto => {
             #[cfg(feature = "cuda")]
             if tandem_cuda::driver_present() {
-                if let Ok(cuda) = tandem_cuda::CudaBackend::new(0) {
+                if let Ok(cuda) = tandem_cuda::CudaBackend::new(target.cuda_device()) {
                     return body.run(cuda);
                 }
             }
@@ -72,11 +93,11 @@ fn run_wgpu<W: WithBackend>(_: W) -> Result<W::Output> {
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda<W: WithBackend>(body: W) -> Result<W::Output> {
-    body.run(tandem_cuda::CudaBackend::new(0)?)
+fn run_cuda<W: WithBackend>(body: W, device: usize) -> Result<W::Output> {
+    body.run(tandem_cuda::CudaBackend::new(device)?)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda<W: WithBackend>(_: W) -> Result<W::Output> {
+fn run_cuda<W: WithBackend>(_: W, _: usize) -> Result<W::Output> {
     bail!("this tandem was built without the CUDA backend (cargo feature `cuda`)")
 }

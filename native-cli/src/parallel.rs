@@ -40,6 +40,15 @@ pub fn job() -> Option<Arc<dyn Communicator>> {
     JOB.lock().ok()?.clone()
 }
 
+/// This rank's index on its machine (0 alone): its default CUDA device.
+pub fn local_rank() -> usize {
+    #[cfg(feature = "mpi")]
+    if let Some(comm) = job() {
+        return tandem_mpi::local_rank().unwrap_or(comm.rank());
+    }
+    0
+}
+
 /// Joins the job that `--tp tp` asks for.
 pub fn start(tp: usize) -> Result<Role> {
     if tp <= 1 {
@@ -107,7 +116,7 @@ pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String 
 /// A follower rank's life, on the backend `args` choose.
 pub fn follow(args: &ModelArgs) -> Result<()> {
     let comm = job().context("no job to follow")?;
-    dispatch(args.backend, args.threads, Follow { args, comm })
+    dispatch(args.target(), Follow { args, comm })
 }
 
 struct Follow<'a> {

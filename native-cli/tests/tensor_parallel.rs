@@ -37,14 +37,20 @@ fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
 }
 
 /// The generated ids and each token's top log-probabilities of a greedy run.
-fn greedy(ranks: usize, model: &Path, prompt: &str, tokens: usize) -> (String, Vec<Vec<f32>>) {
+fn greedy(
+    ranks: usize,
+    backend: &str,
+    model: &Path,
+    prompt: &str,
+    tokens: usize,
+) -> (String, Vec<Vec<f32>>) {
     let n = tokens.to_string();
     let mut args = vec![
         "run",
         "--model",
         model.to_str().unwrap(),
         "--backend",
-        "cpu",
+        backend,
         "-t",
         "1",
         "-n",
@@ -90,10 +96,15 @@ fn greedy(ranks: usize, model: &Path, prompt: &str, tokens: usize) -> (String, V
 
 /// Greedy tokens of `ranks` ranks equal one rank's, log-probabilities within 1e-2.
 fn assert_same_as_one_rank(model: &Path, ranks: &[usize], prompt: &str, tokens: usize) {
-    let (ids, logprobs) = greedy(1, model, prompt, tokens);
+    assert_same_on(model, "cpu", ranks, prompt, tokens)
+}
+
+/// The same on `backend`'s ranks.
+fn assert_same_on(model: &Path, backend: &str, ranks: &[usize], prompt: &str, tokens: usize) {
+    let (ids, logprobs) = greedy(1, backend, model, prompt, tokens);
     assert_eq!(logprobs.len(), tokens, "{ids}");
     for &n in ranks {
-        let (split_ids, split_logprobs) = greedy(n, model, prompt, tokens);
+        let (split_ids, split_logprobs) = greedy(n, backend, model, prompt, tokens);
         assert_eq!(split_ids, ids, "{} over {n} ranks", model.display());
         for (a, b) in split_logprobs
             .iter()
@@ -129,6 +140,14 @@ fn random_models_of_every_wiring_give_the_single_rank_tokens() {
         let model = random_model(dir.path(), preset, WeightFormat::F16);
         assert_same_as_one_rank(&model, &[2], "Once upon", 8);
     }
+}
+
+#[test]
+fn wgpu_ranks_give_the_single_rank_tokens() {
+    // Their all-reduces go through the host: each rank reads its partial sums back.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = random_model(dir.path(), "tiny", WeightFormat::Q4_1);
+    assert_same_on(&tiny, "wgpu", &[2], "Once upon", 8);
 }
 
 #[test]

@@ -60,18 +60,6 @@ impl MpiCommunicator {
         })
     }
 
-    /// This rank's index among the ranks on its own machine (`--device`'s default).
-    pub fn local_rank(&self) -> usize {
-        [
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MPI_LOCALRANKID",
-            "SLURM_LOCALID",
-        ]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(self.rank)
-    }
-
     fn world(&self) -> std::sync::MutexGuard<'_, SimpleCommunicator> {
         // A panic while holding the lock leaves MPI itself in a usable state.
         self.world.lock().unwrap_or_else(|e| e.into_inner())
@@ -112,7 +100,7 @@ impl Communicator for MpiCommunicator {
 
     fn all_to_all(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         check_len("all_to_all", recv.len(), send.len())?;
-        if send.len() % self.size != 0 {
+        if !send.len().is_multiple_of(self.size) {
             return Err(Error::Communication(format!(
                 "all_to_all: {} elements do not split into {} equal chunks",
                 send.len(),
@@ -150,6 +138,18 @@ impl Communicator for MpiCommunicator {
         self.world().barrier();
         Ok(())
     }
+}
+
+/// This process's index among the ranks on its own machine, as the
+/// launcher (OpenMPI's mpirun, MPICH's, Slurm's srun) tells it.
+pub fn local_rank() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {

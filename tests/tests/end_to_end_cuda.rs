@@ -80,3 +80,20 @@ fn cuda_graph_decode_gives_the_eager_events() {
         decode_mix::recorded_decode_matches_eager(|| CudaBackend::new(0).expect("CUDA device"));
     }
 }
+
+/// NCCL on one rank, on the backend's stream, through the path a `--tp`
+/// job's branch outputs take: it initialises, and the sum over one rank
+/// leaves the data as it was.
+#[test]
+fn nccl_all_reduce_on_one_rank() {
+    use tandem_core::Backend;
+    let Some(cuda) = cuda() else {
+        return;
+    };
+    let comm = tandem_core::parallel::SingleRank;
+    cuda.join_ranks(&comm).expect("NCCL on one rank");
+    let data: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let mut t = cuda.upload(&data).unwrap();
+    cuda.all_reduce_sum(&mut t, 999, &comm).unwrap();
+    assert_eq!(cuda.download(&t, 1000).unwrap(), data);
+}

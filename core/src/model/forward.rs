@@ -234,6 +234,8 @@ impl<B: Backend> Model<B> {
                 tp.announce(&Command::Load {
                     unfused: options.unfused,
                 })?;
+                // After the announcement: followers join in their own load.
+                backend.join_ranks(&**comm)?;
                 Some(tp)
             }
             _ => None,

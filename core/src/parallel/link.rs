@@ -143,7 +143,7 @@ fn decode(bytes: &[u8]) -> Result<Command> {
             bytes.len()
         ))
     };
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(bad());
     }
     let words: Vec<u32> = bytes

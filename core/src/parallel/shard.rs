@@ -96,7 +96,7 @@ fn f32_shard(rows: usize, cols: usize, values: Vec<f32>) -> ShardView<'static> {
 fn columns(view: WeightView<'_>, c: Range<usize>) -> ShardView<'static> {
     let block = view.format.block_elems();
     let head = view.format.row_head_bytes();
-    if c.start % block == 0 && (c.end % block == 0 || c.end == view.cols) {
+    if c.start.is_multiple_of(block) && (c.end.is_multiple_of(block) || c.end == view.cols) {
         let bytes = view.format.block_bytes();
         let blocks = c.start / block * bytes..c.end.div_ceil(block) * bytes;
         let mut data = Vec::with_capacity(view.rows * (head + blocks.len()));

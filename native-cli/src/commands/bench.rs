@@ -103,7 +103,7 @@ impl From<RandomWeightFormat> for WeightFormat {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    dispatch(args.model.backend, args.model.threads, args)
+    dispatch(args.model.target(), args)
 }
 
 /// Mean and sample standard deviation.

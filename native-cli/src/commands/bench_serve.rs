@@ -101,7 +101,7 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
             bail!("--{name}-median must be positive and --{name}-sigma non-negative");
         }
     }
-    dispatch(args.model.backend, args.model.threads, args)
+    dispatch(args.model.target(), args)
 }
 
 impl BenchServeArgs {

@@ -36,7 +36,7 @@ pub struct ChatArgs {
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
-    dispatch(args.model.backend, args.model.threads, args)
+    dispatch(args.model.target(), args)
 }
 
 impl WithBackend for ChatArgs {

@@ -51,6 +51,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         graph_batch: 0,
         unfused: false,
         tp: 1,
+        device: None,
     };
     let files = model_args.load_files()?;
     let c = &files.config;

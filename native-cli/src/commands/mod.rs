@@ -27,7 +27,7 @@ use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
 use tandem_core::Backend;
 
-use crate::backend_select::BackendChoice;
+use crate::backend_select::{BackendChoice, Target};
 use crate::model_path;
 use crate::progress::LoadProgress;
 pub use kv_eviction::KvEvictionArgs;
@@ -63,6 +63,9 @@ pub struct ModelArgs {
     /// (start as `mpirun -np N tandem ... --tp N`; needs the `mpi` build).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub tp: usize,
+    /// CUDA device ordinal; under `mpirun`, by default the rank's index on its machine.
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
 }
 
 pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
@@ -73,6 +76,15 @@ pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String>
 }
 
 impl ModelArgs {
+    /// The backend, threads and device the command runs on.
+    pub fn target(&self) -> Target {
+        Target {
+            backend: self.backend,
+            threads: self.threads,
+            device: self.device,
+        }
+    }
+
     pub fn load_files(&self) -> Result<ModelFiles> {
         let path = model_path::resolve(self.model.as_deref())?;
         tandem_core::model::load(&path).map_err(anyhow::Error::from)

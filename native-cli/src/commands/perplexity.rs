@@ -36,7 +36,7 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    dispatch(args.model.backend, args.model.threads, args)
+    dispatch(args.model.target(), args)
 }
 
 /// Running sums of negative log-likelihoods.

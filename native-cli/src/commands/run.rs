@@ -37,7 +37,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    dispatch(args.model.backend, args.model.threads, args)
+    dispatch(args.model.target(), args)
 }
 
 impl WithBackend for RunArgs {

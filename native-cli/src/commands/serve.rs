@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::engine::EngineConfig;
 use tandem_core::model::ModelFiles;
 use tandem_core::Backend;
 use tandem_server::connections::connection_cap;
@@ -14,7 +14,6 @@ use tandem_server::{spawn_engine, ServerConfig};
 use super::speculate::SpeculationArgs;
 use super::{context_length, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
-use crate::progress::LoadProgress;
 
 /// How the engine is sized and scheduled.
 #[derive(Args, Clone, Debug)]
@@ -159,11 +158,7 @@ struct EngineThread {
 impl WithBackend for EngineThread {
     type Output = ();
     fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let mut progress = LoadProgress::new(self.files.path.display().to_string());
-        let mut engine = Engine::new(backend, &self.files, self.config, &mut |d, t| {
-            progress.update(d, t)
-        })
-        .with_context(|| format!("loading {}", self.files.path.display()))?;
+        let mut engine = super::build_engine_with(backend, &self.files, self.config)?;
         self.speculation.attach(&mut engine, &self.files)?;
         let ModelFiles { tokenizer, .. } = self.files;
         self.inbox.run(engine, tokenizer)
@@ -188,13 +183,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("'{}:{}' is not an address", args.host, args.port))?;
-    let (choice, threads) = (args.model.backend, args.model.threads);
+    let target = args.model.target();
     let blocks = config.num_blocks;
     let speculation = args.speculation.clone();
     let engine = spawn_engine(move |inbox| {
         dispatch(
-            choice,
-            threads,
+            target,
             EngineThread {
                 files,
                 config,
