@@ -50,11 +50,13 @@ fn main() {
         Some((args, Ok(parallel::Role::Follower))) => parallel::follow(args),
         _ => run(cli.command),
     };
-    parallel::finish();
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));
+        // Without finalising MPI: a rank of a job exiting with an error
+        // makes mpirun end the others, which may be waiting in a collective.
         std::process::exit(1);
     }
+    parallel::finish();
 }
 
 fn run(command: Command) -> Result<()> {

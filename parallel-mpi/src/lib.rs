@@ -138,6 +138,11 @@ impl Communicator for MpiCommunicator {
         self.world().barrier();
         Ok(())
     }
+
+    fn abort_job(&self, reason: &str) -> ! {
+        eprintln!("error: {reason}");
+        self.world().abort(1)
+    }
 }
 
 /// This process's index among the ranks on its own machine, as the

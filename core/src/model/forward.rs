@@ -446,9 +446,23 @@ impl<B: Backend> Model<B> {
         }
         self.announce(Command::Forward(batch.clone()))?;
         let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
-        let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
-        self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores)?;
-        Ok(logits)
+        // Followers compute no logits.
+        let leader = self.tp.as_ref().is_none_or(|tp| tp.is_leader());
+        let logits_len = if leader {
+            shape.logit_rows.max(1) * self.config.vocab_size
+        } else {
+            1
+        };
+        let mut logits = backend.alloc(logits_len)?;
+        let result = self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores);
+        if let (Err(e), Some(tp)) = (&result, &self.tp) {
+            // The other ranks may wait in a collective this one never reaches.
+            tp.comm.abort_job(&format!(
+                "rank {}: a forward pass failed part-way, leaving the ranks out of step: {e}",
+                tp.comm.rank()
+            ));
+        }
+        result.map(|()| logits)
     }
 
     /// The shape of `batch`, once it is known to fit this model and `kv`.

@@ -41,6 +41,14 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// `data` on every rank becomes `root`'s (its length included).
     fn broadcast_bytes(&self, data: &mut Vec<u8>, root: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
+    /// Ends the whole job after an error that leaves the ranks out of step
+    /// (one failed part-way through a pass the others are still in). By
+    /// default this process exits with status 1 without finalising, which
+    /// makes `mpirun` end the other ranks.
+    fn abort_job(&self, reason: &str) -> ! {
+        eprintln!("error: {reason}");
+        std::process::exit(1)
+    }
 }
 
 /// The communicator of a job with one rank: every collective is the identity.
