@@ -7,13 +7,15 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::quant::WeightFormat;
+
+mod served;
 
 /// A running `tandem serve` and what it has printed on stderr.
 struct Server {
@@ -24,30 +26,13 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        command
             .args(["serve", "--model", model.to_str().unwrap()])
             .args(["--backend", "cpu", "--port", "0", "--model-id", "m"])
             .args(extra)
-            .env("TANDEM_OFFLINE", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (lines, stderr) = mpsc::channel();
-        let pipe = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in pipe.lines().map_while(Result::ok) {
-                let _ = lines.send(line);
-            }
-        });
-        let addr = loop {
-            let line = stderr
-                .recv_timeout(Duration::from_secs(120))
-                .expect("the server did not start");
-            if let Some(rest) = line.split_once("http://").map(|(_, r)| r) {
-                break rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-        };
+            .env("TANDEM_OFFLINE", "1");
+        let (child, addr, stderr) = served::spawn(command);
         Server {
             child,
             addr,

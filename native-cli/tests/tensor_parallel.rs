@@ -8,15 +8,17 @@
 //! job within seconds.
 #![cfg(all(unix, feature = "mpi"))]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::quant::WeightFormat;
+
+mod served;
 use tandem_tests::http_client::{request, venv_python};
 use tandem_tests::model_path;
 
@@ -270,7 +272,7 @@ struct Job {
 
 impl Job {
     fn start(model: &Path) -> Job {
-        let mut mpirun = mpirun_command(
+        let command = mpirun_command(
             2,
             &[
                 "serve",
@@ -287,26 +289,8 @@ impl Job {
                 "--api-key",
                 KEY,
             ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let (lines, stderr) = mpsc::channel();
-        let pipe = BufReader::new(mpirun.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in pipe.lines().map_while(Result::ok) {
-                let _ = lines.send(line);
-            }
-        });
-        let addr = loop {
-            let line = stderr
-                .recv_timeout(Duration::from_secs(120))
-                .expect("the server did not start");
-            if let Some(rest) = line.split_once("http://").map(|(_, r)| r) {
-                break rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-        };
+        );
+        let (mpirun, addr, stderr) = served::spawn(command);
         Job {
             mpirun,
             addr,
