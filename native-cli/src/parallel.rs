@@ -6,6 +6,10 @@
 //! The other ranks never run the command: they load their shard of each
 //! model rank 0 loads and run what it announces (`Model::follow`), until
 //! rank 0 says the job is over.
+//!
+//! The job's communicator is [`Metered`](tandem_core::parallel::Metered):
+//! `bench --tp` reads the bytes and time of its collectives on rank 0
+//! through [`meter`].
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +19,9 @@ use anyhow::{Context, Result};
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::model::forward::{LoadOptions, Model};
-use tandem_core::parallel::{announce, receive, Command, Communicator};
+#[cfg(feature = "mpi")]
+use tandem_core::parallel::Metered;
+use tandem_core::parallel::{announce, receive, Command, Communicator, Meter};
 use tandem_core::Backend;
 
 use crate::backend_select::{dispatch, WithBackend};
@@ -23,6 +29,9 @@ use crate::commands::ModelArgs;
 
 /// The job's communicator, from `start` until `finish`.
 static JOB: Mutex<Option<Arc<dyn Communicator>>> = Mutex::new(None);
+
+/// The counters of the job's communicator.
+static METER: Mutex<Option<Meter>> = Mutex::new(None);
 
 /// What this process does in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +47,11 @@ pub enum Role {
 /// The job's communicator, when this process is one rank of several.
 pub fn job() -> Option<Arc<dyn Communicator>> {
     JOB.lock().ok()?.clone()
+}
+
+/// The bytes and time of this rank's collectives, when it is one rank of several.
+pub fn meter() -> Option<Meter> {
+    METER.lock().ok()?.clone()
 }
 
 /// This rank's index on its machine (0 alone): its default CUDA device.
@@ -69,6 +83,8 @@ fn join(tp: usize) -> Result<Role> {
         0 => Role::Leader,
         _ => Role::Follower,
     };
+    let comm = Metered::new(comm);
+    *METER.lock().unwrap_or_else(|e| e.into_inner()) = Some(comm.meter());
     *JOB.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(comm));
     Ok(role)
 }

@@ -11,13 +11,16 @@
 //! all-reduce per branch completes. Weights are sliced as they are read
 //! (`shard`), and rank 0 drives the others through `link`: every forward
 //! pass, KV allocation and block copy it makes is sent first, so all ranks
-//! run the same kernels in the same order.
+//! run the same kernels in the same order. `metered` wraps a communicator
+//! to count the bytes and time of each kind of operation (`bench --tp`).
 
 pub mod link;
+pub mod metered;
 pub mod plan;
 pub mod shard;
 
 pub use link::{announce, receive, Command, TensorParallel};
+pub use metered::{CommStats, Meter, Metered, Op};
 pub use plan::TensorParallelPlan;
 
 use crate::Result;

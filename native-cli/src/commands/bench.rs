@@ -3,7 +3,11 @@
 //! an empty context), repeated and reported as mean ± standard deviation.
 //! Where the backend records decode steps (CUDA graphs), each decode
 //! repetition also runs with recording off, on the same prompt, and the
-//! speedup of replaying over launching is reported with it.
+//! speedup of replaying over launching is reported with it. With `--tp N`
+//! (rank 0 of an MPI job) the collectives' bytes and time are reported too
+//! (`comm`).
+
+mod comm;
 
 use std::time::Instant;
 
@@ -18,6 +22,7 @@ use tandem_core::Backend;
 use super::speculate::SpeculationArgs;
 use super::{build_engine, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
+use comm::{Collectives, Phase};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -192,17 +197,22 @@ impl WithBackend for BenchArgs {
         let mut decode = Vec::new();
         let mut decode_eager = Vec::new();
         let mut launches_per_token = None;
+        let mut collectives = Collectives::of_job();
         for _ in 0..self.repetitions.max(1) {
             if self.prompt_tokens > 0 {
                 let prompt = random_tokens(&mut rng, self.prompt_tokens, vocab);
+                let mark = collectives.mark(&engine);
                 let (secs, _) = time_request(&mut engine, prompt, 1)?;
+                collectives.add(Phase::Prefill, mark, &engine, secs);
                 prefill.push(self.prompt_tokens as f64 / secs);
             }
             if self.gen_tokens > 0 {
                 // A one-token prompt, then `gen_tokens` single-token forward passes.
                 let prompt = random_tokens(&mut rng, 1, vocab);
                 let before = engine.backend().kernel_launches();
+                let mark = collectives.mark(&engine);
                 let (secs, tokens) = time_request(&mut engine, prompt.clone(), self.gen_tokens)?;
+                collectives.add(Phase::Decode, mark, &engine, secs);
                 decode.push(self.gen_tokens as f64 / secs);
                 // Every generated token is one single-row forward pass.
                 if let (Some(a), Some(b)) = (before, engine.backend().kernel_launches()) {
@@ -229,7 +239,7 @@ impl WithBackend for BenchArgs {
         let (total_params, active_params) = engine.model().config.parameter_counts();
         let layers = engine.model().config.num_layers.max(1) as f64;
         if self.json {
-            let obj = serde_json::json!({
+            let mut obj = serde_json::json!({
                 "model": files.path.display().to_string(),
                 "backend": info.name,
                 "device": info.device,
@@ -259,6 +269,9 @@ impl WithBackend for BenchArgs {
                 "graph_failures": recorded.failed,
                 "graph_last_error": recorded.last_error,
             });
+            if let Some(tp) = collectives.json(&engine.model().config) {
+                obj["tensor_parallel"] = tp;
+            }
             println!("{obj}");
         } else {
             println!("model:   {}", files.path.display());
@@ -308,6 +321,7 @@ impl WithBackend for BenchArgs {
                         .unwrap_or_default(),
                 );
             }
+            collectives.print(&engine.model().config);
         }
         if self.speculation.is_on() {
             self.compare_speculation(&mut engine, &files)?;
