@@ -317,11 +317,18 @@ esac"#,
     }
 
     #[test]
-    fn a_run_reports_decode_figures_and_a_failed_step_does_not_stop_the_rest() {
+    fn a_run_reports_figures_and_fails_on_a_missed_target_or_a_failed_step() {
         let bins = stand_ins(0);
         let out = tempfile::tempdir().expect("temp dir");
         let (output, summary) = run(&[], bins.path(), out.path());
-        assert!(output.status.success(), "{summary}");
+        // Every step passes; the stand-in Q4_1 figure misses its target,
+        // which alone fails the run.
+        assert!(!output.status.success(), "a missed target passed:\n{summary}");
+        assert!(!summary.contains("FAILED test-"), "{summary}");
+        assert!(
+            summary.contains("FAILED: target Llama-3-8B Q4_1: 68.4% of 4.8 TB/s (target >= 70%)"),
+            "{summary}"
+        );
         assert!(
             summary.contains("SmolLM2-135M: decode 2500.0 tokens/s"),
             "{summary}"
