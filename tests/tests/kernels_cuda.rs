@@ -323,7 +323,10 @@ esac"#,
         let (output, summary) = run(&[], bins.path(), out.path());
         // Every step passes; the stand-in Q4_1 figure misses its target,
         // which alone fails the run.
-        assert!(!output.status.success(), "a missed target passed:\n{summary}");
+        assert!(
+            !output.status.success(),
+            "a missed target passed:\n{summary}"
+        );
         assert!(!summary.contains("FAILED test-"), "{summary}");
         assert!(
             summary.contains("FAILED: target Llama-3-8B Q4_1: 68.4% of 4.8 TB/s (target >= 70%)"),
