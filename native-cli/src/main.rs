@@ -45,7 +45,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.command.model_args().map(|m| (m, parallel::start(m.tp))) {
+    let result = match cli.command.model_args().map(|m| (m, parallel::start(m))) {
         Some((_, Err(e))) => Err(e),
         Some((args, Ok(parallel::Role::Follower))) => parallel::follow(args),
         _ => run(cli.command),

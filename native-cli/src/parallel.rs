@@ -1,8 +1,9 @@
-//! `--tp N`: one model over N ranks started by `mpirun -np N tandem ...`.
+//! `--tp T --pp P [--ep E]`: one model over T × P ranks started by
+//! `mpirun -np N tandem ...`.
 //!
 //! Every rank parses the same command line. Rank 0 runs the command as it
 //! would alone (it alone reads stdin, writes the completion, serves HTTP);
-//! its engines load the model split (`EngineConfig::tensor_parallel`).
+//! its engines load the model split (`EngineConfig::parallel`).
 //! The other ranks never run the command: they load their shard of each
 //! model rank 0 loads and run what it announces (`Model::follow`), until
 //! rank 0 says the job is over.
@@ -21,14 +22,14 @@ use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::model::forward::{LoadOptions, Model};
 #[cfg(feature = "mpi")]
 use tandem_core::parallel::Metered;
-use tandem_core::parallel::{announce, receive, Command, Communicator, Meter};
+use tandem_core::parallel::{announce, receive, Command, Job, JobShape, Meter};
 use tandem_core::Backend;
 
 use crate::backend_select::{dispatch, WithBackend};
 use crate::commands::ModelArgs;
 
-/// The job's communicator, from `start` until `finish`.
-static JOB: Mutex<Option<Arc<dyn Communicator>>> = Mutex::new(None);
+/// The job, from `start` until `finish`.
+static JOB: Mutex<Option<Job>> = Mutex::new(None);
 
 /// The counters of the job's communicator.
 static METER: Mutex<Option<Meter>> = Mutex::new(None);
@@ -36,7 +37,7 @@ static METER: Mutex<Option<Meter>> = Mutex::new(None);
 /// What this process does in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// Alone: no `--tp`.
+    /// Alone: no `--tp`, `--pp` or `--ep`.
     Single,
     /// Rank 0 of a job: runs the command.
     Leader,
@@ -44,8 +45,8 @@ pub enum Role {
     Follower,
 }
 
-/// The job's communicator, when this process is one rank of several.
-pub fn job() -> Option<Arc<dyn Communicator>> {
+/// The job, when this process is one rank of several.
+pub fn job() -> Option<Job> {
     JOB.lock().ok()?.clone()
 }
 
@@ -57,61 +58,67 @@ pub fn meter() -> Option<Meter> {
 /// This rank's index on its machine (0 alone): its default CUDA device.
 pub fn local_rank() -> usize {
     #[cfg(feature = "mpi")]
-    if let Some(comm) = job() {
-        return tandem_mpi::local_rank().unwrap_or(comm.rank());
+    if let Some(job) = job() {
+        return tandem_mpi::local_rank().unwrap_or(job.world.rank());
     }
     0
 }
 
-/// Joins the job that `--tp tp` asks for.
-pub fn start(tp: usize) -> Result<Role> {
-    if tp <= 1 {
+/// Joins the job that `--tp`, `--pp` and `--ep` ask for.
+pub fn start(args: &ModelArgs) -> Result<Role> {
+    let mut shape = JobShape::new(args.tp, args.pp, args.ep);
+    if let Some(parts) = args.micro_batches {
+        shape.micro_batches = parts;
+    }
+    shape.check()?;
+    if shape.ranks() <= 1 {
         return Ok(Role::Single);
     }
-    join(tp)
+    join(shape)
 }
 
 #[cfg(feature = "mpi")]
-fn join(tp: usize) -> Result<Role> {
-    let comm = tandem_mpi::MpiCommunicator::init()?;
-    anyhow::ensure!(
-        comm.size() == tp,
-        "--tp {tp} needs {tp} ranks: start it as `mpirun -np {tp} tandem ...` (this job has {})",
-        comm.size()
-    );
-    let role = match comm.rank() {
+fn join(shape: JobShape) -> Result<Role> {
+    let comm = Metered::new(tandem_mpi::MpiCommunicator::init()?);
+    let meter = comm.meter();
+    let job = Job::new(Arc::new(comm), shape)?;
+    let role = match job.world.rank() {
         0 => Role::Leader,
         _ => Role::Follower,
     };
-    let comm = Metered::new(comm);
-    *METER.lock().unwrap_or_else(|e| e.into_inner()) = Some(comm.meter());
-    *JOB.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(comm));
+    *METER.lock().unwrap_or_else(|e| e.into_inner()) = Some(meter);
+    *JOB.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
     Ok(role)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn join(tp: usize) -> Result<Role> {
-    bail!("--tp {tp}: this tandem was built without MPI (cargo feature `mpi`)")
+fn join(shape: JobShape) -> Result<Role> {
+    bail!(
+        "{}: this tandem was built without MPI (cargo feature `mpi`)",
+        shape.flags()
+    )
 }
 
 /// Ends this process's part in the job: rank 0 releases the followers,
 /// and MPI is finalised once the last engine holding it is gone.
 pub fn finish() {
-    let Some(comm) = JOB.lock().ok().and_then(|mut job| job.take()) else {
+    let Some(job) = JOB.lock().ok().and_then(|mut job| job.take()) else {
         return;
     };
-    if comm.rank() == 0 {
-        let _ = announce(&*comm, &Command::Exit);
+    if job.is_leader() {
+        let _ = announce(&*job.world, &Command::Exit);
     }
 }
 
 /// One rank's share and its memory, a line on stderr per rank and model:
-/// `rank R of N: query heads .., KV heads .., FFN features ..; weights B
-/// bytes, KV B bytes per token, RSS B bytes` (RSS where /proc has it).
+/// `rank R of N: layers .., query heads .., KV heads .., FFN features ..;
+/// weights B bytes, KV B bytes per token, RSS B bytes` (RSS where /proc
+/// has it).
 pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String {
-    let Some(plan) = model.tensor_parallel_plan() else {
+    let Some(place) = model.placement() else {
         return String::new();
     };
+    let plan = &place.plan;
     let c = &model.config;
     let kv =
         c.num_layers * kv_dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE);
@@ -124,35 +131,41 @@ pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String 
         })
         .unwrap_or_default();
     format!(
-        "rank {} of {}: query heads {:?}, KV heads {:?}, FFN features {:?}; weights {} bytes, KV {kv} bytes per token{rss}",
-        plan.rank, plan.size, plan.heads, plan.kv_heads, plan.ffn, model.loaded_bytes
+        "rank {} of {}: layers {:?}, query heads {:?}, KV heads {:?}, FFN features {:?}; weights {} bytes, KV {kv} bytes per token{rss}",
+        place.job.world.rank(),
+        place.job.world.size(),
+        place.pipeline.layers,
+        plan.heads,
+        plan.kv_heads,
+        plan.ffn,
+        model.loaded_bytes
     )
 }
 
 /// A follower rank's life, on the backend `args` choose.
 pub fn follow(args: &ModelArgs) -> Result<()> {
-    let comm = job().context("no job to follow")?;
-    dispatch(args.target(), Follow { args, comm })
+    let job = job().context("no job to follow")?;
+    dispatch(args.target(), Follow { args, job })
 }
 
 struct Follow<'a> {
     args: &'a ModelArgs,
-    comm: Arc<dyn Communicator>,
+    job: Job,
 }
 
 impl WithBackend for Follow<'_> {
     type Output = ();
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let rank = self.comm.rank();
+        let rank = self.job.world.rank();
         let files = self.args.load_files()?;
         loop {
-            match receive(&*self.comm)? {
+            match receive(&*self.job.world)? {
                 Command::Load { unfused } => {
                     let options = LoadOptions {
                         layers: None,
                         unfused,
-                        tensor_parallel: Some(&self.comm),
+                        parallel: Some(&self.job),
                     };
                     let model = Model::load_with(&backend, &files, options, &mut |_, _| {})
                         .with_context(|| {

@@ -3,33 +3,41 @@
 //!
 //! MPI is initialised once per process with `MPI_THREAD_SERIALIZED`: the
 //! engine may run on a thread other than `main` (the server's), and every
-//! call goes through one mutex, so calls never overlap. MPI's default error
+//! call, on any of the process's communicators, goes through one mutex, so
+//! calls never overlap. MPI's default error
 //! handler aborts the job, so a rank that dies takes the others down
 //! (`mpirun` ends them) instead of leaving them blocked in a collective.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
-use mpi::topology::SimpleCommunicator;
+use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 // Its methods; the name `Communicator` is Tandem's trait here.
 use mpi::traits::Communicator as _;
 use tandem_core::parallel::Communicator;
 use tandem_core::{Error, Result};
 
-/// `MPI_COMM_WORLD` of this process.
+/// `MPI_COMM_WORLD` of this process, or a part of it (`split`).
 pub struct MpiCommunicator {
-    world: Mutex<SimpleCommunicator>,
+    comm: SimpleCommunicator,
     rank: usize,
     size: usize,
-    /// Finalises MPI when dropped, after `world`.
+    mpi: Arc<Mpi>,
+}
+
+/// What every communicator of the process shares.
+struct Mpi {
+    /// Held by every MPI call.
+    lock: Mutex<()>,
+    /// Finalises MPI when the last communicator is gone.
     _universe: Universe,
 }
 
 // SAFETY: MPI was initialised with MPI_THREAD_SERIALIZED (checked in
 // `init`), which allows calls from any thread as long as no two overlap;
-// every call holds the `world` mutex.
+// every call holds the process's one `Mpi::lock`.
 unsafe impl Send for MpiCommunicator {}
 unsafe impl Sync for MpiCommunicator {}
 
@@ -50,19 +58,32 @@ impl MpiCommunicator {
                 "this MPI gives threading level {threading:?}, and Tandem needs Serialized"
             )));
         }
-        let world = universe.world();
-        let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(Self {
-            world: Mutex::new(world),
-            rank,
-            size,
+        let comm = universe.world();
+        let mpi = Arc::new(Mpi {
+            lock: Mutex::new(()),
             _universe: universe,
-        })
+        });
+        Ok(Self::of(comm, mpi))
     }
 
-    fn world(&self) -> std::sync::MutexGuard<'_, SimpleCommunicator> {
+    fn of(comm: SimpleCommunicator, mpi: Arc<Mpi>) -> Self {
+        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        Self {
+            comm,
+            rank,
+            size,
+            mpi,
+        }
+    }
+
+    /// The communicator, with the process's MPI lock held.
+    fn world(&self) -> Locked<'_> {
         // A panic while holding the lock leaves MPI itself in a usable state.
-        self.world.lock().unwrap_or_else(|e| e.into_inner())
+        let guard = self.mpi.lock.lock().unwrap_or_else(|e| e.into_inner());
+        Locked {
+            comm: &self.comm,
+            _guard: guard,
+        }
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {
@@ -73,6 +94,20 @@ impl MpiCommunicator {
                 self.size
             ))),
         }
+    }
+}
+
+/// A communicator while the lock is held.
+struct Locked<'a> {
+    comm: &'a SimpleCommunicator,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = SimpleCommunicator;
+
+    fn deref(&self) -> &SimpleCommunicator {
+        self.comm
     }
 }
 
@@ -137,6 +172,18 @@ impl Communicator for MpiCommunicator {
     fn barrier(&self) -> Result<()> {
         self.world().barrier();
         Ok(())
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator>> {
+        let color = i32::try_from(color)
+            .map_err(|_| Error::Communication(format!("split: color {color} is too large")))?;
+        let part = self
+            .world()
+            .split_by_color(Color::with_value(color))
+            .ok_or_else(|| {
+                Error::Communication("split: MPI gave this rank no communicator".into())
+            })?;
+        Ok(Arc::new(Self::of(part, Arc::clone(&self.mpi))))
     }
 
     fn abort_job(&self, reason: &str) -> ! {

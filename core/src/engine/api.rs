@@ -2,12 +2,10 @@
 //! tokens it produces, how a failed step is reported and the statistics it
 //! reports.
 
-use std::sync::Arc;
-
 use crate::backend::KvDtype;
 use crate::kv::{EvictionConfig, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::recorded::RecordingStats;
-use crate::parallel::Communicator;
+use crate::parallel::Job;
 use crate::sched::{Priority, SamplingParams, SharedConstraintFactory};
 use crate::spec::SpeculationStats;
 use crate::Error;
@@ -41,9 +39,10 @@ pub struct EngineConfig {
     /// Run the unfused kernels even where the backend has fused matmuls
     /// (`bench --unfused`: the reference of the fusion figures).
     pub unfused: bool,
-    /// The ranks this model is split over (tensor parallelism); this engine
-    /// runs on rank 0, the others follow (`Model::follow`).
-    pub tensor_parallel: Option<Arc<dyn Communicator>>,
+    /// The ranks this model is split over (tensor, pipeline and expert
+    /// parallelism); this engine runs on rank 0, the others follow
+    /// (`Model::follow`).
+    pub parallel: Option<Job>,
 }
 
 impl Default for EngineConfig {
@@ -59,7 +58,7 @@ impl Default for EngineConfig {
             max_recorded_batch: DEFAULT_MAX_RECORDED_BATCH,
             kv_eviction: None,
             unfused: false,
-            tensor_parallel: None,
+            parallel: None,
         }
     }
 }

@@ -164,7 +164,7 @@ impl<B: Backend> Engine<B> {
         let options = LoadOptions {
             layers: None,
             unfused: config.unfused,
-            tensor_parallel: config.tensor_parallel.as_ref(),
+            parallel: config.parallel.as_ref(),
         };
         let model = Model::load_with(&backend, files, options, progress)?;
         let cfg = &model.config;
@@ -204,12 +204,11 @@ impl<B: Backend> Engine<B> {
         // A MoE layer reads its routing back to group rows by expert, which
         // a recording cannot do: MoE models decode eagerly.
         let routed = engine.model.config.moe.is_some();
-        // Nor do the all-reduces of a tensor-parallel model.
-        let split = engine.model.tensor_parallel_plan().is_some();
+        // Nor do the collectives of a split model.
+        let split = engine.model.placement().is_some();
         if split && engine.eviction.is_some_and(|e| e.policy.needs_scores()) {
             return Err(Error::Unsupported(
-                "KV eviction by attention score with tensor parallelism (use --kv-evict streaming)"
-                    .into(),
+                "KV eviction by attention score on a split model (use --kv-evict streaming)".into(),
             ));
         }
         if max_batch > 0 && engine.backend.can_record() && !routed && !split {

@@ -30,7 +30,6 @@
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::sync::Arc;
 
 use super::arch::Activation;
 use super::moe_layer::MoeLayer;
@@ -41,7 +40,7 @@ use crate::backend::{
     MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
 use crate::parallel::shard::{shard, ShardView};
-use crate::parallel::{Command, Communicator, TensorParallel, TensorParallelPlan};
+use crate::parallel::{Command, Communicator, Job, PipelinePlan, Placement, TensorParallelPlan};
 use crate::quant::{concat_rows, WeightFormat, WeightView};
 use crate::{Error, Result};
 
@@ -97,6 +96,20 @@ impl ForwardBatch {
         row.resize(self.max_blocks_per_seq, 0);
         self.block_tables.extend(row);
     }
+
+    /// The rows `rows` alone (a pipeline micro-batch): every sequence's
+    /// block table stays, and no logits are asked for.
+    pub fn part(&self, rows: std::ops::Range<usize>) -> Self {
+        Self {
+            tokens: self.tokens[rows.clone()].to_vec(),
+            positions: self.positions[rows.clone()].to_vec(),
+            row_seq: self.row_seq[rows.clone()].to_vec(),
+            slots: self.slots[rows].to_vec(),
+            block_tables: self.block_tables.clone(),
+            logit_rows: Vec::new(),
+            ..*self
+        }
+    }
 }
 
 /// What `Model::load_with` loads.
@@ -108,9 +121,10 @@ pub struct LoadOptions<'a> {
     /// Run the unfused kernels even where the backend has fused matmuls
     /// (the reference for before/after figures).
     pub unfused: bool,
-    /// Load this rank's tensor-parallel shard (when the job has more than
-    /// one rank): its heads and FFN features, sliced as they are read.
-    pub tensor_parallel: Option<&'a Arc<dyn Communicator>>,
+    /// Load this rank's share (when the job has more than one rank): its
+    /// stage's layers, and of those its heads and FFN features, sliced as
+    /// they are read.
+    pub parallel: Option<&'a Job>,
 }
 
 /// Projections that read one input (Q, K, V; gate, up): one weight with the
@@ -153,7 +167,8 @@ enum Ffn<B: Backend> {
 /// A model's weights on a backend.
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
-    embed: B::Weight,
+    /// `None` past the first pipeline stage, which alone embeds tokens.
+    embed: Option<B::Weight>,
     /// `None` with tied embeddings: the embedding table is the output matrix.
     output: Option<B::Weight>,
     output_norm: B::Weight,
@@ -168,7 +183,7 @@ pub struct Model<B: Backend> {
     /// The backend's fused matmuls run this model (`LoadOptions::unfused` off).
     fused: bool,
     /// This rank's place when the model is split over several ranks.
-    pub(super) tp: Option<TensorParallel>,
+    pub(super) placement: Option<Placement>,
 }
 
 /// Weights are uploaded one tensor at a time; the callback sees (done, total) bytes.
@@ -200,7 +215,34 @@ impl<B: Backend> Model<B> {
         options: LoadOptions<'_>,
         progress: Progress<'_>,
     ) -> Result<Self> {
-        let all: Vec<usize> = (0..files.config.num_layers).collect();
+        let placement = match options.parallel {
+            Some(job) if job.world.size() > 1 => {
+                if options.layers.is_some() {
+                    return Err(Error::Unsupported(
+                        "a layer subset of a split model (a self-speculative draft)".into(),
+                    ));
+                }
+                let (stage, stages) = (job.stage_index(), job.shape.pp);
+                let place = Placement {
+                    job: job.clone(),
+                    plan: TensorParallelPlan::for_model(files, job.stage.rank(), job.stage.size())?,
+                    pipeline: PipelinePlan::for_model(files, stage, stages)?,
+                };
+                place.announce(&Command::Load {
+                    unfused: options.unfused,
+                })?;
+                // After the announcement: followers join in their own load.
+                if job.stage.size() > 1 {
+                    backend.join_ranks(&*job.stage)?;
+                }
+                Some(place)
+            }
+            _ => None,
+        };
+        let all: Vec<usize> = match &placement {
+            Some(place) => place.pipeline.layers.clone().collect(),
+            None => (0..files.config.num_layers).collect(),
+        };
         let layers = options.layers.unwrap_or(&all);
         let fused = backend.fuses_matmuls() && !options.unfused;
         let mut cfg = files.config.clone();
@@ -217,30 +259,11 @@ impl<B: Backend> Model<B> {
         }
         cfg.num_layers = layers.len();
         cfg.layers = layers.iter().map(|&l| cfg.layers[l].clone()).collect();
-        let tp = match options.tensor_parallel {
-            Some(comm) if comm.size() > 1 => {
-                if options.layers.is_some() {
-                    return Err(Error::Unsupported(
-                        "a layer subset of a tensor-parallel model (a self-speculative draft)"
-                            .into(),
-                    ));
-                }
-                let plan = TensorParallelPlan::for_model(files, comm.rank(), comm.size())?;
-                cfg = plan.local_config(&cfg);
-                let tp = TensorParallel {
-                    comm: Arc::clone(comm),
-                    plan,
-                };
-                tp.announce(&Command::Load {
-                    unfused: options.unfused,
-                })?;
-                // After the announcement: followers join in their own load.
-                backend.join_ranks(&**comm)?;
-                Some(tp)
-            }
-            _ => None,
-        };
-        let leader = tp.as_ref().is_none_or(|tp| tp.is_leader());
+        if let Some(place) = &placement {
+            cfg = place.plan.local_config(&cfg);
+        }
+        let leader = placement.as_ref().is_none_or(Placement::is_leader);
+        let embeds = placement.as_ref().is_none_or(|p| p.pipeline.is_first());
         let total = files.tensors.total_bytes();
         // Shared by the uploads by name and those of experts' slices.
         let done = Cell::new(0usize);
@@ -258,8 +281,8 @@ impl<B: Backend> Model<B> {
                 .tensors
                 .view(name)
                 .ok_or_else(|| Error::bad_file(&files.path, format!("tensor {name} is missing")))?;
-            match &tp {
-                Some(tp) => shard(whole, &tp.plan.split(name), name),
+            match &placement {
+                Some(place) => shard(whole, &place.plan.split(name), name),
                 None => Ok(ShardView::whole(whole)),
             }
         };
@@ -315,7 +338,9 @@ impl<B: Backend> Model<B> {
                 .collect::<Result<Vec<_>>>()
                 .map(Projections::Separate)
         };
-        let embed = get("token_embd.weight", false)?;
+        let embed = embeds
+            .then(|| get("token_embd.weight", false))
+            .transpose()?;
         let output_norm = get("output_norm.weight", true)?;
         // Only rank 0 computes logits.
         let output = if cfg.tied_embeddings || !leader {
@@ -371,9 +396,10 @@ impl<B: Backend> Model<B> {
                 sliding_window: spec.sliding_window,
             });
         }
-        // The embedding table is read one row per token; only as the tied output matrix does all of it count.
+        // The embedding table is read one row per token; only as the tied
+        // output matrix (on rank 0) does all of it count.
         let embed_bytes = files.tensors.info("token_embd.weight").map_or(0, |t| t.len);
-        if !cfg.tied_embeddings {
+        if embeds && !(cfg.tied_embeddings && leader) {
             weight_bytes.set(weight_bytes.get() - embed_bytes);
         }
         Ok(Self {
@@ -386,7 +412,7 @@ impl<B: Backend> Model<B> {
             weight_bytes: weight_bytes.get(),
             loaded_bytes: done.get(),
             fused,
-            tp,
+            placement,
         })
     }
 
@@ -438,31 +464,91 @@ impl<B: Backend> Model<B> {
         scores: Option<&mut B::Tensor>,
     ) -> Result<B::Tensor> {
         let shape = self.check_batch(batch, kv)?;
-        if scores.is_some() && self.tp.is_some() {
-            return Err(Error::Unsupported(
-                "KV eviction by attention score with tensor parallelism (use --kv-evict streaming)"
-                    .into(),
-            ));
-        }
-        self.announce(Command::Forward(batch.clone()))?;
-        let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
-        // Followers compute no logits.
-        let leader = self.tp.as_ref().is_none_or(|tp| tp.is_leader());
-        let logits_len = if leader {
-            shape.logit_rows.max(1) * self.config.vocab_size
-        } else {
-            1
+        let Some(place) = &self.placement else {
+            let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
+            let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
+            self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores)?;
+            return Ok(logits);
         };
-        let mut logits = backend.alloc(logits_len)?;
-        let result = self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores);
-        if let (Err(e), Some(tp)) = (&result, &self.tp) {
-            // The other ranks may wait in a collective this one never reaches.
-            tp.comm.abort_job(&format!(
-                "rank {}: a forward pass failed part-way, leaving the ranks out of step: {e}",
-                tp.comm.rank()
+        if scores.is_some() {
+            return Err(Error::Unsupported(
+                "KV eviction by attention score on a split model (use --kv-evict streaming)".into(),
             ));
         }
-        result.map(|()| logits)
+        place.announce(&Command::Forward(batch.clone()))?;
+        let result = match place.pipeline.stages {
+            1 => StepBuffers::upload(backend, &self.config, batch).and_then(|mut buffers| {
+                // Followers compute no logits.
+                let vocab = self.config.vocab_size;
+                let len = if place.is_leader() {
+                    shape.logit_rows.max(1) * vocab
+                } else {
+                    1
+                };
+                let mut logits = backend.alloc(len)?;
+                self.forward_into(backend, &mut buffers, shape, kv, &mut logits, None)?;
+                Ok(logits)
+            }),
+            _ => self.forward_pipelined(backend, batch, kv, place),
+        };
+        if let Err(e) = &result {
+            // The other ranks may wait in a collective this one never reaches.
+            let world = &place.job.world;
+            world.abort_job(&format!(
+                "rank {}: a forward pass failed part-way, leaving the ranks out of step: {e}",
+                world.rank()
+            ));
+        }
+        result
+    }
+
+    /// The logits of `n` final hidden states (`[n, hidden]` on the host).
+    pub(super) fn head_of(&self, backend: &B, hidden: &[f32], n: usize) -> Result<B::Tensor> {
+        let cfg = &self.config;
+        let mut logits = backend.alloc(n.max(1) * cfg.vocab_size)?;
+        if n == 0 {
+            return Ok(logits);
+        }
+        let x = backend.upload(hidden)?;
+        let mut normed = backend.alloc(n * cfg.hidden_size)?;
+        let norm = RmsNormParams {
+            rows: n,
+            dim: cfg.hidden_size,
+            eps: cfg.rms_eps,
+        };
+        backend.rms_norm(&x, &self.output_norm, norm, &mut normed)?;
+        let mm = MatmulParams { rows: n };
+        backend.matmul(&normed, self.output_matrix()?, None, mm, &mut logits)?;
+        if let Some(divisor) = cfg.multipliers.logits {
+            backend.scale(&mut logits, n * cfg.vocab_size, 1.0 / divisor)?;
+        }
+        Ok(logits)
+    }
+
+    /// The output head: its own matrix, or the embedding table when tied.
+    fn output_matrix(&self) -> Result<&B::Weight> {
+        self.output
+            .as_ref()
+            .or(self.embed.as_ref())
+            .ok_or_else(|| Error::Unsupported("logits on a rank without the output head".into()))
+    }
+
+    /// The residual stream's first state: the rows' token embeddings.
+    pub(super) fn embed_into(
+        &self,
+        backend: &B,
+        buffers: &mut StepBuffers<B>,
+        rows: usize,
+    ) -> Result<()> {
+        let embed = self.embed.as_ref().ok_or_else(|| {
+            Error::Unsupported("token embedding on a rank without the embedding table".into())
+        })?;
+        let residual = &mut buffers.residual;
+        backend.embedding(embed, &buffers.tokens, rows, residual)?;
+        match self.config.embedding_scale() {
+            Some(factor) => backend.scale(residual, rows * self.config.hidden_size, factor),
+            None => Ok(()),
+        }
     }
 
     /// The shape of `batch`, once it is known to fit this model and `kv`.
@@ -496,18 +582,34 @@ impl<B: Backend> Model<B> {
         shape: StepShape,
         kv: &mut [B::KvCache],
         logits: &mut B::Tensor,
-        mut scores: Option<&mut B::Tensor>,
+        scores: Option<&mut B::Tensor>,
     ) -> Result<()> {
+        self.embed_into(backend, buffers, shape.rows)?;
+        let pending = self.layers_into(backend, buffers, shape, kv, scores)?;
+        if self.placement.as_ref().is_some_and(|p| !p.is_leader()) {
+            return Ok(());
+        }
+        self.logits_into(backend, buffers, shape, pending, logits)
+    }
+
+    /// This model's layers over the residual stream in `buffers`. Returns
+    /// whether the last branch's output still waits in `delta` (pending).
+    pub(super) fn layers_into(
+        &self,
+        backend: &B,
+        buffers: &mut StepBuffers<B>,
+        shape: StepShape,
+        kv: &mut [B::KvCache],
+        mut scores: Option<&mut B::Tensor>,
+    ) -> Result<bool> {
         let cfg = &self.config;
         let rows = shape.rows;
         let (dim, ffn) = (cfg.hidden_size, cfg.intermediate_size);
         let StepBuffers {
-            tokens,
             positions,
             row_seq,
             slots,
             block_tables,
-            logit_rows,
             residual,
             normed,
             q,
@@ -518,11 +620,11 @@ impl<B: Backend> Model<B> {
             gate,
             up,
             act,
-            final_normed,
             q_raw,
             k_raw,
             out_raw,
             moe,
+            ..
         } = buffers;
 
         let norm = RmsNormParams {
@@ -568,13 +670,9 @@ impl<B: Backend> Model<B> {
             )
         };
 
-        backend.embedding(&self.embed, tokens, rows, residual)?;
-        if let Some(factor) = cfg.embedding_scale() {
-            backend.scale(residual, rows * dim, factor)?;
-        }
         // A branch's output waits in `delta` (pending) until the next norm
         // adds it, unless a fused matmul added it into `residual` itself.
-        let comm = self.tp.as_ref().map(|tp| &*tp.comm);
+        let comm = self.placement.as_ref().and_then(Placement::reduces_over);
         let mut stream = Stream {
             residual,
             delta,
@@ -698,11 +796,44 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
-        if self.tp.as_ref().is_some_and(|tp| !tp.is_leader()) {
-            return Ok(());
-        }
+        Ok(stream.pending)
+    }
+
+    /// The logits of the rows `buffers` names, from the final residual
+    /// stream (with `delta` still to add when `pending`).
+    fn logits_into(
+        &self,
+        backend: &B,
+        buffers: &mut StepBuffers<B>,
+        shape: StepShape,
+        pending: bool,
+        logits: &mut B::Tensor,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let dim = cfg.hidden_size;
+        let StepBuffers {
+            residual,
+            delta,
+            normed,
+            logit_rows,
+            final_normed,
+            ..
+        } = buffers;
+        let norm = RmsNormParams {
+            rows: shape.rows,
+            dim,
+            eps: cfg.rms_eps,
+        };
+        let mut stream = Stream {
+            residual,
+            delta,
+            normed,
+            pending,
+            norm,
+            comm: None,
+        };
         let n_logits = shape.logit_rows;
-        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        let out_w = self.output_matrix()?;
         let logits_mm = MatmulParams { rows: n_logits };
         if self.fused && !stream.pending {
             // Only the rows whose logits are wanted are normalised, inside the matmul.

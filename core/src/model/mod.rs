@@ -20,6 +20,7 @@ pub mod experts;
 pub mod forward;
 pub mod gguf;
 mod moe_layer;
+mod placement;
 pub mod recorded;
 pub mod safetensors;
 mod step_buffers;
@@ -27,7 +28,6 @@ pub mod synthetic;
 #[cfg(not(target_arch = "wasm32"))]
 mod synthetic_hf;
 mod synthetic_moe;
-mod tensor_parallel;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

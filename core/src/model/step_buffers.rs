@@ -62,7 +62,12 @@ impl<B: Backend> StepBuffers<B> {
                 up(&batch.row_seq)?,
                 up(&batch.slots)?,
                 up(&batch.block_tables)?,
-                up(&batch.logit_rows)?,
+                // Never an empty buffer (a pipeline micro-batch asks for no logits).
+                up(if batch.logit_rows.is_empty() {
+                    &[0]
+                } else {
+                    &batch.logit_rows
+                })?,
             ],
         )
     }

@@ -1,4 +1,4 @@
-//! Rank 0 drives the other ranks of a tensor-parallel model.
+//! Rank 0 drives the other ranks of a split model.
 //!
 //! Rank 0 owns the engine (scheduler, sampling, speculation); the others
 //! only follow. Before it touches its shard of the model, rank 0 broadcasts
@@ -15,9 +15,7 @@
 //! A command is a list of little-endian u32 words: a tag, then the fields,
 //! each vector preceded by its length.
 
-use std::sync::Arc;
-
-use super::{Communicator, TensorParallelPlan};
+use super::{Communicator, Job, PipelinePlan, TensorParallelPlan};
 use crate::backend::KvDtype;
 use crate::model::forward::ForwardBatch;
 use crate::{Error, Result};
@@ -41,24 +39,31 @@ pub enum Command {
     Exit,
 }
 
-/// One rank's place in a tensor-parallel model.
-pub struct TensorParallel {
-    pub comm: Arc<dyn Communicator>,
+/// One rank's place in a split model: its job, its stage's layers, its
+/// share of each layer.
+pub struct Placement {
+    pub job: Job,
     pub plan: TensorParallelPlan,
+    pub pipeline: PipelinePlan,
 }
 
-impl TensorParallel {
+impl Placement {
     pub fn is_leader(&self) -> bool {
-        self.comm.rank() == 0
+        self.job.is_leader()
     }
 
     /// Rank 0 sends `command` to the others (nothing on a follower, which
     /// must not originate commands).
     pub fn announce(&self, command: &Command) -> Result<()> {
         match self.is_leader() {
-            true => announce(&*self.comm, command),
+            true => announce(&*self.job.world, command),
             false => Ok(()),
         }
+    }
+
+    /// The ranks whose partial sums each branch output is, when there are several.
+    pub fn reduces_over(&self) -> Option<&dyn Communicator> {
+        (self.job.stage.size() > 1).then_some(&*self.job.stage)
     }
 }
 
@@ -75,7 +80,7 @@ pub fn receive(comm: &dyn Communicator) -> Result<Command> {
     decode(&bytes)
 }
 
-impl Drop for TensorParallel {
+impl Drop for Placement {
     /// Rank 0's model going away releases the followers.
     fn drop(&mut self) {
         if self.is_leader() {

@@ -234,6 +234,15 @@ impl<C: Communicator> Communicator for Metered<C> {
         self.timed(Op::Barrier, || self.inner.barrier(), || 0)
     }
 
+    /// The part is metered too, into the same counters.
+    fn split(&self, color: usize) -> Result<Arc<dyn Communicator>> {
+        let inner = self.inner.split(color)?;
+        Ok(Arc::new(Metered {
+            inner,
+            meter: self.meter.clone(),
+        }))
+    }
+
     fn abort_job(&self, reason: &str) -> ! {
         self.inner.abort_job(reason)
     }
@@ -331,6 +340,9 @@ mod tests {
         }
         fn recv(&self, _data: &mut [f32], _from: usize) -> Result<()> {
             Ok(())
+        }
+        fn split(&self, _color: usize) -> Result<Arc<dyn Communicator>> {
+            Ok(Arc::new(SingleRank))
         }
         fn broadcast_bytes(&self, _data: &mut Vec<u8>, _root: usize) -> Result<()> {
             Ok(())

@@ -50,7 +50,7 @@ impl TensorParallelPlan {
         if size == 0 || rank >= size {
             return refuse(format!("rank {rank} is not one of {size} ranks"));
         }
-        if cfg.moe.is_some() {
+        if size > 1 && cfg.moe.is_some() {
             return refuse("tensor parallelism of Mixture-of-Experts layers is not built yet (their experts would go to --ep)".into());
         }
         let (heads, kv) = (cfg.num_heads, cfg.num_kv_heads);
@@ -107,7 +107,7 @@ impl TensorParallelPlan {
         let kind = name.splitn(3, '.').nth(2).unwrap_or(name);
         let scaled = |r: &Range<usize>| r.start * self.head_dim..r.end * self.head_dim;
         match kind.rsplit_once('.').map_or(kind, |(k, _)| k) {
-            _ if !name.starts_with("blk.") => Split::Whole,
+            _ if !name.starts_with("blk.") || self.size == 1 => Split::Whole,
             "attn_q" => Split::Rows(scaled(&self.heads)),
             "attn_k" | "attn_v" => Split::Rows(scaled(&self.kv_heads)),
             "attn_output" => Split::Cols(scaled(&self.heads)),
@@ -126,20 +126,19 @@ impl TensorParallelPlan {
         Self::new(&files.config, rank, size, ffn_block)
     }
 
-    /// One line per rank: what `inspect --tp` shows.
-    pub fn describe(files: &ModelFiles, size: usize) -> Result<Vec<String>> {
-        (0..size)
-            .map(|rank| {
-                let p = Self::for_model(files, rank, size)?;
-                Ok(format!(
-                    "rank {rank}: query heads {:?}, KV heads {:?}{}, FFN features {:?}",
-                    p.heads,
-                    p.kv_heads,
-                    if p.kv_replicated { " (replicated)" } else { "" },
-                    p.ffn
-                ))
-            })
-            .collect()
+    /// This rank's share in words (`inspect --tp`).
+    pub fn describe(&self) -> String {
+        format!(
+            "query heads {:?}, KV heads {:?}{}, FFN features {:?}",
+            self.heads,
+            self.kv_heads,
+            if self.kv_replicated {
+                " (replicated)"
+            } else {
+                ""
+            },
+            self.ffn
+        )
     }
 }
 

@@ -149,7 +149,7 @@ impl WithBackend for BenchServeArgs {
             kv_dtype: self.model.kv_dtype,
             max_recorded_batch: self.model.graph_batch,
             unfused: self.model.unfused,
-            tensor_parallel: crate::parallel::job(),
+            parallel: crate::parallel::job(),
             ..EngineConfig::default()
         };
         let info = backend.info();

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::DEFAULT_BLOCK_SIZE;
-use tandem_core::parallel::TensorParallelPlan;
+use tandem_core::parallel::JobShape;
 use tandem_quantize::dense::{linear_name, LINEARS};
 
 use super::ModelArgs;
@@ -32,6 +32,12 @@ pub struct InspectArgs {
     /// Show how `--tp N` would split the model: each rank's heads and FFN features.
     #[arg(long, value_name = "N")]
     pub tp: Option<usize>,
+    /// Show how `--pp N` would split the model: each stage's layers.
+    #[arg(long, value_name = "N")]
+    pub pp: Option<usize>,
+    /// Show how `--ep N` would place each MoE layer's experts.
+    #[arg(long, value_name = "N")]
+    pub ep: Option<usize>,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -51,6 +57,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
         graph_batch: 0,
         unfused: false,
         tp: 1,
+        pp: 1,
+        ep: 1,
+        micro_batches: None,
         device: None,
     };
     let files = model_args.load_files()?;
@@ -119,9 +128,15 @@ pub fn run(args: InspectArgs) -> Result<()> {
         .map(|d| format!("{d} {}", kv_bytes(d)))
         .collect();
     println!("                (other KV dtypes: {})", others.join(", "));
-    if let Some(tp) = args.tp {
-        for line in TensorParallelPlan::describe(&files, tp)? {
-            println!("--tp {tp}:        {line}");
+    if args.tp.is_some() || args.pp.is_some() || args.ep.is_some() {
+        let shape = JobShape::new(
+            args.tp.unwrap_or(1),
+            args.pp.unwrap_or(1),
+            args.ep.unwrap_or(1),
+        );
+        let flags = shape.flags();
+        for line in shape.describe(&files)? {
+            println!("{flags}: {line}");
         }
     }
 

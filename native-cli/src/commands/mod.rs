@@ -60,9 +60,21 @@ pub struct ModelArgs {
     #[arg(long)]
     pub unfused: bool,
     /// Tensor parallelism: split every layer's heads and FFN over N ranks
-    /// (start as `mpirun -np N tandem ... --tp N`; needs the `mpi` build).
+    /// of each pipeline stage (start as `mpirun -np T×P tandem ... --tp T
+    /// --pp P`; needs the `mpi` build).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub tp: usize,
+    /// Pipeline parallelism: split the layers into N stages of `--tp` ranks each.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub pp: usize,
+    /// Expert parallelism: place each MoE layer's experts over N groups of
+    /// a stage's ranks (N divides `--tp`; alone it sets `--tp N`).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub ep: usize,
+    /// A pipelined step's rows go through the stages in N parts, so the
+    /// stages overlap (default: as many as stages; 1 turns it off).
+    #[arg(long, value_name = "N")]
+    pub micro_batches: Option<usize>,
     /// CUDA device ordinal; under `mpirun`, by default the rank's index on its machine.
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
@@ -184,12 +196,12 @@ pub fn build_engine_with<B: Backend>(
     files: &ModelFiles,
     mut config: EngineConfig,
 ) -> Result<Engine<B>> {
-    config.tensor_parallel = config.tensor_parallel.or_else(crate::parallel::job);
+    config.parallel = config.parallel.or_else(crate::parallel::job);
     let mut progress = LoadProgress::new(files.path.display().to_string());
     let kv_dtype = config.kv_dtype;
     let engine = Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))?;
-    if engine.model().tensor_parallel_plan().is_some() {
+    if engine.model().placement().is_some() {
         eprintln!(
             "{}",
             crate::parallel::describe_rank(engine.model(), kv_dtype)

@@ -59,7 +59,7 @@ impl EngineArgs {
             kv_dtype,
             max_recorded_batch: model.graph_batch,
             unfused: model.unfused,
-            tensor_parallel: crate::parallel::job(),
+            parallel: crate::parallel::job(),
             ..base
         })
     }

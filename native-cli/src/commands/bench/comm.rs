@@ -48,9 +48,9 @@ impl Collectives {
     /// The figures of this job, when this process is one rank of several.
     pub fn of_job() -> Self {
         match (crate::parallel::meter(), crate::parallel::job()) {
-            (Some(meter), Some(comm)) if comm.size() > 1 => Self {
+            (Some(meter), Some(job)) if job.world.size() > 1 => Self {
                 meter: Some(meter),
-                ranks: comm.size(),
+                ranks: job.world.size(),
                 ..Self::default()
             },
             _ => Self::default(),
