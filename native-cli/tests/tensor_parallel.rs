@@ -15,120 +15,26 @@ use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::quant::WeightFormat;
 
+mod ranks;
 mod served;
+use ranks::{
+    assert_same_as_one_rank, assert_same_on, largest, mpirun, mpirun_command, random_model,
+    rank_memory, Layout,
+};
 use tandem_tests::http_client::{request, venv_python};
 use tandem_tests::model_path;
 
-/// `mpirun -np ranks tandem args... --tp ranks` (as root, more ranks than cores allowed).
-fn mpirun(ranks: usize, args: &[&str]) -> Output {
-    mpirun_command(ranks, args).output().expect("run mpirun")
-}
-
-fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-        .arg(ranks.to_string())
-        .arg(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .args(["--tp", &ranks.to_string()])
-        .env("TANDEM_OFFLINE", "1");
-    c
-}
-
-/// The generated ids and each token's top log-probabilities of a greedy run.
-fn greedy(
-    ranks: usize,
-    backend: &str,
-    model: &Path,
-    prompt: &str,
-    tokens: usize,
-) -> (String, Vec<Vec<f32>>) {
-    let n = tokens.to_string();
-    let mut args = vec![
-        "run",
-        "--model",
-        model.to_str().unwrap(),
-        "--backend",
-        backend,
-        "-t",
-        "1",
-        "-n",
-        &n,
-        "--token-ids",
-        "--top-logprobs",
-        "3",
-        prompt,
-    ];
-    // A random model's end-of-text tokens (the three after the 256 bytes) are banned.
-    if model.to_string_lossy().contains("tiny") {
-        args.extend([
-            "--logit-bias",
-            "256=-100",
-            "--logit-bias",
-            "257=-100",
-            "--logit-bias",
-            "258=-100",
-        ]);
-    }
-    let out = mpirun(ranks, &args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "--tp {ranks}: {stderr}");
-    let ids = stderr
-        .lines()
-        .find(|l| l.starts_with("token ids:"))
-        .unwrap_or_else(|| panic!("no token ids: {stderr}"))
-        .to_string();
-    // `logprobs 3: ID LP | ID LP ID LP ID LP`: every number after the `|`.
-    let logprobs = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("logprobs").and_then(|l| l.split_once('|')))
-        .map(|(_, top)| {
-            top.split_whitespace()
-                .skip(1)
-                .step_by(2)
-                .map(|v| v.parse().unwrap())
-                .collect()
-        })
-        .collect();
-    (ids, logprobs)
-}
-
-/// Greedy tokens of `ranks` ranks equal one rank's, log-probabilities within 1e-2.
-fn assert_same_as_one_rank(model: &Path, ranks: &[usize], prompt: &str, tokens: usize) {
-    assert_same_on(model, "cpu", ranks, prompt, tokens)
-}
-
-/// The same on `backend`'s ranks.
-fn assert_same_on(model: &Path, backend: &str, ranks: &[usize], prompt: &str, tokens: usize) {
-    let (ids, logprobs) = greedy(1, backend, model, prompt, tokens);
-    assert_eq!(logprobs.len(), tokens, "{ids}");
-    for &n in ranks {
-        let (split_ids, split_logprobs) = greedy(n, backend, model, prompt, tokens);
-        assert_eq!(split_ids, ids, "{} over {n} ranks", model.display());
-        for (a, b) in split_logprobs
-            .iter()
-            .flatten()
-            .zip(logprobs.iter().flatten())
-        {
-            assert!(
-                (a - b).abs() < 1e-2,
-                "{} over {n} ranks: logprob {a} vs {b}",
-                model.display()
-            );
-        }
-    }
-}
-
-fn random_model(dir: &Path, preset: &str, format: WeightFormat) -> PathBuf {
-    let path = dir.join(format!("{preset}.gguf"));
-    SyntheticModel::preset(preset, format, 5)
-        .unwrap()
-        .write_gguf(&path)
-        .unwrap();
-    path
+/// The flags of `--tp n`.
+fn tp(n: usize) -> Layout<'static> {
+    let flags: &'static [&'static str] = match n {
+        2 => &["--tp", "2"],
+        3 => &["--tp", "3"],
+        4 => &["--tp", "4"],
+        _ => panic!("no layout for --tp {n}"),
+    };
+    (n, flags)
 }
 
 #[test]
@@ -137,10 +43,10 @@ fn random_models_of_every_wiring_give_the_single_rank_tokens() {
     // tiny: 4 heads in 2 KV groups, FFN 160 = 5 blocks of 32 (2 ranks: 64 and 96
     // features; 4 ranks: each KV head replicated on two ranks).
     let tiny = random_model(dir.path(), "tiny", WeightFormat::Q4_1);
-    assert_same_as_one_rank(&tiny, &[2, 4], "Once upon", 12);
+    assert_same_as_one_rank(&tiny, &[tp(2), tp(4)], "Once upon", 12);
     for preset in ["tiny-qwen2", "tiny-gemma3", "tiny-qwen3"] {
         let model = random_model(dir.path(), preset, WeightFormat::F16);
-        assert_same_as_one_rank(&model, &[2], "Once upon", 8);
+        assert_same_as_one_rank(&model, &[tp(2)], "Once upon", 8);
     }
 }
 
@@ -149,16 +55,21 @@ fn wgpu_ranks_give_the_single_rank_tokens() {
     // Their all-reduces go through the host: each rank reads its partial sums back.
     let dir = tempfile::tempdir().unwrap();
     let tiny = random_model(dir.path(), "tiny", WeightFormat::Q4_1);
-    assert_same_on(&tiny, "wgpu", &[2], "Once upon", 8);
+    assert_same_on(&tiny, "wgpu", &[tp(2)], "Once upon", 8);
 }
 
 #[test]
 fn real_checkpoints_give_the_single_rank_tokens() {
     // SmolLM2: 9 heads in 3 KV groups, so 2 ranks hold 3 and 6 heads.
     let prompt = "The capital of France is";
-    assert_same_as_one_rank(&model_path("smollm2-135m"), &[2, 3], prompt, 16);
+    assert_same_as_one_rank(&model_path("smollm2-135m"), &[tp(2), tp(3)], prompt, 16);
     // Qwen2.5-0.5B (Q4_K_M): O's 448-column slices cut its 256-element blocks.
-    assert_same_as_one_rank(&model_path("qwen2.5-0.5b"), &[2], "def fibonacci(n):", 12);
+    assert_same_as_one_rank(
+        &model_path("qwen2.5-0.5b"),
+        &[tp(2)],
+        "def fibonacci(n):",
+        12,
+    );
 }
 
 #[test]
@@ -167,6 +78,7 @@ fn a_split_that_cannot_be_made_is_one_clear_error() {
     let tiny = random_model(dir.path(), "tiny", WeightFormat::Q4_1);
     let out = mpirun(
         3,
+        &["--tp", "3"],
         &[
             "run",
             "--model",
@@ -195,44 +107,7 @@ fn a_split_that_cannot_be_made_is_one_clear_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("error: --tp 3 needs 3 ranks"), "{stderr}");
-}
-
-/// Each rank's `weights` and `KV ... bytes per token` from its stderr line.
-fn rank_memory(ranks: usize, model: &Path) -> Vec<(usize, usize)> {
-    let out = mpirun(
-        ranks,
-        &[
-            "run",
-            "--model",
-            model.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "-t",
-            "1",
-            "-n",
-            "2",
-            "hi",
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let field = |line: &str, before: &str| -> usize {
-        let rest = line.split(before).nth(1).unwrap();
-        rest.split_whitespace()
-            .next()
-            .unwrap()
-            .trim_end_matches(',')
-            .parse()
-            .unwrap()
-    };
-    let lines: Vec<(usize, usize)> = stderr
-        .split("rank ")
-        .filter(|l| l.contains(&format!(" of {ranks}:")))
-        .map(|l| (field(l, "; weights "), field(l, "bytes, KV ")))
-        .collect();
-    assert_eq!(lines.len(), ranks, "{stderr}");
-    lines
+    assert!(stderr.contains("--tp 3 needs 3 ranks"), "{stderr}");
 }
 
 #[test]
@@ -241,16 +116,10 @@ fn each_rank_holds_less_weight_and_kv_as_ranks_are_added() {
     let file = std::fs::metadata(&model).unwrap().len() as usize;
     // Full KV: 30 layers × 3 KV heads × 64 × (K + V) × 4 bytes.
     let full_kv = 30 * 3 * 64 * 2 * 4;
-    let two = rank_memory(2, &model);
-    let three = rank_memory(3, &model);
-    let max = |v: &[(usize, usize)]| {
-        (
-            v.iter().map(|r| r.0).max().unwrap(),
-            v.iter().map(|r| r.1).max().unwrap(),
-        )
-    };
-    let (w2, kv2) = max(&two);
-    let (w3, kv3) = max(&three);
+    let two = rank_memory(tp(2), &model);
+    let three = rank_memory(tp(3), &model);
+    let (w2, kv2) = largest(&two);
+    let (w3, kv3) = largest(&three);
     println!("--tp 2: {two:?}\n--tp 3: {three:?}");
     // The tied embedding (28.7 MiB) is on every rank; the layers are split.
     assert!(
@@ -274,6 +143,7 @@ impl Job {
     fn start(model: &Path) -> Job {
         let command = mpirun_command(
             2,
+            &["--tp", "2"],
             &[
                 "serve",
                 "--model",

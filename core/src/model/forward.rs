@@ -225,7 +225,12 @@ impl<B: Backend> Model<B> {
                 let (stage, stages) = (job.stage_index(), job.shape.pp);
                 let place = Placement {
                     job: job.clone(),
-                    plan: TensorParallelPlan::for_model(files, job.stage.rank(), job.stage.size())?,
+                    plan: TensorParallelPlan::for_model(
+                        files,
+                        job.stage.rank(),
+                        job.stage.size(),
+                        job.shape.ep,
+                    )?,
                     pipeline: PipelinePlan::for_model(files, stage, stages)?,
                 };
                 place.announce(&Command::Load {
@@ -385,8 +390,9 @@ impl<B: Backend> Model<B> {
                     Some(spec) => {
                         let mut put_matrix =
                             |view: WeightView<'_>, name: &str| put(view, false, name);
+                        let share = placement.as_ref().map(|p| &p.plan);
                         let (layer, unread) =
-                            MoeLayer::load(backend, files, spec, i, &mut put_matrix)?;
+                            MoeLayer::load(backend, files, spec, i, share, &mut put_matrix)?;
                         weight_bytes.set(weight_bytes.get() - unread);
                         Ffn::Moe(layer)
                     }
@@ -789,6 +795,10 @@ impl<B: Backend> Model<B> {
                         [&mut *gate, &mut *up, &mut *act],
                         stream.delta,
                     )?;
+                    // This rank's experts' part of every row.
+                    if let Some(comm) = stream.comm {
+                        backend.all_reduce_sum(stream.delta, rows * dim, comm)?;
+                    }
                     if let Some(factor) = cfg.multipliers.residual {
                         backend.scale(stream.delta, rows * dim, factor)?;
                     }

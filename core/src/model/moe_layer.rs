@@ -11,6 +11,10 @@
 //! experts no row chose are not read at all. The read-back makes the pass
 //! unrecordable: MoE models decode eagerly.
 //!
+//! On a split model (`crate::parallel::plan`) a rank holds only its
+//! experts, each cut to its features: it runs those on the rows routed to
+//! them, and its output is a partial sum the caller all-reduces.
+//!
 //! `MoeSpec::group_rows` false runs each expert on one row at a time
 //! instead, reading its matrices once per row routed to it: the baseline
 //! that shows what grouping buys in prefill (`tandem bench
@@ -19,6 +23,9 @@
 use super::experts::{expert_view, router_name, shared_gate_name, ExpertMatrix};
 use super::{ModelFiles, MoeSpec};
 use crate::backend::{Backend, MatmulParams, MoeCombineParams, MoeRouteParams};
+use crate::parallel::plan::Split;
+use crate::parallel::shard::shard;
+use crate::parallel::TensorParallelPlan;
 use crate::quant::{WeightFormat, WeightView};
 use crate::{Error, Result};
 
@@ -35,7 +42,8 @@ pub(super) struct MoeLayer<B: Backend> {
     spec: MoeSpec,
     /// `[router_width, hidden]` F32: the router's rows, then the shared gate.
     router: B::Weight,
-    experts: Vec<Expert<B>>,
+    /// `None`: an expert another rank holds.
+    experts: Vec<Option<Expert<B>>>,
 }
 
 /// The activations of one MoE pass beyond the dense FFN's (whose gate, up
@@ -62,14 +70,16 @@ impl<B: Backend> MoeBuffers<B> {
 }
 
 impl<B: Backend> MoeLayer<B> {
-    /// Uploads layer `layer`'s router and experts; `upload` puts a matrix
-    /// on the backend (and counts it). Also returns the bytes of the routed
-    /// experts one token does not read (all but `experts_per_token`).
+    /// Uploads layer `layer`'s router and experts (this rank's `share` of
+    /// them, on a split model); `upload` puts a matrix on the backend (and
+    /// counts it). Also returns the bytes of the loaded routed experts one
+    /// token does not read (all but `experts_per_token`).
     pub(super) fn load(
         backend: &B,
         files: &ModelFiles,
         spec: MoeSpec,
         layer: usize,
+        share: Option<&TensorParallelPlan>,
         upload: &mut dyn FnMut(WeightView<'_>, &str) -> Result<B::Weight>,
     ) -> Result<(Self, usize)> {
         let missing =
@@ -81,21 +91,29 @@ impl<B: Backend> MoeLayer<B> {
             .ok_or_else(|| missing(&router_tensor))?
             .to_f32();
         let mut routed_bytes = 0;
+        let mut held = 0;
         let mut experts = Vec::with_capacity(spec.router_width());
         for e in 0..spec.experts {
+            if share.is_some_and(|p| !p.holds_expert(e)) {
+                experts.push(None);
+                continue;
+            }
             let mut matrix = |m: ExpertMatrix| {
                 let name = m.per_expert_name(layer, e);
                 let view =
                     expert_view(&files.tensors, layer, m, e).ok_or_else(|| missing(&name))?;
-                routed_bytes += view.data.len();
-                upload(view, &name)
+                let split = share.map_or(Split::Whole, |p| p.expert_split(m));
+                let cut = shard(view, &split, &name)?;
+                routed_bytes += cut.data.len();
+                upload(cut.view(), &name)
             };
-            experts.push(Expert {
+            experts.push(Some(Expert {
                 gate: matrix(ExpertMatrix::Gate)?,
                 up: matrix(ExpertMatrix::Up)?,
                 down: matrix(ExpertMatrix::Down)?,
-                width: files.config.intermediate_size,
-            });
+                width: share.map_or(files.config.intermediate_size, |p| p.ffn.len()),
+            }));
+            held += 1;
         }
         if let Some(width) = spec.shared_ffn {
             let gate_name = shared_gate_name(layer);
@@ -107,14 +125,15 @@ impl<B: Backend> MoeLayer<B> {
             let mut matrix = |m: ExpertMatrix| {
                 let name = m.shared_name(layer);
                 let view = files.tensors.view(&name).ok_or_else(|| missing(&name))?;
-                upload(view, &name)
+                let split = share.map_or(Split::Whole, |p| p.split(&name));
+                upload(shard(view, &split, &name)?.view(), &name)
             };
-            experts.push(Expert {
+            experts.push(Some(Expert {
                 gate: matrix(ExpertMatrix::Gate)?,
                 up: matrix(ExpertMatrix::Up)?,
                 down: matrix(ExpertMatrix::Down)?,
-                width,
-            });
+                width: share.map_or(width, |p| p.shared_ffn.len()),
+            }));
         }
         let router_bytes: Vec<u8> = router.iter().flat_map(|v| v.to_le_bytes()).collect();
         let router = backend.upload_weight(WeightView {
@@ -123,7 +142,7 @@ impl<B: Backend> MoeLayer<B> {
             cols: files.config.hidden_size,
             data: &router_bytes,
         })?;
-        let unread = routed_bytes / spec.experts * (spec.experts - spec.experts_per_token);
+        let unread = routed_bytes / held.max(1) * held.saturating_sub(spec.experts_per_token);
         Ok((
             Self {
                 spec,
@@ -170,6 +189,7 @@ impl<B: Backend> MoeLayer<B> {
         backend.scale(out, rows * hidden, 0.0)?;
         let rows_per_call = if spec.group_rows { usize::MAX } else { 1 };
         for (e, (expert, group)) in self.experts.iter().zip(&groups).enumerate() {
+            let Some(expert) = expert else { continue };
             for expert_rows in group.chunks(rows_per_call) {
                 let n = expert_rows.len();
                 let rows_of = backend.upload_indices(expert_rows)?;

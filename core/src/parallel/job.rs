@@ -88,7 +88,7 @@ impl JobShape {
             .map(|rank| {
                 let (stage, t) = (rank / self.tp, rank % self.tp);
                 let pipeline = PipelinePlan::for_model(files, stage, self.pp)?;
-                let plan = TensorParallelPlan::for_model(files, t, self.tp)?;
+                let plan = TensorParallelPlan::for_model(files, t, self.tp, self.ep)?;
                 Ok(format!(
                     "rank {rank}: stage {stage} layers {:?}, {}",
                     pipeline.layers,

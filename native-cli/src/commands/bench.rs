@@ -3,9 +3,9 @@
 //! an empty context), repeated and reported as mean ± standard deviation.
 //! Where the backend records decode steps (CUDA graphs), each decode
 //! repetition also runs with recording off, on the same prompt, and the
-//! speedup of replaying over launching is reported with it. With `--tp N`
-//! (rank 0 of an MPI job) the collectives' bytes and time are reported too
-//! (`comm`).
+//! speedup of replaying over launching is reported with it. With `--tp T`
+//! and/or `--pp P` (rank 0 of an MPI job) the bytes and time of the ranks'
+//! all-reduces and stage-to-stage sends are reported too (`comm`).
 
 mod comm;
 
@@ -269,8 +269,8 @@ impl WithBackend for BenchArgs {
                 "graph_failures": recorded.failed,
                 "graph_last_error": recorded.last_error,
             });
-            if let Some(tp) = collectives.json(&engine.model().config) {
-                obj["tensor_parallel"] = tp;
+            if let Some(parallel) = collectives.json(&engine.model().config) {
+                obj["parallel"] = parallel;
             }
             println!("{obj}");
         } else {
