@@ -58,10 +58,21 @@ pub fn meter() -> Option<Meter> {
 /// This rank's index on its machine (0 alone): its default CUDA device.
 pub fn local_rank() -> usize {
     #[cfg(feature = "mpi")]
-    if let Some(job) = job() {
-        return tandem_mpi::local_rank().unwrap_or(job.world.rank());
+    if let Some(local) = tandem_mpi::local_rank() {
+        return local;
     }
-    0
+    job().map_or(0, |job| job.world.rank())
+}
+
+/// Every rank `mpirun` started, when it started this process (a command
+/// that runs no model: `inspect --devices`); `None` otherwise.
+pub fn launched_world() -> Result<Option<Arc<dyn tandem_core::parallel::Communicator>>> {
+    #[cfg(feature = "mpi")]
+    if tandem_mpi::local_rank().is_some() {
+        let world = tandem_mpi::MpiCommunicator::init()?;
+        return Ok(Some(Arc::new(world)));
+    }
+    Ok(None)
 }
 
 /// Joins the job that `--tp`, `--pp` and `--ep` ask for.

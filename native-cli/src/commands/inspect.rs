@@ -20,7 +20,8 @@ pub struct InspectArgs {
     /// List every tensor, not just a summary per format.
     #[arg(long)]
     pub tensors: bool,
-    /// List the compute devices each backend finds, instead of a model.
+    /// List the compute devices each backend finds, instead of a model
+    /// (under `mpirun`: those of every rank, printed by rank 0).
     #[arg(long)]
     pub devices: bool,
     /// List the named models (`--model NAME`): size, cached or not, licence.
@@ -42,8 +43,7 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> Result<()> {
     if args.devices {
-        print_devices();
-        return Ok(());
+        return print_devices();
     }
     if args.models {
         return print_named_models();
@@ -259,22 +259,52 @@ fn print_named_models() -> Result<()> {
     Ok(())
 }
 
-fn print_devices() {
-    use tandem_core::Backend;
-    let info = tandem_cpu::CpuBackend::new(0).info();
-    println!("{}: {}", info.name, info.device);
-    #[cfg(feature = "wgpu")]
-    for adapter in tandem_wgpu::list_adapters() {
-        println!("wgpu: {adapter}");
-    }
-    #[cfg(feature = "cuda")]
-    match tandem_cuda::list_devices() {
-        Ok(devices) if devices.is_empty() => println!("cuda: driver present, no devices"),
-        Ok(devices) => {
-            for d in devices {
-                println!("cuda: {d}");
+/// This process's devices, or under `mpirun` every rank's: each rank
+/// sends its lines to the others in turn, and rank 0 prints them.
+fn print_devices() -> Result<()> {
+    let lines = device_lines();
+    let Some(world) = crate::parallel::launched_world()? else {
+        lines.iter().for_each(|l| println!("{l}"));
+        return Ok(());
+    };
+    let local = crate::parallel::local_rank();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mine = format!(
+        "host {}, local rank {local} (default --device {local})\n{}",
+        host.trim(),
+        lines.join("\n")
+    );
+    for root in 0..world.size() {
+        let mut bytes = match root == world.rank() {
+            true => mine.clone().into_bytes(),
+            false => Vec::new(),
+        };
+        world.broadcast_bytes(&mut bytes, root)?;
+        if world.rank() == 0 {
+            for line in String::from_utf8_lossy(&bytes).lines() {
+                println!("rank {root}: {line}");
             }
         }
-        Err(e) => println!("cuda: {e}"),
     }
+    Ok(())
+}
+
+/// One line per device of each backend this build has.
+fn device_lines() -> Vec<String> {
+    use tandem_core::Backend;
+    let info = tandem_cpu::CpuBackend::new(0).info();
+    let mut lines = vec![format!("{}: {}", info.name, info.device)];
+    #[cfg(feature = "wgpu")]
+    lines.extend(
+        tandem_wgpu::list_adapters()
+            .into_iter()
+            .map(|a| format!("wgpu: {a}")),
+    );
+    #[cfg(feature = "cuda")]
+    match tandem_cuda::list_devices() {
+        Ok(devices) if devices.is_empty() => lines.push("cuda: driver present, no devices".into()),
+        Ok(devices) => lines.extend(devices.into_iter().map(|d| format!("cuda: {d}"))),
+        Err(e) => lines.push(format!("cuda: {e}")),
+    }
+    lines
 }
