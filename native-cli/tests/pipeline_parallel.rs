@@ -79,10 +79,7 @@ fn more_stages_than_layers_is_one_clear_error() {
     let out = mpirun(2, &["--tp", "2", "--pp", "2"], &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(
-        stderr.contains("--tp 2 --pp 2 needs 4 ranks"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--tp 2 --pp 2 needs 4 ranks"), "{stderr}");
 }
 
 #[test]
