@@ -293,7 +293,11 @@ fn a_rank_that_dies_ends_the_job_within_seconds() {
 fn inspect_devices_lists_every_ranks_devices() {
     let out = mpirun(3, &[], &["inspect", "--devices"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for rank in 0..3 {
         let host = format!("rank {rank}: host ");
         assert!(stdout.contains(&host), "{stdout}");
