@@ -6,7 +6,7 @@ mod model_path;
 mod parallel;
 mod progress;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -47,7 +47,10 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command.model_args().map(|m| (m, parallel::start(m))) {
         Some((_, Err(e))) => Err(e),
-        Some((args, Ok(parallel::Role::Follower))) => parallel::follow(args),
+        Some((args, Ok(parallel::Role::Follower))) => cli
+            .command
+            .model_files()
+            .and_then(|files| parallel::follow(args, files)),
         _ => run(cli.command),
     };
     if let Err(e) = result {
@@ -75,6 +78,18 @@ fn run(command: Command) -> Result<()> {
 }
 
 impl Command {
+    /// The model files a command that runs a model reads (a random-weights
+    /// shape for `bench --random-weights`).
+    fn model_files(&self) -> Result<tandem_core::model::ModelFiles> {
+        match self {
+            Command::Bench(a) => a.model_files(),
+            other => other
+                .model_args()
+                .context("this command runs no model")?
+                .load_files(),
+        }
+    }
+
     /// The model options of a command that runs a model.
     fn model_args(&self) -> Option<&commands::ModelArgs> {
         match self {

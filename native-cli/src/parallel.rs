@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::model::forward::{LoadOptions, Model};
+use tandem_core::model::ModelFiles;
 #[cfg(feature = "mpi")]
 use tandem_core::parallel::Metered;
 use tandem_core::parallel::{announce, receive, Command, Job, JobShape, Meter};
@@ -153,15 +154,18 @@ pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String 
     )
 }
 
-/// A follower rank's life, on the backend `args` choose.
-pub fn follow(args: &ModelArgs) -> Result<()> {
+/// A follower rank's life, on the backend `args` choose; `files` is the
+/// model the command names (a draft model rank 0 loads besides it is read
+/// from the path rank 0 announces).
+pub fn follow(args: &ModelArgs, files: ModelFiles) -> Result<()> {
     let job = job().context("no job to follow")?;
-    dispatch(args.target(), Follow { args, job })
+    dispatch(args.target(), Follow { args, job, files })
 }
 
 struct Follow<'a> {
     args: &'a ModelArgs,
     job: Job,
+    files: ModelFiles,
 }
 
 impl WithBackend for Follow<'_> {
@@ -169,10 +173,21 @@ impl WithBackend for Follow<'_> {
 
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let rank = self.job.world.rank();
-        let files = self.args.load_files()?;
+        let own = self.files;
         loop {
             match receive(&*self.job.world)? {
-                Command::Load { unfused } => {
+                Command::Load { unfused, model } => {
+                    let other;
+                    let files = match own.path.to_string_lossy() == model {
+                        true => &own,
+                        false => {
+                            other = tandem_core::model::load(std::path::Path::new(&model))
+                                .with_context(|| {
+                                    format!("rank {rank}: reading {model}, which rank 0 loaded")
+                                })?;
+                            &other
+                        }
+                    };
                     let options = LoadOptions {
                         layers: None,
                         unfused,

@@ -235,6 +235,7 @@ impl<B: Backend> Model<B> {
                 };
                 place.announce(&Command::Load {
                     unfused: options.unfused,
+                    model: files.path.to_string_lossy().into_owned(),
                 })?;
                 // After the announcement: followers join in their own load.
                 if job.stage.size() > 1 {

@@ -23,8 +23,11 @@ use crate::{Error, Result};
 /// What rank 0 announces.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
+    /// Load the model rank 0 read from `model` (its path, or the name of
+    /// a random-weights shape), so a follower can tell which it is.
     Load {
         unfused: bool,
+        model: String,
     },
     AllocKv {
         num_blocks: usize,
@@ -103,7 +106,11 @@ fn encode(command: &Command) -> Vec<u8> {
         w.extend_from_slice(v);
     };
     match command {
-        Command::Load { unfused } => w.extend([LOAD, *unfused as u32]),
+        Command::Load { unfused, model } => {
+            w.extend([LOAD, *unfused as u32]);
+            let bytes: Vec<u32> = model.bytes().map(u32::from).collect();
+            list(&mut w, &bytes);
+        }
         Command::AllocKv {
             num_blocks,
             block_size,
@@ -192,9 +199,15 @@ fn decode(bytes: &[u8]) -> Result<Command> {
         }
         STOP => Command::Stop,
         EXIT => Command::Exit,
-        LOAD => Command::Load {
-            unfused: word()? != 0,
-        },
+        LOAD => {
+            let unfused = word()? != 0;
+            let len = word()? as usize;
+            let bytes = (0..len)
+                .map(|_| word().and_then(|b| u8::try_from(b).map_err(|_| bad())))
+                .collect::<Result<Vec<u8>>>()?;
+            let model = String::from_utf8(bytes).map_err(|_| bad())?;
+            Command::Load { unfused, model }
+        }
         _ => return Err(bad()),
     };
     Ok(command)
@@ -211,7 +224,10 @@ mod tests {
         batch.push_sequence(&[1], 40, &[17], &[1, 4]);
         batch.logit_rows = vec![2, 3];
         let commands = [
-            Command::Load { unfused: true },
+            Command::Load {
+                unfused: true,
+                model: "/models/smollm2 ü.gguf".into(),
+            },
             Command::Exit,
             Command::AllocKv {
                 num_blocks: 300,

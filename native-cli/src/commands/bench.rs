@@ -15,6 +15,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::engine::Engine;
 use tandem_core::model::synthetic::SyntheticModel;
+use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::{Rng, SamplingParams};
 use tandem_core::Backend;
@@ -157,21 +158,29 @@ fn summary(xs: &[f64]) -> (f64, f64) {
     }
 }
 
-impl WithBackend for BenchArgs {
-    type Output = ();
-
-    fn run<B: Backend>(self, backend: B) -> Result<()> {
-        let mut files = match &self.random_weights {
+impl BenchArgs {
+    /// The model benchmarked: the file, or the random-weights shape.
+    pub fn model_files(&self) -> Result<ModelFiles> {
+        match &self.random_weights {
             Some(shape) => {
                 let model = SyntheticModel::preset(shape, self.weight_format.into(), 0)?;
                 match self.layers {
                     Some(n) => model.with_layers(n)?,
                     None => model,
                 }
-                .files()?
+                .files()
+                .map_err(anyhow::Error::from)
             }
-            None => self.model.load_files()?,
-        };
+            None => self.model.load_files(),
+        }
+    }
+}
+
+impl WithBackend for BenchArgs {
+    type Output = ();
+
+    fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let mut files = self.model_files()?;
         if let Some(moe) = files.config.moe.as_mut() {
             moe.group_rows = !self.ungrouped_experts;
         }
