@@ -193,7 +193,7 @@ impl WithBackend for Follow<'_> {
                         unfused,
                         parallel: Some(&self.job),
                     };
-                    let model = Model::load_with(&backend, &files, options, &mut |_, _| {})
+                    let model = Model::load_with(&backend, files, options, &mut |_, _| {})
                         .with_context(|| {
                             format!("rank {rank}: loading {}", files.path.display())
                         })?;
