@@ -161,6 +161,20 @@ pub fn rank_memory((ranks, flags): Layout<'_>, model: &Path) -> Vec<(usize, usiz
     lines
 }
 
+/// The job failed without a panic, and every `error:` line it printed (at
+/// least one; `one`: exactly one) names `message`.
+pub fn assert_refused(out: &Output, message: &str, one: bool) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert!(
+        !errors.is_empty() && (!one || errors.len() == 1),
+        "{stderr}"
+    );
+    assert!(errors.iter().all(|e| e.contains(message)), "{stderr}");
+}
+
 /// The largest weight and KV bytes per token of any rank.
 pub fn largest(ranks: &[(usize, usize)]) -> (usize, usize) {
     (
