@@ -526,10 +526,16 @@ impl<B: Backend> Model<B> {
         backend.rms_norm(&x, &self.output_norm, norm, &mut normed)?;
         let mm = MatmulParams { rows: n };
         backend.matmul(&normed, self.output_matrix()?, None, mm, &mut logits)?;
-        if let Some(divisor) = cfg.multipliers.logits {
-            backend.scale(&mut logits, n * cfg.vocab_size, 1.0 / divisor)?;
-        }
+        self.scale_logits(backend, &mut logits, n)?;
         Ok(logits)
+    }
+
+    /// Divides `n` rows of logits by the architecture's logit divisor, if any.
+    fn scale_logits(&self, backend: &B, logits: &mut B::Tensor, n: usize) -> Result<()> {
+        match self.config.multipliers.logits {
+            Some(divisor) => backend.scale(logits, n * self.config.vocab_size, 1.0 / divisor),
+            None => Ok(()),
+        }
     }
 
     /// The output head: its own matrix, or the embedding table when tied.
@@ -863,10 +869,7 @@ impl<B: Backend> Model<B> {
             backend.gather_rows(stream.normed, logit_rows, n_logits, dim, final_normed)?;
             backend.matmul(final_normed, out_w, None, logits_mm, logits)?;
         }
-        match cfg.multipliers.logits {
-            Some(divisor) => backend.scale(logits, n_logits * cfg.vocab_size, 1.0 / divisor),
-            None => Ok(()),
-        }
+        self.scale_logits(backend, logits, n_logits)
     }
 }
 
