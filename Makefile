@@ -51,6 +51,8 @@ lint:
 # ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----
 
 WEB_SITE := target/web-site
+# Where `make web` writes the npm package (another place keeps two builds apart).
+WEB_PKG := web/pkg
 WEB_KERNELS := target/web-kernels
 WASM_RELEASE := $(or $(CARGO_TARGET_DIR),target)/wasm32-unknown-unknown/release
 NATIVE_DEBUG := $(or $(CARGO_TARGET_DIR),target)/debug
@@ -58,28 +60,58 @@ WEB_ARTIFACTS ?= target/web-artifacts
 WEB_PORT ?= 8000
 WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/version = "\(.*\)"/\1/p}' Cargo.lock)
 
-.PHONY: web web-tools web-kernel-tests serve-web test-web
+.PHONY: web web-threads web-tools web-kernel-tests serve-web test-web
 
 ## The named models the demo page serves (symlinked into $(WEB_SITE)/models).
 WEB_MODELS := smollm2-135m qwen2.5-0.5b
 
-## The npm package (web/pkg: wasm-pack's build, and web/js's worker-backed Tandem as
-## its entry point) and the demo site in target/web-site.
+## The npm package (web/pkg: wasm-pack's build, the threaded build in web/pkg/threads
+## where a nightly toolchain can make it, and web/js's worker-backed Tandem as its
+## entry point) and the demo site in target/web-site.
 web: web-tools model
-	wasm-pack build web --target web --release
-	cp web/js/* web/pkg/
-	python3 -c 'import json, sys; p = sys.argv[1]; m = json.load(open(p)); \
-		m["files"] += ["tandem.js", "tandem.d.ts", "worker.js"]; m["main"] = "tandem.js"; m["types"] = "tandem.d.ts"; \
-		json.dump(m, open(p, "w"), indent=2)' web/pkg/package.json
+	wasm-pack build web --target web --release --out-dir $(abspath $(WEB_PKG))
+	cp web/js/* $(WEB_PKG)/
+	$(MAKE) --no-print-directory web-threads
+	python3 -c 'import json, os, sys; p = sys.argv[1]; m = json.load(open(p)); \
+		m["files"] += ["tandem.js", "tandem.d.ts", "worker.js", "builds.js"] + (["threads"] if os.path.isdir("$(WEB_PKG)/threads") else []); \
+		m["main"] = "tandem.js"; m["types"] = "tandem.d.ts"; \
+		json.dump(m, open(p, "w"), indent=2)' $(WEB_PKG)/package.json
 	rm -rf $(WEB_SITE)
 	mkdir -p $(WEB_SITE)/models
 	cp web/www/* $(WEB_SITE)/
-	cp -r web/pkg $(WEB_SITE)/pkg
+	cp -r $(WEB_PKG) $(WEB_SITE)/pkg
 	@for m in $(WEB_MODELS); do \
 		path=$$(scripts/fetch-model.sh $$m) && ln -s "$$path" $(WEB_SITE)/models/ || exit 1; \
 	done
-	@ls -l web/pkg/tandem_web_bg.wasm
-	@echo "gzipped: $$(gzip -9c web/pkg/tandem_web_bg.wasm | wc -c) bytes"
+	@for wasm in $(WEB_PKG)/tandem_web_bg.wasm $(WEB_PKG)/threads/tandem_web_bg.wasm; do \
+		test ! -e $$wasm || echo "$$wasm: $$(wc -c < $$wasm) bytes, gzipped $$(gzip -9c $$wasm | wc -c)"; \
+	done
+
+## The threaded package (web/pkg/threads, which worker.js takes on a cross-origin
+## isolated page): the crate compiled with wasm atomics and linked with shared
+## memory (imported, up to 4 GiB, with the thread-local storage exports that
+## wasm-bindgen's thread support needs), std rebuilt for them (`-Z build-std`,
+## so a nightly toolchain with rust-src), the CPU backend's threads a rayon
+## pool on Web Workers (wasm-bindgen-rayon). web/pkg/builds.js tells worker.js
+## whether it exists. Without a nightly toolchain with rust-src, one line says
+## it was skipped.
+WASM_THREADS_TARGET := $(or $(CARGO_TARGET_DIR),target)/wasm-threads
+WASM_THREADS_LINK := --shared-memory --import-memory --max-memory=4294967296 \
+	--export=__wasm_init_tls --export=__tls_size --export=__tls_align --export=__tls_base
+WASM_THREADS_FLAGS := target.wasm32-unknown-unknown.rustflags=["-C", "target-feature=+atomics,+bulk-memory,+mutable-globals"$(foreach a,$(WASM_THREADS_LINK),, "-C", "link-arg=$(a)")]
+web-threads: web-tools
+	@rm -rf $(WEB_PKG)/threads
+	@echo 'export const threadedBuild = false;' > $(WEB_PKG)/builds.js
+	@if rustup +nightly component list --installed 2>/dev/null | grep -qx rust-src; then \
+		set -x && \
+		cargo +nightly build --release --target wasm32-unknown-unknown -p tandem-web \
+			--target-dir $(WASM_THREADS_TARGET) -Z build-std=panic_abort,std --config '$(WASM_THREADS_FLAGS)' && \
+		wasm-bindgen --target web --out-dir $(WEB_PKG)/threads \
+			$(WASM_THREADS_TARGET)/wasm32-unknown-unknown/release/tandem_web.wasm && \
+		echo 'export const threadedBuild = true;' > $(WEB_PKG)/builds.js; \
+	else \
+		echo "web: the threaded build (wasm threads) was skipped: it needs a nightly toolchain with rust-src (rustup component add rust-src --toolchain nightly)"; \
+	fi
 
 ## The kernel suite for the browser (web/kernel-tests) and its page, in target/web-kernels.
 web-kernel-tests: web-tools
@@ -95,9 +127,10 @@ web-tools:
 		|| $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
 	@command -v wasm-pack >/dev/null || $(CARGO) install wasm-pack
 
-## The demo page with its models on http://127.0.0.1:$(WEB_PORT)/.
+## The demo page with its models on http://127.0.0.1:$(WEB_PORT)/, cross-origin
+## isolated (COOP/COEP headers) so that the CPU backend can use wasm threads.
 serve-web: web
-	cd $(WEB_SITE) && python3 -m http.server --bind 127.0.0.1 $(WEB_PORT)
+	scripts/serve-web.py $(WEB_SITE) $(WEB_PORT)
 
 ## In headless Chromium (scripts/install-test-deps.sh installs it and the npm
 ## packages): the kernel suite on WebGPU (SwiftShader) against the CPU backend

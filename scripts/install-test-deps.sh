@@ -37,6 +37,15 @@ if command -v rustup >/dev/null && rustup toolchain list | grep -q '^nightly' \
     cargo install --locked cargo-fuzz
 fi
 
+# rust-src for the threaded browser build (`make web` rebuilds std with wasm
+# atomics, `-Z build-std`), only where a nightly toolchain is installed; where
+# it cannot be added, `make web` says the threaded build was skipped.
+if command -v rustup >/dev/null && rustup toolchain list | grep -q '^nightly' \
+    && ! rustup +nightly component list --installed 2>/dev/null | grep -qx rust-src; then
+    rustup component add rust-src --toolchain nightly \
+        || echo "install-test-deps: rust-src could not be added to nightly: no threaded browser build" >&2
+fi
+
 # In a virtual environment kept out of git (.tools/ is ignored): the official
 # OpenAI Python client, for the serving tests (tests/tests/serving_http.rs);
 # jsonschema, which validates structured output (tests/tests/structured_http.rs);

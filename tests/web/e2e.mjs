@@ -4,7 +4,8 @@
 // TANDEM_WEB_BACKEND names ("webgpu" by default, or "cpu": the CPU backend
 // in wasm):
 // - the page loads SmolLM2-135M by URL with progress (download, cache store,
-//   upload; the bar never moves back) and says which backend runs and why;
+//   upload; the bar never moves back) and says which backend runs and why
+//   (on the CPU, why one thread: the test server sends no COOP/COEP);
 // - 8 greedy tokens of a plain completion equal the native CPU backend's
 //   (the NumPy reference's);
 // - (CPU) two chat turns through the chat template, the first's 8 greedy
@@ -26,6 +27,9 @@
 //   (CPU) the stored-models panel lists it with its size and deletes it;
 //   the model picker loads a GGUF by URL and a file from disk (whose greedy
 //   tokens are the native ones);
+// - (CPU, where `make web` made the threaded package) served cross-origin
+//   isolated, the page runs the CPU backend on 2 wasm threads and then 1,
+//   with the native CPU's greedy tokens both times (threads.mjs);
 // - the page's second model, Qwen2.5-Coder-0.5B (491 MB), uncached, gives
 //   the native CPU's greedy tokens (8 on the CPU backend through the page; 2
 //   on WebGPU from the page's thread under WebGPU's default 128 MiB storage
@@ -47,6 +51,7 @@ import {
 } from "./chat-page.mjs";
 import { abortMidStep, cacheRepair, callerSources, failedDownloads, overlappingCalls } from "./api-checks.mjs";
 import { agreeUpToNearTie, nativeTokens } from "./native.mjs";
+import { ISOLATION, singleThreadReason, threadedBuild, threadedTokens } from "./threads.mjs";
 
 const [siteDir, artifactDir] = process.argv.slice(2);
 const tandemBin = process.env.TANDEM_BIN;
@@ -105,6 +110,9 @@ const server = await serve(siteDir, requests, {
   },
 });
 const url = `http://127.0.0.1:${server.address().port}/`;
+// The site again, cross-origin isolated, for the threaded package.
+const isolatedServer = await serve(siteDir, new Map(), {}, ISOLATION);
+const isolatedUrl = `http://127.0.0.1:${isolatedServer.address().port}/`;
 const userDataDir = mkdtempSync(join(tmpdir(), "tandem-chromium-"));
 const context = await launch(userDataDir);
 const native = (options, prompt, count, modelPath = MODEL_PATH) =>
@@ -121,18 +129,7 @@ function check(ok, what, detail = "") {
 const pageErrors = [];
 
 try {
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("console", (m) => {
-    console.log(`[page ${m.type()}] ${m.text()}`);
-    // The failed downloads' own network errors are expected.
-    if (m.type() === "error" && !`${m.location().url} ${m.text()}`.includes("/broken/")) {
-      pageErrors.push(`console error: ${m.text()}`);
-    }
-  });
-  page.on("pageerror", (e) => {
-    console.log(`[page error] ${e.message}`);
-    pageErrors.push(`uncaught: ${e.message}`);
-  });
+  const page = watch(context.pages()[0] ?? (await context.newPage()));
   mkdirSync(artifactDir, { recursive: true });
   const opened = Date.now();
   await page.goto(url);
@@ -155,8 +152,11 @@ try {
   console.log(`${status}\n${loadLog}\n${backendInfo}`);
   check(status.startsWith("Ready") && status.includes("downloaded") &&
     /^download .*; store .*; upload /.test(loadLog), "the page loads the model by URL, with progress", loadLog);
+  const cores = await page.evaluate(() => navigator.hardwareConcurrency);
   check(backendInfo.startsWith(CPU ? "CPU backend (wasm, 1 thread): the CPU backend was asked for" :
-    "WebGPU: WebGPU was asked for"), "the page says which backend runs and why", backendInfo);
+    "WebGPU: WebGPU was asked for") &&
+    (!CPU || cores < 2 || backendInfo.includes(`Why 1 thread: ${singleThreadReason(siteDir)}`)),
+  "the page says which backend runs and why (on the CPU, why on one thread)", backendInfo);
 
   await send(page, PROMPT, { template: false });
   const plain = await lastReply(page);
@@ -210,6 +210,15 @@ try {
   if (CPU) {
     await cacheManager(page);
     await otherSources(page);
+    if (!threadedBuild(siteDir)) {
+      console.log("skipped (cpu): wasm threads: `make web` made no threaded package (no nightly toolchain)");
+    } else if (cores < 2) {
+      console.log(`skipped (cpu): wasm threads: the browser reports ${cores} core`);
+    } else {
+      const threadsPage = watch(await context.newPage());
+      await threadedTokens(threadsPage, check, { isolatedUrl, modelUrl: MODEL_URL, prompt: PROMPT, expected: EXPECTED });
+      await threadsPage.close();
+    }
   }
   await qwen(page);
 } catch (e) {
@@ -219,10 +228,27 @@ try {
   check(pageErrors.length === 0, "no uncaught page error and no console error", pageErrors.join(" | "));
   await context.close();
   server.close();
+  isolatedServer.close();
   rmSync(userDataDir, { recursive: true, force: true });
 }
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
+
+/** `page`, its console errors and uncaught errors (its workers' too) counted as failures. */
+function watch(page) {
+  page.on("console", (m) => {
+    console.log(`[page ${m.type()}] ${m.text()}`);
+    // The failed downloads' own network errors are expected.
+    if (m.type() === "error" && !`${m.location().url} ${m.text()}`.includes("/broken/")) {
+      pageErrors.push(`console error: ${m.text()}`);
+    }
+  });
+  page.on("pageerror", (e) => {
+    console.log(`[page error] ${e.message}`);
+    pageErrors.push(`uncaught: ${e.message}`);
+  });
+  return page;
+}
 
 /**
  * Two chat turns through the chat template (the first against the native

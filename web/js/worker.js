@@ -9,15 +9,22 @@
 // loop, so messages get in even on the CPU backend, whose steps are
 // synchronous.
 //
+// The package: the threaded build (pkg/threads: wasm threads, the CPU
+// backend's thread pool on nested Web Workers) where it was built, the page
+// is cross-origin isolated (shared wasm memory is a SharedArrayBuffer) and
+// the browser reports more than one core; else the single-threaded build,
+// and a load's `info().threadsReason` says why threads were not used.
+//
 // Page → worker: { id, op: "load", source, options } | { id, op: "generate",
 // prompt, options } | { id, op: "chat", messages, options } | { id, op:
 // "abort" } | { id, op: "unload" }.
 // Worker → page: { id, type: "progress", progress } | { id, type: "piece",
 // text } | { id, type: "done", value } | { id, type: "error", message }.
 
-import init, { Tandem } from "./tandem_web.js";
+import { threadedBuild } from "./builds.js";
 
-const ready = init();
+/** { Tandem, memory, singleThreaded: why there are no threads, or null }. */
+const ready = start();
 /** The loaded model, or null. */
 let engine = null;
 /** Generation calls not yet ended (waiting or running): stopped by a newer call. */
@@ -57,7 +64,7 @@ function stopGenerations() {
 }
 
 async function load({ id, source, options }) {
-  const wasm = await ready;
+  const { Tandem, memory, singleThreaded } = await ready;
   // The old model's memory goes first: two models at once may not fit.
   engine?.free();
   engine = null;
@@ -65,7 +72,36 @@ async function load({ id, source, options }) {
     ...options,
     onProgress: (progress) => post({ id, type: "progress", progress }),
   });
-  return { ...engine.info(), wasmMemoryBytes: wasm.memory.buffer.byteLength };
+  const info = engine.info();
+  // The single-threaded package cannot know why it was taken: this worker does.
+  if (info.threadsReason && singleThreaded) info.threadsReason = singleThreaded;
+  return { ...info, wasmMemoryBytes: memory.buffer.byteLength };
+}
+
+/** Loads the package (see the top) and, for the threaded one, starts its thread pool. */
+async function start() {
+  const cores = navigator.hardwareConcurrency ?? 1;
+  let singleThreaded = !threadedBuild
+    ? "this package was built without its threaded build (it needs a nightly Rust toolchain with rust-src)"
+    : !self.crossOriginIsolated
+      ? "the page is not cross-origin isolated, which wasm threads need (serve it with " +
+        "Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)"
+      : cores < 2 ? "the browser reports one core (navigator.hardwareConcurrency)" : null;
+  if (!singleThreaded) {
+    try {
+      const pkg = await import("./threads/tandem_web.js");
+      const wasm = await pkg.default();
+      // The engine's thread is one of the backend's threads: the pool adds the others.
+      await pkg.initThreadPool(cores - 1);
+      return { Tandem: pkg.Tandem, memory: wasm.memory, singleThreaded: null };
+    } catch (e) {
+      console.warn(`tandem: the threaded build did not start, running on one thread: ${e?.message ?? e}`);
+      singleThreaded = `the threaded build did not start (${e?.message ?? e})`;
+    }
+  }
+  const pkg = await import("./tandem_web.js");
+  const wasm = await pkg.default();
+  return { Tandem: pkg.Tandem, memory: wasm.memory, singleThreaded };
 }
 
 async function unload() {

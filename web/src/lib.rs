@@ -10,16 +10,19 @@
 //! The model's bytes stream into wasm memory (`source`: fetch, Cache API,
 //! progress). The model runs on the browser's WebGPU (`tandem-wgpu`); where
 //! `navigator.gpu` is missing, no adapter opens or the adapter is software
-//! (`choose`), on the CPU backend, single threaded. `js/` wraps this class
-//! in a Web Worker for pages (`tandem.js`, the same API over messages). Every engine step reads its tokens back with an async download
-//! (blocking is not allowed on the browser's main thread), so each `next()`
-//! of a generation is one `Engine::begin_step` / `finish_step` pair.
+//! (`choose`), on the CPU backend: on one thread, or on several in the
+//! threaded package (`threads`). `js/` wraps this class in a Web Worker for
+//! pages (`tandem.js`, the same API over messages). Every engine step reads
+//! its tokens back with an async download (blocking is not allowed on the
+//! browser's main thread), so each `next()` of a generation is one
+//! `Engine::begin_step` / `finish_step` pair.
 //! Errors become JavaScript exceptions; nothing panics across the boundary.
 
 mod choose;
 mod options;
 mod runtime;
 mod source;
+mod threads;
 
 use std::cell::{Cell, RefCell};
 use std::path::Path;
@@ -37,12 +40,21 @@ use tandem_core::model::{Bytes, ModelFiles};
 use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
 use tandem_core::Backend;
-use tandem_cpu::CpuBackend;
 
 use choose::{choose, Asked, Chosen};
-use options::{cache_option, chat_messages, get, number_option, string_option, Features, Info};
+use options::{
+    cache_option, chat_messages, get, number_option, string_option, CpuThreads, Features, Info,
+};
 use runtime::{AnyEngine, Runtime};
 use source::{Origin, Progress};
+
+/// The threaded package only: `initThreadPool(helpers)` starts rayon's
+/// global pool on that many Web Workers (wasm-bindgen-rayon). It must run
+/// once, before the first load: the CPU backend borrows the pool's threads
+/// (`tandem_cpu`'s `workers/wasm.rs`), and anything touching rayon first
+/// would fix the pool at the caller's thread alone.
+#[cfg(target_feature = "atomics")]
+pub use wasm_bindgen_rayon::init_thread_pool;
 
 /// Tokens of context the KV cache holds (f32 K/V: SmolLM2-135M takes 90 MiB).
 const CONTEXT_TOKENS: usize = 2048;
@@ -119,6 +131,14 @@ export interface LoadOptions {
    * block, values per token), as `--kv-dtype` natively.
    */
   kvDtype?: "f32" | "f16" | "int8" | "int4";
+  /**
+   * Threads of the CPU backend, its own included (default: one per core,
+   * navigator.hardwareConcurrency). More than one needs the threaded
+   * package (pkg/threads, which worker.js takes where the page is
+   * cross-origin isolated) with its thread pool started; `info().threads`
+   * says how many run, `threadsReason` why fewer than asked.
+   */
+  threads?: number;
 }
 export interface ChatMessage {
   role: string;
@@ -147,6 +167,10 @@ export interface TandemInfo {
   kvDtype: "f32" | "f16" | "int8" | "int4";
   /** KV-cache bytes per token of context, all layers. */
   kvBytesPerToken: number;
+  /** Threads the CPU backend runs on; null on WebGPU. */
+  threads: number | null;
+  /** Why the CPU backend runs on fewer threads than asked for; null when it does not. */
+  threadsReason: string | null;
 }
 "#;
 
@@ -224,7 +248,8 @@ impl Tandem {
     /// `options.backend` is `"auto"` (WebGPU on a hardware adapter, else the
     /// CPU: `choose`), `"webgpu"` or
     /// `"cpu"`; `options.cache` is `true` (default), a cache name, or `false`;
-    /// `options.kvDtype` is the KV cache's storage (`"f32"` by default).
+    /// `options.kvDtype` is the KV cache's storage (`"f32"` by default);
+    /// `options.threads` the CPU backend's threads (`threads`).
     pub async fn load(
         #[wasm_bindgen(unchecked_param_type = "ModelSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "LoadOptions")] options: Option<Object>,
@@ -243,6 +268,7 @@ impl Tandem {
                 .map_err(|e| JsError::new(&format!("kvDtype: {e}")))?,
             None => KvDtype::F32,
         };
+        let asked_threads = threads::asked(number_option(&options, "threads")?)?;
         let progress = Progress::new(get(&options, "onProgress")?.dyn_into::<Function>().ok());
         let loaded = read_model(&source, cache.as_deref(), &progress).await?;
         if let (Origin::Network, Some(cache), Some(key)) =
@@ -272,7 +298,7 @@ impl Tandem {
         .with_capacity_tokens(context);
 
         let chosen = choose(asked).await.map_err(|e| JsError::new(&e))?;
-        let (engine, adapter, features, backend_reason) = match chosen {
+        let (engine, adapter, features, backend_reason, threads) = match chosen {
             Chosen::WebGpu { backend, reason } => {
                 let a = backend.adapter();
                 // The browser may hide the adapter's name and driver.
@@ -294,17 +320,23 @@ impl Tandem {
                     adapter,
                     features,
                     reason,
+                    None,
                 )
             }
             Chosen::Cpu { reason } => {
-                let engine = Engine::new(CpuBackend::new(1), &files, config, &mut upload)
-                    .map_err(js_error)?;
+                let (backend, fewer) = threads::cpu_backend(asked_threads);
+                let engine = Engine::new(backend, &files, config, &mut upload).map_err(js_error)?;
                 let device = engine.backend().info().device;
+                let threads = CpuThreads {
+                    count: engine.backend().threads(),
+                    fewer_reason: fewer,
+                };
                 (
                     AnyEngine::Cpu(Box::new(engine)),
                     device,
                     Features::default(),
                     reason,
+                    Some(threads),
                 )
             }
         };
@@ -321,6 +353,7 @@ impl Tandem {
             fallback_reason,
             kv_dtype,
             kv_bytes_per_token: engine.kv_bytes_per_token(),
+            threads,
         };
         // The weights are on the backend now: only the tokenizer stays (the
         // file's bytes are freed when `loaded.bytes` and `files` go).
@@ -397,7 +430,7 @@ impl Tandem {
 
     /// `{ model, source, modelBytes, backend, backendReason, adapter,
     /// features: { shaderF16, subgroups, usesF16, usesSubgroups },
-    /// fallbackReason, kvDtype, kvBytesPerToken }`.
+    /// fallbackReason, kvDtype, kvBytesPerToken, threads, threadsReason }`.
     #[wasm_bindgen(unchecked_return_type = "TandemInfo")]
     pub fn info(&self) -> Result<Object, JsError> {
         self.info.to_js()

@@ -26,6 +26,14 @@ pub struct Info {
     pub fallback_reason: Option<String>,
     pub kv_dtype: KvDtype,
     pub kv_bytes_per_token: usize,
+    /// The CPU backend's threads; `None` on WebGPU.
+    pub threads: Option<CpuThreads>,
+}
+
+pub struct CpuThreads {
+    pub count: usize,
+    /// Why fewer than asked for run, when they do.
+    pub fewer_reason: Option<String>,
 }
 
 #[derive(Default)]
@@ -66,6 +74,12 @@ impl Info {
             "kvBytesPerToken",
             (self.kv_bytes_per_token as f64).into(),
         )?;
+        let (count, reason) = match &self.threads {
+            Some(t) => ((t.count as f64).into(), t.fewer_reason.as_deref().into()),
+            None => (JsValue::NULL, JsValue::NULL),
+        };
+        set(&info, "threads", count)?;
+        set(&info, "threadsReason", reason)?;
         Ok(info)
     }
 }

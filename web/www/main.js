@@ -32,8 +32,10 @@ let progress = 0;
 
 wireModelPicker();
 wireComposer();
-$("backend").onchange = () => model && loadModel(model.source, model.label);
-$("kv-dtype").onchange = () => model && loadModel(model.source, model.label);
+wireThreads();
+for (const setting of ["backend", "kv-dtype", "threads"]) {
+  $(setting).onchange = () => model && loadModel(model.source, model.label);
+}
 $("cache-panel").ontoggle = () => $("cache-panel").open && showCache();
 
 function wireModelPicker() {
@@ -64,6 +66,13 @@ function wireModelPicker() {
     if (file) loadModel(file, file.name);
   };
   $("load").disabled = false;
+}
+
+/** The CPU backend's threads: all cores by default, or fewer. */
+function wireThreads() {
+  const cores = navigator.hardwareConcurrency ?? 1;
+  $("threads").add(new Option(`All cores (${cores})`, ""));
+  for (let n = 1; n <= cores; n++) $("threads").add(new Option(String(n), String(n)));
 }
 
 function wireComposer() {
@@ -98,6 +107,7 @@ async function loadModel(source, label) {
     await engine.load(source, {
       backend: $("backend").value,
       kvDtype: $("kv-dtype").value,
+      threads: $("threads").value ? Number($("threads").value) : undefined,
       cache: !$("no-cache").checked,
       onProgress: (p) => {
         if (load !== loads) return;
@@ -117,15 +127,18 @@ async function loadModel(source, label) {
   setProgress(1);
   $("load-log").textContent = [...phases].map(([phase, p]) =>
     `${phase} ${megabytes(p.done)} in ${seconds(p.end - p.start)}`).join("; ");
-  $("backend-info").textContent = `${BACKENDS[info.backend]}: ${info.backendReason}.` +
-    (info.backend === "webgpu" ? ` Adapter: ${info.adapter}.` : "");
+  $("backend-info").textContent = `${backendName(info)}: ${info.backendReason}.` +
+    (info.backend === "webgpu" ? ` Adapter: ${info.adapter}.` : "") +
+    (info.threadsReason ? ` Why ${plural(info.threads, "thread")}: ${info.threadsReason}.` : "");
   setStatus(`Ready: ${label}, ${SOURCES[info.source]}, loaded in ${seconds(performance.now() - started)} ` +
     `(worker memory ${megabytes(info.wasmMemoryBytes)}).`);
   setReady(true);
   if ($("cache-panel").open) showCache();
 }
 
-const BACKENDS = { webgpu: "WebGPU", cpu: "CPU backend (wasm, 1 thread)" };
+function backendName(info) {
+  return info.backend === "webgpu" ? "WebGPU" : `CPU backend (wasm, ${plural(info.threads, "thread")})`;
+}
 
 function send() {
   const text = $("prompt").value.trim();
@@ -285,6 +298,7 @@ function scrollDown() {
   messages.scrollTop = messages.scrollHeight;
 }
 
+const plural = (n, noun) => `${n} ${noun}${n === 1 ? "" : "s"}`;
 const megabytes = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
 const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
 const rate = (tokens, ms) => (tokens > 1 && ms > 0 ? `${((tokens - 1) / (ms / 1000)).toFixed(1)} tokens/s` : "");
