@@ -1,15 +1,21 @@
 //! Which backend a load runs on, and why (`info().backendReason`).
 //!
-//! `"auto"` prefers WebGPU on a hardware adapter. A software adapter
+//! `"auto"` takes the CPU backend in wasm where WebGPU is missing or does
+//! not open; otherwise it times both backends on the same short piece of
+//! decoding (`probe`) and takes the faster. A software adapter
 //! (`GPUAdapterInfo.isFallbackAdapter`, or SwiftShader/llvmpipe/lavapipe in
-//! its name) runs a model several times slower than the CPU backend in wasm
-//! (SmolLM2-135M: 0.7 against 12 tokens/s), so `auto` takes the CPU there;
-//! `"webgpu"` still gets it when asked for by name.
+//! its name) is named as such in the reason: it runs a model many times
+//! slower than the CPU backend (SmolLM2-135M: 0.2-0.7 against 6-12
+//! tokens/s), and the probe shows it. `"webgpu"` still gets any adapter when
+//! asked for by name.
 
 use js_sys::Reflect;
 use wasm_bindgen::prelude::*;
 
+use tandem_cpu::CpuBackend;
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
+
+use crate::probe::{described, millis_per_product};
 
 #[wasm_bindgen(module = "/src/adapter.js")]
 extern "C" {
@@ -45,59 +51,89 @@ pub enum Chosen {
         reason: String,
     },
     Cpu {
+        backend: CpuBackend,
         reason: String,
     },
 }
 
-/// Opens the backend `asked` for; an error only when WebGPU was asked for by
-/// name and cannot be opened.
-pub async fn choose(asked: Asked) -> Result<Chosen, String> {
-    let cpu = |reason: String| Ok(Chosen::Cpu { reason });
+/// Opens the backend `asked` for (`cpu_backend` is the CPU backend, ready);
+/// an error only when WebGPU was asked for by name and cannot be opened.
+pub async fn choose(asked: Asked, cpu_backend: CpuBackend) -> Result<Chosen, String> {
     match asked {
-        Asked::Cpu => cpu("the CPU backend was asked for".into()),
+        Asked::Cpu => Ok(Chosen::Cpu {
+            backend: cpu_backend,
+            reason: "the CPU backend was asked for".into(),
+        }),
         Asked::WebGpu => Ok(Chosen::WebGpu {
             backend: Box::new(open_webgpu().await?),
             reason: "WebGPU was asked for".into(),
         }),
-        Asked::Auto => {
-            let probe = probe_adapter().await;
-            let field = |object: &JsValue, key: &str| {
-                Reflect::get(object, &key.into()).unwrap_or(JsValue::UNDEFINED)
-            };
-            if field(&probe, "gpu").as_bool() != Some(true) {
-                return cpu("this browser has no WebGPU (navigator.gpu is missing)".into());
-            }
-            let adapter = field(&probe, "adapter");
-            if adapter.is_null() || adapter.is_undefined() {
-                return cpu("the browser offers no WebGPU adapter".into());
-            }
-            let description = field(&adapter, "description")
-                .as_string()
-                .unwrap_or_default();
-            if field(&adapter, "software").as_bool() == Some(true) {
-                return cpu(software_reason(&description));
-            }
-            match open_webgpu().await {
-                // wgpu's own reading of the adapter, in case the browser's info hid it.
-                Ok(backend) if backend.adapter().software => {
-                    cpu(software_reason(&backend.adapter().name))
-                }
-                Ok(backend) => Ok(Chosen::WebGpu {
-                    backend: Box::new(backend),
-                    reason: format!("a hardware WebGPU adapter ({description})"),
-                }),
-                Err(reason) => cpu(reason),
-            }
-        }
+        Asked::Auto => auto(cpu_backend).await,
     }
 }
 
-fn software_reason(adapter: &str) -> String {
-    format!(
-        "WebGPU's adapter is a software rasterizer ({adapter}): the CPU backend in wasm is faster"
-    )
+/// `auto`: the CPU without WebGPU, else the faster of the two.
+async fn auto(cpu_backend: CpuBackend) -> Result<Chosen, String> {
+    let cpu = |backend, reason| Ok(Chosen::Cpu { backend, reason });
+    let probe = probe_adapter().await;
+    let field = |object: &JsValue, key: &str| {
+        Reflect::get(object, &key.into()).unwrap_or(JsValue::UNDEFINED)
+    };
+    if field(&probe, "gpu").as_bool() != Some(true) {
+        return cpu(
+            cpu_backend,
+            "this browser has no WebGPU (navigator.gpu is missing)".into(),
+        );
+    }
+    let adapter = field(&probe, "adapter");
+    if adapter.is_null() || adapter.is_undefined() {
+        return cpu(cpu_backend, "the browser offers no WebGPU adapter".into());
+    }
+    let description = field(&adapter, "description")
+        .as_string()
+        .unwrap_or_default();
+    let webgpu = match open_webgpu().await {
+        Ok(backend) => backend,
+        Err(reason) => return cpu(cpu_backend, reason),
+    };
+    let adapter = if field(&adapter, "software").as_bool() == Some(true) {
+        software_adapter(&description)
+    } else if webgpu.adapter().software {
+        // wgpu's own reading of the adapter, in case the browser's info hid it.
+        software_adapter(&webgpu.adapter().name)
+    } else {
+        format!("a hardware WebGPU adapter ({description})")
+    };
+    let webgpu_ms = match millis_per_product(&webgpu).await {
+        Ok(ms) => ms,
+        Err(e) => return cpu(cpu_backend, format!("{adapter} failed the speed test: {e}")),
+    };
+    let cpu_ms = match millis_per_product(&cpu_backend).await {
+        Ok(ms) => ms,
+        Err(e) => {
+            return Ok(Chosen::WebGpu {
+                backend: Box::new(webgpu),
+                reason: format!("{adapter}; the CPU backend failed the speed test: {e}"),
+            })
+        }
+    };
+    let measured = described(webgpu_ms, cpu_ms);
+    if cpu_ms < webgpu_ms {
+        cpu(
+            cpu_backend,
+            format!("{adapter}: the CPU backend in wasm is faster ({measured})"),
+        )
+    } else {
+        Ok(Chosen::WebGpu {
+            backend: Box::new(webgpu),
+            reason: format!("{adapter}: faster than the CPU backend in wasm ({measured})"),
+        })
+    }
 }
 
+fn software_adapter(name: &str) -> String {
+    format!("WebGPU's adapter is a software rasterizer ({name})")
+}
 /// Opens WebGPU, or says why it cannot be used.
 async fn open_webgpu() -> Result<WgpuBackend, String> {
     let navigator = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or_default();

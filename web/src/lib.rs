@@ -9,7 +9,7 @@
 //!
 //! The model's bytes stream into wasm memory (`source`: fetch, Cache API,
 //! progress). The model runs on the browser's WebGPU (`tandem-wgpu`); where
-//! `navigator.gpu` is missing, no adapter opens or the adapter is software
+//! `navigator.gpu` is missing, no adapter opens or the CPU times faster
 //! (`choose`), on the CPU backend: on one thread, or on several in the
 //! threaded package (`threads`). `js/` wraps this class in a Web Worker for
 //! pages (`tandem.js`, the same API over messages). Every engine step reads
@@ -20,6 +20,7 @@
 
 mod choose;
 mod options;
+mod probe;
 mod runtime;
 mod source;
 mod threads;
@@ -111,9 +112,10 @@ export interface LoadProgress {
 }
 export interface LoadOptions {
   /**
-   * "auto" (default): WebGPU on a hardware adapter; the CPU backend in wasm
-   * where WebGPU is missing or its adapter is a software rasterizer
-   * (isFallbackAdapter, SwiftShader, llvmpipe, lavapipe).
+   * "auto" (default): the faster of WebGPU and the CPU backend in wasm,
+   * timed on the same short matrix-vector product (a software rasterizer
+   * such as SwiftShader, llvmpipe or lavapipe loses to the CPU); the CPU
+   * where WebGPU is missing or does not open.
    */
   backend?: "auto" | "webgpu" | "cpu";
   onProgress?: (progress: LoadProgress) => void;
@@ -245,8 +247,8 @@ impl Tandem {
     /// a streamed body and kept in the Cache API), a Response, a Blob or
     /// File, an ArrayBuffer or a Uint8Array. `options.onProgress({ phase,
     /// done, total })` follows reading the bytes and uploading the weights;
-    /// `options.backend` is `"auto"` (WebGPU on a hardware adapter, else the
-    /// CPU: `choose`), `"webgpu"` or
+    /// `options.backend` is `"auto"` (the faster of WebGPU and the CPU,
+    /// timed: `choose`), `"webgpu"` or
     /// `"cpu"`; `options.cache` is `true` (default), a cache name, or `false`;
     /// `options.kvDtype` is the KV cache's storage (`"f32"` by default);
     /// `options.threads` the CPU backend's threads (`threads`).
@@ -297,7 +299,10 @@ impl Tandem {
         }
         .with_capacity_tokens(context);
 
-        let chosen = choose(asked).await.map_err(|e| JsError::new(&e))?;
+        let (cpu_backend, fewer_threads) = threads::cpu_backend(asked_threads);
+        let chosen = choose(asked, cpu_backend)
+            .await
+            .map_err(|e| JsError::new(&e))?;
         let (engine, adapter, features, backend_reason, threads) = match chosen {
             Chosen::WebGpu { backend, reason } => {
                 let a = backend.adapter();
@@ -323,13 +328,12 @@ impl Tandem {
                     None,
                 )
             }
-            Chosen::Cpu { reason } => {
-                let (backend, fewer) = threads::cpu_backend(asked_threads);
+            Chosen::Cpu { backend, reason } => {
                 let engine = Engine::new(backend, &files, config, &mut upload).map_err(js_error)?;
                 let device = engine.backend().info().device;
                 let threads = CpuThreads {
                     count: engine.backend().threads(),
-                    fewer_reason: fewer,
+                    fewer_reason: fewer_threads,
                 };
                 (
                     AnyEngine::Cpu(Box::new(engine)),
