@@ -1,8 +1,10 @@
 // Tandem's CPU backend in wasm beside wllama (llama.cpp compiled to wasm) on
 // the same GGUF file in one headless Chromium, each in its own Web Worker:
-// load time, time to the first token, prefill and decode tokens/s. wllama
-// runs on one thread, and on N where the page is cross-origin isolated
-// (served with COOP/COEP: it needs SharedArrayBuffer); WebGPU is kept off
+// load time, time to the first token, prefill and decode tokens/s. Both
+// run on one thread (Tandem's single-threaded package), and on N, all the
+// cores the browser reports, where the page is cross-origin isolated (served
+// with COOP/COEP: wasm threads need SharedArrayBuffer; Tandem's threaded
+// package, pkg/threads, where `make web` made it); WebGPU is kept off
 // for it (n_gpu_layers 0) and Tandem's WebGPU on SwiftShader is reported
 // for what it is (8 tokens; BENCH_WEBGPU=0 leaves it out: its prefill takes
 // minutes). scripts/bench-web.sh builds and runs this.
@@ -15,6 +17,7 @@ import { mkdtempSync, rmSync, symlinkSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { launch, serve } from "./browser.mjs";
+import { ISOLATION, threadedBuild } from "./threads.mjs";
 
 const [siteDir, wllamaDir, modelUrl = "models/SmolLM2-135M-Instruct.Q4_1.gguf", tokensArg = "64"] =
   process.argv.slice(2);
@@ -33,9 +36,8 @@ const PROMPT = "The history of the printing press begins in the fifteenth centur
 const siteLink = join(resolve(siteDir), "wllama");
 rmSync(siteLink, { force: true });
 symlinkSync(resolve(wllamaDir), siteLink);
-const isolation = { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" };
 const plain = await serve(siteDir);
-const isolated = await serve(siteDir, new Map(), {}, isolation);
+const isolated = await serve(siteDir, new Map(), {}, ISOLATION);
 const userDataDir = mkdtempSync(join(tmpdir(), "tandem-bench-"));
 const context = await launch(userDataDir);
 const rows = [];
@@ -45,11 +47,13 @@ try {
   const threads = await page.evaluate(() => navigator.hardwareConcurrency);
   await page.goto(`http://127.0.0.1:${plain.address().port}/`);
   rows.push(await wllama(page, 1));
-  rows.push(await tandem(page, "cpu"));
-  if (process.env.BENCH_WEBGPU !== "0") rows.push(await tandem(page, "webgpu", 8));
+  rows.push(await tandem(page, "cpu", 1));
+  if (process.env.BENCH_WEBGPU !== "0") rows.push(await tandem(page, "webgpu", 1, 8));
   await page.goto(`http://127.0.0.1:${isolated.address().port}/`);
   if (await page.evaluate(() => globalThis.crossOriginIsolated)) {
     rows.push(await wllama(page, threads));
+    if (threadedBuild(siteDir)) rows.push(await tandem(page, "cpu", threads));
+    else console.log("no threaded Tandem package (`make web` needs a nightly toolchain for it)");
   } else {
     console.log("the isolated page is not cross-origin isolated: no multi-thread run");
   }
@@ -61,6 +65,8 @@ try {
   rmSync(siteLink, { force: true });
 }
 const [wllamaOne, tandemCpu] = rows;
+const [wllamaMany, tandemMany] = [rows.find((r, i) => i > 1 && r.engine.startsWith("wllama")),
+  rows.find((r, i) => i > 1 && r.engine.startsWith("Tandem CPU"))];
 console.log(`\n${modelUrl.split("/").pop()}, prompt ${wllamaOne.promptTokens} tokens, ` +
   `up to ${TOKENS} generated (8 on WebGPU), greedy`);
 console.log("| engine | threads | load s | first token s | prefill tok/s | decode tok/s |");
@@ -69,16 +75,22 @@ for (const r of rows) {
   console.log(`| ${r.engine} | ${r.threads} | ${r.load.toFixed(2)} | ${r.first.toFixed(2)} | ` +
     `${r.prefill.toFixed(1)} | ${r.decode.toFixed(1)} |`);
 }
-const ratio = (key) => (tandemCpu[key] / wllamaOne[key]).toFixed(2);
-console.log(`Tandem CPU / wllama at 1 thread: prefill ${ratio("prefill")}x, decode ${ratio("decode")}x, ` +
-  `load time ${ratio("load")}x`);
+for (const [ours, theirs] of [[tandemCpu, wllamaOne], [tandemMany, wllamaMany]]) {
+  if (!ours || !theirs) continue;
+  const ratio = (key) => (ours[key] / theirs[key]).toFixed(2);
+  console.log(`Tandem CPU (${ours.threads} threads) / wllama (${theirs.threads}): prefill ${ratio("prefill")}x, ` +
+    `decode ${ratio("decode")}x; loads ${(theirs.load / ours.load).toFixed(1)}x faster`);
+}
 
-/** Tandem through its worker on `backend`: load (no cache), then one greedy generation. */
-async function tandem(page, backend, tokens = TOKENS) {
-  const r = await page.evaluate(async ({ modelUrl, backend, prompt, tokens }) => {
+/**
+ * Tandem through its worker on `backend` (the CPU's on `threads` threads):
+ * load (no cache), then one greedy generation.
+ */
+async function tandem(page, backend, threads, tokens = TOKENS) {
+  const r = await page.evaluate(async ({ modelUrl, backend, threads, prompt, tokens }) => {
     const { Tandem } = await import(new URL("pkg/tandem.js", location.href).href);
     let started = performance.now();
-    const engine = await Tandem.load(modelUrl, { backend, cache: false });
+    const engine = await Tandem.load(modelUrl, { backend, threads, cache: false });
     const load = performance.now() - started;
     started = performance.now();
     let first = 0;
@@ -87,11 +99,13 @@ async function tandem(page, backend, tokens = TOKENS) {
     }
     const total = performance.now() - started;
     const generated = engine.generatedTokens().length;
+    const info = engine.info();
     engine.free();
-    return { load, first, total, generated };
-  }, { modelUrl, backend, prompt: PROMPT, tokens });
+    return { load, first, total, generated, threads: info.threads ?? 1, threadsReason: info.threadsReason };
+  }, { modelUrl, backend, threads, prompt: PROMPT, tokens });
+  if (r.threadsReason) console.log(`Tandem on ${r.threads} of ${threads} threads: ${r.threadsReason}`);
   const promptTokens = rows[0].promptTokens;
-  return row(`Tandem ${backend === "cpu" ? "CPU (wasm)" : "WebGPU (SwiftShader)"}`, 1, r, promptTokens);
+  return row(`Tandem ${backend === "cpu" ? "CPU (wasm)" : "WebGPU (SwiftShader)"}`, r.threads, r, promptTokens);
 }
 
 /** wllama on `threads` threads, WebGPU off: load (no cache), then one greedy completion. */
