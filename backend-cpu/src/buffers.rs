@@ -9,6 +9,35 @@ use tandem_core::Result;
 
 use crate::check;
 
+/// Element types whose all-zero bytes are their zero value.
+///
+/// # Safety
+/// An implementor must be valid, and zero, for all-zero bytes.
+pub(crate) unsafe trait ZeroBits: Copy {}
+
+// SAFETY: all-zero bytes are 0.0, 0 and +0.0.
+unsafe impl ZeroBits for f32 {}
+unsafe impl ZeroBits for u32 {}
+unsafe impl ZeroBits for f16 {}
+
+/// `len` zeros, or `None` when memory runs out. The memory comes zeroed
+/// from the allocator (fresh pages, for large sizes) instead of being
+/// written, so a page no kernel writes is never made resident: a KV pool
+/// sized for the whole context costs memory only for the tokens it holds.
+pub(crate) fn zeroed_vec<T: ZeroBits>(len: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout is non-empty; zero bytes are valid `T`s
+    // (`ZeroBits`); the block comes from the global allocator with the
+    // layout of `len` `T`s, which is what `Vec` frees it with.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
+        (!ptr.is_null()).then(|| Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
 /// f32 activations: a flat host buffer (shapes travel in kernel parameters).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tensor(Vec<f32>);

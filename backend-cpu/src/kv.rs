@@ -9,6 +9,7 @@ use tandem_core::backend::{KvCacheLayout, KvDtype};
 use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
 use tandem_core::Result;
 
+use crate::buffers::{zeroed_vec, ZeroBits};
 use crate::check;
 
 /// K and V of one layer, each `[num_blocks, block_size]` slots of the
@@ -41,16 +42,13 @@ pub(crate) enum KvStorage {
 }
 
 /// A zeroed vector, or an error (not an abort) when memory runs out.
-fn zeroed<T: Clone>(len: usize, zero: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
+fn zeroed<T: ZeroBits>(len: usize) -> Result<Vec<T>> {
+    zeroed_vec(len).ok_or_else(|| {
         check::error(
             "alloc_kv_cache",
             format!("cannot allocate {len} KV elements"),
         )
-    })?;
-    v.resize(len, zero);
-    Ok(v)
+    })
 }
 
 impl KvCache {
@@ -78,18 +76,18 @@ impl KvCache {
             KvStorage::Quant {
                 quant,
                 key_blocks,
-                keys: zeroed(key_words, 0)?,
-                values: zeroed(words, 0)?,
+                keys: zeroed(key_words)?,
+                values: zeroed(words)?,
             }
         } else if layout.dtype == KvDtype::F16 {
             KvStorage::F16 {
-                keys: zeroed(len, f16::ZERO)?,
-                values: zeroed(len, f16::ZERO)?,
+                keys: zeroed(len)?,
+                values: zeroed(len)?,
             }
         } else {
             KvStorage::F32 {
-                keys: zeroed(len, 0.0)?,
-                values: zeroed(len, 0.0)?,
+                keys: zeroed(len)?,
+                values: zeroed(len)?,
             }
         };
         Ok(KvCache { layout, storage })

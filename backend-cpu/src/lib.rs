@@ -34,6 +34,8 @@ pub mod reference;
 mod rope;
 mod rows;
 mod scores;
+#[cfg(not(target_arch = "wasm32"))]
+mod spin_pool;
 mod workers;
 
 pub use buffers::{Indices, Tensor, Weight};
@@ -50,7 +52,7 @@ use attention::AttentionInputs;
 use isa::Isa;
 use workers::Workers;
 
-/// The CPU backend: host memory, a private rayon thread pool, and the best
+/// The CPU backend: host memory, its own helper threads, and the best
 /// instruction set this CPU has for matmul.
 pub struct CpuBackend {
     workers: Workers,
@@ -98,12 +100,9 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<Tensor> {
-        let mut values = Vec::new();
-        values
-            .try_reserve_exact(len)
-            .map_err(|_| check::error("alloc", format!("cannot allocate {len} f32 values")))?;
-        values.resize(len, 0.0);
-        Ok(Tensor::from(values))
+        buffers::zeroed_vec(len)
+            .map(Tensor::from)
+            .ok_or_else(|| check::error("alloc", format!("cannot allocate {len} f32 values")))
     }
 
     fn upload(&self, data: &[f32]) -> Result<Tensor> {

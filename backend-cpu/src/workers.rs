@@ -1,12 +1,13 @@
 //! The backend's own threads, and the one way kernels split work over them.
 //!
-//! Each backend owns a rayon pool, so two backends (or a backend and the
-//! application) never fight over the global pool. A call with `threads`
-//! threads uses the calling thread plus `threads - 1` pool threads: the
-//! caller is already running, so it starts on the first chunk at once while
-//! helpers wake up, and a kernel costs one hand-off instead of two (a plain
-//! `install` would park the caller and wake it again at the end). Decode
-//! runs some two hundred matmuls per token, so hand-offs matter.
+//! Each backend owns its helper threads, so two backends (or a backend and
+//! the application) never fight over one pool. A call with `threads`
+//! threads uses the calling thread plus `threads - 1` helpers: the caller
+//! is already running, so it starts on the first chunk at once while
+//! helpers join, and a kernel costs one hand-off instead of two. Decode
+//! runs some two hundred kernels per token, so hand-offs matter: natively
+//! the helpers are a [`SpinPool`] that stays awake between kernels; wasm32
+//! uses rayon, whose threads the browser provides.
 //!
 //! Work is cut into chunks that every participant claims from a shared
 //! queue until none is left, which balances uneven chunks and threads
@@ -15,12 +16,20 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use rayon::ThreadPool;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::spin_pool::SpinPool as Pool;
+// In the browser: rayon's global pool where the build has atomics and the
+// embedder started it, else no helpers.
+#[cfg(target_arch = "wasm32")]
+use wasm::Pool;
+
+#[cfg(target_arch = "wasm32")]
+mod wasm;
 
 pub(crate) struct Workers {
     /// The helper threads; `None` with one thread, or where the platform
     /// cannot spawn threads (wasm32 without atomics).
-    pool: Option<ThreadPool>,
+    pool: Option<Pool>,
     threads: usize,
 }
 
@@ -32,16 +41,8 @@ impl Workers {
         } else {
             threads
         };
-        let pool = (threads > 1)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads - 1)
-                    .thread_name(|i| format!("tandem-cpu-{}", i + 1))
-                    .build()
-                    .ok()
-            })
-            .flatten();
-        let threads = pool.as_ref().map_or(1, |p| p.current_num_threads() + 1);
+        let pool = (threads > 1).then(|| Pool::new(threads - 1)).flatten();
+        let threads = pool.as_ref().map_or(1, |p| p.helpers() + 1);
         Workers { pool, threads }
     }
 
@@ -85,29 +86,21 @@ impl Workers {
         I::Item: Send,
     {
         let helpers = match &self.pool {
-            Some(pool) if items.len() > 1 => pool.current_num_threads().min(items.len() - 1),
+            Some(pool) if items.len() > 1 => pool.helpers().min(items.len() - 1),
             _ => 0,
         };
-        if helpers == 0 {
+        let Some(pool) = self.pool.as_ref().filter(|_| helpers > 0) else {
             items.for_each(f);
             return;
-        }
+        };
         let queue = Mutex::new(items);
         // The lock is held only to take an item, never while running `f`.
         let next = || queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-        let work = || {
+        pool.run(helpers, &|| {
             while let Some(item) = next() {
                 f(item);
             }
-        };
-        if let Some(pool) = &self.pool {
-            pool.in_place_scope(|scope| {
-                for _ in 0..helpers {
-                    scope.spawn(|_| work());
-                }
-                work();
-            });
-        }
+        });
     }
 
     /// Chunk length (a multiple of `unit`) that gives each thread about four

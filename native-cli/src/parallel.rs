@@ -35,8 +35,9 @@ static JOB: Mutex<Option<Job>> = Mutex::new(None);
 /// The counters of the job's communicator.
 static METER: Mutex<Option<Meter>> = Mutex::new(None);
 
-/// What this process does in the job.
+/// What this process does in the job. A build without MPI is always `Single`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub enum Role {
     /// Alone: no `--tp`, `--pp` or `--ep`.
     Single,

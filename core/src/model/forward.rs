@@ -279,7 +279,9 @@ impl<B: Backend> Model<B> {
             done.set(done.get() + view.data.len());
             weight_bytes.set(weight_bytes.get() + view.data.len());
             (progress.borrow_mut())(done.get(), total);
-            upload(backend, view, is_vector, name)
+            let weight = upload(backend, view, is_vector, name)?;
+            files.tensors.release(view.data);
+            Ok(weight)
         };
         // A tensor, or this rank's slice of it.
         let view = |name: &str| -> Result<ShardView<'_>> {
@@ -308,6 +310,7 @@ impl<B: Backend> Model<B> {
                     ..views[0]
                 };
                 let w = put(concatenated, false, &names.join(" + "))?;
+                views.iter().for_each(|v| files.tensors.release(v.data));
                 let bias = match biases {
                     true => {
                         let parts = bias_names().map(|n| view(&n)).collect::<Result<Vec<_>>>()?;

@@ -74,6 +74,29 @@ impl Bytes {
         })?;
         Ok(Bytes::Mmap(map))
     }
+
+    /// Drops this process's resident pages of `range` (bytes of a mapped
+    /// file; owned bytes stay as they are). Once a weight is copied to its
+    /// backend, its mapped pages would be a second resident copy for the
+    /// rest of the run. The page cache keeps them, and reading the range
+    /// again faults them back in.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let Bytes::Mmap(map) = self {
+            // SAFETY: a read-only map holds no changes of its own, so
+            // MADV_DONTNEED only drops pages that are read again from the
+            // file on the next access. A failure leaves them resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    range.len(),
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = range;
+    }
 }
 
 /// Where one tensor lives: a byte range of one file, already checked to be in bounds.
@@ -136,6 +159,19 @@ impl TensorStore {
 
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
+    }
+
+    /// Releases the mapped pages under `data` (see [`Bytes::release`]), if
+    /// `data` lies in one of the files.
+    pub fn release(&self, data: &[u8]) {
+        let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+        for file in &self.files {
+            let base = file.as_ptr() as usize;
+            if base <= start && end <= base + file.len() {
+                file.release(start - base..end - base);
+                return;
+            }
+        }
     }
 
     pub fn bytes(&self, info: &TensorInfo) -> &[u8] {
@@ -338,5 +374,26 @@ pub fn load(path: &Path) -> Result<ModelFiles> {
             path: path.to_path_buf(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
         })
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_pages_of_a_mapped_file_read_back_unchanged() {
+        let path = std::env::temp_dir().join(format!("tandem-release-{}", std::process::id()));
+        let data: Vec<u8> = (0..3 * 4096 + 123).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let bytes = Arc::new(Bytes::map(&path).unwrap());
+        let mut store = TensorStore::default();
+        store.add_file(bytes.clone());
+        // A range inside the file, one cutting pages, and one elsewhere.
+        store.release(&bytes[100..5000]);
+        store.release(&bytes[..]);
+        store.release(&data[..10]);
+        assert_eq!(&bytes[..], &data[..]);
+        std::fs::remove_file(&path).unwrap();
     }
 }
