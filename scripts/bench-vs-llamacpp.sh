@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU speed side by side: llama.cpp's `llama-bench` and `tandem bench` on the
 # same GGUF files with the same threads, interleaved round by round, then the
-# medians and the ratios (Tandem / llama.cpp; above 1 means Tandem is faster).
+# medians and the ratios (Tandem / llama.cpp; above 1 means Tandem is faster),
+# and each bench process's peak resident memory.
 #
 # llama.cpp is built outside the repository, under the ignored .tools/, from
 # the copy inside PyPI's llama-cpp-python source distribution: its version
@@ -63,23 +64,30 @@ fi
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 (cd "$root" && cargo build --release -q -p tandem)
-tandem="$root/target/release/tandem"
+tandem="${CARGO_TARGET_DIR:-$root/target}/release/tandem"
 
 paths=()
 for m in "${models[@]}"; do
   if [ -f "$m" ]; then paths+=("$m"); else paths+=("$("$here/fetch-model.sh" "$m")"); fi
 done
 
-results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+results=$(mktemp) rss=$(mktemp)
+trap 'rm -f "$results" "$rss"' EXIT
+# The peak resident memory of the run just timed (GNU time's %M, in KiB),
+# a result line of its own.
+rss_line() {
+  python3 -c 'import json,sys; print(json.dumps({"engine":sys.argv[1],"model":sys.argv[2],"test":"rss","tps":int(open(sys.argv[3]).read().split()[-1]) / 1024}))' "$1" "$2" "$rss" >>"$results"
+}
 for round in $(seq 1 "$rounds"); do
   for path in "${paths[@]}"; do
     echo "round $round/$rounds: $(basename "$path")" >&2
     # AMX repacking faults on VMs that report AMX without granting its tiles.
-    "$llama_bench" -m "$path" -t "$threads" -p "$prompt" -n "$gen" -r 1 --repack 0 "${llama_kv[@]}" -o json 2>/dev/null |
+    /usr/bin/time -f %M -o "$rss" "$llama_bench" -m "$path" -t "$threads" -p "$prompt" -n "$gen" -r 1 --repack 0 "${llama_kv[@]}" -o json 2>/dev/null |
       python3 -c 'import json,sys; [print(json.dumps({"engine":"llama.cpp","model":sys.argv[1],"test":"pp" if r["n_prompt"] else "tg","tps":r["avg_ts"]})) for r in json.load(sys.stdin)]' "$path" >>"$results"
-    "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --kv-dtype "$kv" --json --model "$path" 2>/dev/null |
+    rss_line llama.cpp "$path"
+    /usr/bin/time -f %M -o "$rss" "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --kv-dtype "$kv" --json --model "$path" 2>/dev/null |
       python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); m=sys.argv[1]; print(json.dumps({"engine":"tandem","model":m,"test":"pp","tps":r["prefill_tokens_per_s"]})); print(json.dumps({"engine":"tandem","model":m,"test":"tg","tps":r["decode_tokens_per_s"]}))' "$path" >>"$results"
+    rss_line tandem "$path"
   done
 done
 
@@ -94,10 +102,11 @@ models = sorted({m for m, _, _ in runs}, key=lambda m: [k[0] for k in runs].inde
 print(f"{threads} threads, pp{prompt} / tg{gen}, median of {rounds} interleaved rounds; "
       f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend; "
       f"KV cache: Tandem {kv}, llama.cpp {llama_kv}")
-print("| model | Tandem decode | llama.cpp decode | ratio | Tandem prefill | llama.cpp prefill | ratio |")
-print("|---|---|---|---|---|---|---|")
+print("| model | Tandem decode | llama.cpp decode | ratio | Tandem prefill | llama.cpp prefill | ratio | Tandem peak RSS | llama.cpp peak RSS |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     med = lambda e, t: statistics.median(runs[(m, e, t)]) if runs[(m, e, t)] else float("nan")
     td, ld, tp, lp = med("tandem", "tg"), med("llama.cpp", "tg"), med("tandem", "pp"), med("llama.cpp", "pp")
-    print(f"| {m} | {td:.1f} | {ld:.1f} | {td / ld:.2f}x | {tp:.1f} | {lp:.1f} | {tp / lp:.2f}x |")
+    tr, lr = med("tandem", "rss"), med("llama.cpp", "rss")
+    print(f"| {m} | {td:.1f} | {ld:.1f} | {td / ld:.2f}x | {tp:.1f} | {lp:.1f} | {tp / lp:.2f}x | {tr:.0f} MiB | {lr:.0f} MiB |")
 PY
