@@ -135,7 +135,7 @@ impl Drop for Finish<'_> {
             spins = spins.wrapping_add(1);
             // A helper descheduled by another process may take a while:
             // stop burning the core it needs.
-            if spins % 64 == 0 && started.elapsed() > SPIN_BEFORE_PARK {
+            if spins.is_multiple_of(64) && started.elapsed() > SPIN_BEFORE_PARK {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -177,7 +177,7 @@ impl Shared {
                 return state;
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && started.elapsed() > SPIN_BEFORE_PARK {
+            if spins.is_multiple_of(64) && started.elapsed() > SPIN_BEFORE_PARK {
                 break;
             }
             std::hint::spin_loop();
