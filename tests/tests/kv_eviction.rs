@@ -248,7 +248,7 @@ fn h2o_keeps_the_attended_blocks<B: Backend>(be: &B) {
     }
     let total: f32 = mass.iter().sum();
     assert!((total - (rows * heads) as f32).abs() < 1e-2, "{total}");
-    manager.add_block_scores(0, &mass).unwrap();
+    manager.add_block_scores(0, &mass, 1.0).unwrap();
     // Budget: the sink block, blocks 2 and 5, and the window's last two.
     let plan = eviction(EvictionPolicy::H2o, 5 * BLOCK, 1, BLOCK)
         .plan(1000, BLOCK)

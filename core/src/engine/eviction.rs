@@ -95,12 +95,15 @@ impl<B: Backend> Engine<B> {
         let scores = self.backend.download(&scores, len)?;
         for r in rows {
             let mut mass = vec![0f32; width];
+            let mut queries = 0;
             for row in r.scored(batch) {
+                queries += 1;
                 for head in scores[row * kv_heads * width..][..kv_heads * width].chunks(width) {
                     mass.iter_mut().zip(head).for_each(|(m, s)| *m += s);
                 }
             }
-            self.kv_manager.add_block_scores(r.seq, &mass)?;
+            let decay = r.plan.score_decay(queries);
+            self.kv_manager.add_block_scores(r.seq, &mass, decay)?;
         }
         Ok(logits)
     }

@@ -17,7 +17,7 @@ pub struct BlockTable {
     /// Whether a block was ever evicted: K/V computed since then depend on
     /// an incomplete prefix, so no further block enters the prefix cache.
     evicted: bool,
-    /// Attention mass each block received so far (H2O), by table index;
+    /// Attention mass each block received so far (decayed for H2O), by table index;
     /// shorter than `blocks` when the tail has received none yet.
     scores: Vec<f32>,
 }
@@ -55,12 +55,14 @@ impl BlockTable {
         &self.scores
     }
 
-    /// Adds `mass[i]` to the accumulated attention mass of table entry `i`.
-    pub(crate) fn add_scores(&mut self, mass: &[f32]) {
+    /// Scales the accumulated attention mass by `decay`, then adds
+    /// `mass[i]` to that of table entry `i`.
+    pub(crate) fn add_scores(&mut self, mass: &[f32], decay: f32) {
         let n = mass.len().min(self.blocks.len());
         if self.scores.len() < n {
             self.scores.resize(n, 0.0);
         }
+        self.scores.iter_mut().for_each(|s| *s *= decay);
         for (s, m) in self.scores.iter_mut().zip(&mass[..n]) {
             *s += m;
         }

@@ -11,16 +11,25 @@
 //! the policy chooses:
 //! - `streaming` evicts the oldest first (StreamingLLM: sinks + a window);
 //! - `h2o` evicts the block with the least attention mass accumulated over
-//!   every query since it was written (H2O's heavy hitters);
+//!   the queries since it was written (H2O's heavy hitters), each query's
+//!   mass worth [`H2O_DECAY`] less per query that came after it;
 //! - `snapkv` scores the prompt's blocks once, by the attention of the
 //!   prompt's last `recent` queries, and evicts the lowest; blocks written
 //!   after the prompt carry no score and leave oldest first.
+//!
+//! Scores come from the deeper half of the layers ([`scoring_layers`]).
+//! Measured on SmolLM2 (`scripts/kv-eviction-quality.sh`, 12.5% budget),
+//! H2O's plain sum over every layer gave +33% perplexity where keeping the
+//! newest blocks gave +18%: early layers attend by position, and an
+//! undecayed sum favours blocks for having been around longer. Both
+//! changes together give +13%.
 //!
 //! A budget is checked at the end of every step: a step's own chunk may
 //! exceed it until then. Budgets given in percent are of the engine's
 //! context limit.
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use super::BlockTable;
@@ -31,6 +40,17 @@ pub const EVICTED_BLOCK: u32 = u32::MAX;
 
 /// Sink tokens kept unless `--kv-sinks` says otherwise (StreamingLLM's four).
 pub const DEFAULT_SINKS: usize = 4;
+
+/// What an H2O score keeps of its value per later query: a half-life of
+/// about 69 queries, so a block is judged by the attention it gets now more
+/// than by what it got while it was near the queries.
+pub const H2O_DECAY: f32 = 0.99;
+
+/// The layers of a `num_layers`-layer model whose attention scores blocks:
+/// the deeper half, where attention follows content rather than position.
+pub fn scoring_layers(num_layers: usize) -> Range<usize> {
+    num_layers / 2..num_layers
+}
 
 /// Which blocks go first when a sequence is over its budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,6 +258,16 @@ impl EvictionPlan {
         candidates
     }
 
+    /// The factor on a sequence's block scores before a step's mass from
+    /// `queries` scored rows is added: [`H2O_DECAY`] per query for H2O;
+    /// SnapKV scores its window once and keeps it whole.
+    pub fn score_decay(&self, queries: usize) -> f32 {
+        match self.policy {
+            EvictionPolicy::H2o => H2O_DECAY.powi(queries.min(i32::MAX as usize) as i32),
+            EvictionPolicy::SnapKv | EvictionPolicy::Streaming => 1.0,
+        }
+    }
+
     /// Whether the query at `position` of a sequence whose prompt has
     /// `prompt_len` tokens contributes scores: every query for H2O, the
     /// prompt's last `recent` queries (at least one) for SnapKV.
@@ -329,12 +359,48 @@ mod tests {
         .unwrap();
         let mut m = KvCacheManager::new(32, 4);
         filled(&mut m, 1, 32);
-        m.add_block_scores(1, &[0.1, 3.0, 0.2, 0.0, 2.0, 0.5, 0.0, 0.0])
+        m.add_block_scores(1, &[0.1, 3.0, 0.2, 0.0, 2.0, 0.5, 0.0, 0.0], 1.0)
             .unwrap();
         m.evict_over_budget(1, &plan).unwrap();
         let t = m.table(1).unwrap();
         let kept: Vec<usize> = (0..8).filter(|&i| t.blocks()[i] != EVICTED_BLOCK).collect();
         // The recent window (tokens 28..32) and the last block are block 7.
         assert_eq!(kept, vec![1, 4, 5, 7]);
+    }
+
+    #[test]
+    fn h2o_scores_fade_so_old_attention_loses_to_new() {
+        let plan = EvictionConfig {
+            sinks: 0,
+            recent: Some(4),
+            ..EvictionConfig::new(KvBudget::Tokens(8), EvictionPolicy::H2o)
+        }
+        .plan(1000, 4)
+        .unwrap();
+        let mut m = KvCacheManager::new(32, 4);
+        filled(&mut m, 1, 24);
+        // Block 1 drew twice block 2's mass, but 100 queries ago.
+        m.add_block_scores(1, &[0.0, 2.0, 0.0, 0.0, 0.0, 0.0], 1.0)
+            .unwrap();
+        let decay = plan.score_decay(100);
+        assert!((decay - H2O_DECAY.powi(100)).abs() < 1e-6 && decay < 0.5);
+        m.add_block_scores(1, &[0.0, 0.0, 1.0, 0.0, 0.0, 0.0], decay)
+            .unwrap();
+        m.evict_over_budget(1, &plan).unwrap();
+        let t = m.table(1).unwrap();
+        let kept: Vec<usize> = (0..6).filter(|&i| t.blocks()[i] != EVICTED_BLOCK).collect();
+        assert_eq!(kept, vec![2, 5]);
+        let snapkv = EvictionPlan {
+            policy: EvictionPolicy::SnapKv,
+            ..plan
+        };
+        assert_eq!(snapkv.score_decay(100), 1.0);
+    }
+
+    #[test]
+    fn the_deeper_half_of_the_layers_scores() {
+        assert_eq!(scoring_layers(30), 15..30);
+        assert_eq!(scoring_layers(5), 2..5);
+        assert_eq!(scoring_layers(1), 0..1);
     }
 }

@@ -336,12 +336,13 @@ impl KvCacheManager {
         Ok(chosen.len())
     }
 
-    /// Adds attention mass per table entry of `seq` (H2O, SnapKV scores).
-    pub fn add_block_scores(&mut self, seq: SeqId, mass: &[f32]) -> Result<()> {
+    /// Adds attention mass per table entry of `seq` (H2O, SnapKV scores),
+    /// after scaling the scores so far by `decay`.
+    pub fn add_block_scores(&mut self, seq: SeqId, mass: &[f32], decay: f32) -> Result<()> {
         self.tables
             .get_mut(&seq)
             .ok_or_else(|| Error::InvalidRequest(format!("unknown sequence {seq}")))?
-            .add_scores(mass);
+            .add_scores(mass, decay);
         Ok(())
     }
 }

@@ -238,7 +238,7 @@ proptest! {
                     };
                     let plan = config.plan(100, BS).unwrap();
                     let mass: Vec<f32> = weights.iter().map(|&w| f32::from(w)).collect();
-                    m.add_block_scores(s, &mass).unwrap();
+                    m.add_block_scores(s, &mass, 1.0).unwrap();
                     let before = m.table(s).unwrap().clone();
                     m.evict_over_budget(s, &plan).unwrap();
                     let t = m.table(s).unwrap();

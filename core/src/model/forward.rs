@@ -39,6 +39,7 @@ use crate::backend::{
     AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
     MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut,
 };
+use crate::kv::eviction::scoring_layers;
 use crate::parallel::shard::{shard, ShardView};
 use crate::parallel::{Command, Communicator, Job, PipelinePlan, Placement, TensorParallelPlan};
 use crate::quant::{concat_rows, WeightFormat, WeightView};
@@ -464,8 +465,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::forward`], and with `scores` (`[rows, kv_heads,
-    /// max_blocks_per_seq]`) every layer's attention mass per KV block added
-    /// into it (`Backend::paged_attention_scores`, for KV eviction by score).
+    /// max_blocks_per_seq]`) the attention mass per KV block of the
+    /// [`scoring_layers`] added into it (`Backend::paged_attention_scores`,
+    /// for KV eviction by score).
     pub fn forward_scoring(
         &self,
         backend: &B,
@@ -590,7 +592,8 @@ impl<B: Backend> Model<B> {
     /// The kernels of one forward pass of `shape` over `buffers`, whose
     /// indices already hold the batch; the logits go to `logits`. Allocates
     /// nothing, uploads nothing, reads nothing back: a backend can record it.
-    /// With `scores`, the attention mass per KV block is added into it.
+    /// With `scores`, the [`scoring_layers`]' attention mass per KV block is
+    /// added into it.
     pub(crate) fn forward_into(
         &self,
         backend: &B,
@@ -701,7 +704,8 @@ impl<B: Backend> Model<B> {
         // nothing stands between the projection and the add: not across
         // ranks, whose partial outputs are summed first.
         let direct = self.fused && cfg.multipliers.residual.is_none() && comm.is_none();
-        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+        let scoring = scoring_layers(self.layers.len());
+        for (index, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             let widths = [
                 cfg.num_heads * cfg.head_dim,
                 cfg.num_kv_heads * cfg.head_dim,
@@ -739,7 +743,7 @@ impl<B: Backend> Model<B> {
                 block_tables,
             };
             let params = attn_params(layer.sliding_window);
-            if let Some(scores) = scores.as_deref_mut() {
+            if let Some(scores) = scores.as_deref_mut().filter(|_| scoring.contains(&index)) {
                 let idx = AttentionIndices::<B> {
                     row_seq,
                     positions,
