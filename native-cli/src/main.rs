@@ -1,5 +1,13 @@
 //! `tandem`: run, chat with, benchmark, score and inspect models.
 
+/// `eprintln!` in one write, so the lines of a job's ranks stay whole
+/// (see `write_stderr_line`).
+macro_rules! eprint_line {
+    ($($arg:tt)*) => {
+        tandem_core::parallel::write_stderr_line(&format!($($arg)*))
+    };
+}
+
 mod backend_select;
 mod commands;
 mod model_path;
@@ -54,7 +62,7 @@ fn main() {
         _ => run(cli.command),
     };
     if let Err(e) = result {
-        eprintln!("error: {}", one_line(&e));
+        eprint_line!("error: {}", one_line(&e));
         // Without finalising MPI: a rank of a job exiting with an error
         // makes mpirun end the others, which may be waiting in a collective.
         std::process::exit(1);

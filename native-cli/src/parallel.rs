@@ -198,7 +198,7 @@ impl WithBackend for Follow<'_> {
                         .with_context(|| {
                             format!("rank {rank}: loading {}", files.path.display())
                         })?;
-                    eprintln!("{}", describe_rank(&model, self.args.kv_dtype));
+                    eprint_line!("{}", describe_rank(&model, self.args.kv_dtype));
                     model
                         .follow(&backend)
                         .with_context(|| format!("rank {rank}"))?;

@@ -187,7 +187,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn abort_job(&self, reason: &str) -> ! {
-        eprintln!("error: {reason}");
+        tandem_core::parallel::write_stderr_line(&format!("error: {reason}"));
         self.world().abort(1)
     }
 }

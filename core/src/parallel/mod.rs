@@ -64,9 +64,22 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// default this process exits with status 1 without finalising, which
     /// makes `mpirun` end the other ranks.
     fn abort_job(&self, reason: &str) -> ! {
-        eprintln!("error: {reason}");
+        write_stderr_line(&format!("error: {reason}"));
         std::process::exit(1)
     }
+}
+
+/// Writes `line` and a newline to stderr in one write. `mpirun` merges
+/// the stderr of a job's ranks chunk by chunk, and `eprintln!` writes a
+/// line in pieces, so one rank's line could land inside another's.
+/// Unlike `eprintln!`, a failed write is ignored: a closed stderr is no
+/// reason to stop.
+pub fn write_stderr_line(line: &str) {
+    use std::io::Write as _;
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    let _ = std::io::stderr().write_all(&bytes);
 }
 
 /// The communicator of a job with one rank: every collective is the identity.

@@ -260,7 +260,7 @@ impl WithBackend for BenchServeArgs {
                 engine.clear_prefix_cache();
                 let outcome =
                     bench::run(&mut engine, &work, &arrivals, mode, &mut WallClock::start())?;
-                eprintln!(
+                eprint_line!(
                     "{} batching at rate {rate}: {} requests in {:.1} s",
                     mode.name(),
                     outcome.served.len(),
@@ -289,7 +289,7 @@ impl WithBackend for BenchServeArgs {
             );
             std::fs::write(path, bench::plot::svg(&summaries, &title))
                 .with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("plot written to {}", path.display());
+            eprint_line!("plot written to {}", path.display());
         }
         Ok(())
     }

@@ -58,7 +58,7 @@ impl WithBackend for ChatArgs {
         let mut seq = None;
         let stdin = std::io::stdin();
         let mut stdout = std::io::stdout();
-        eprintln!(
+        eprint_line!(
             "chatting with {} (empty line or Ctrl-D to quit)",
             files.path.display()
         );
@@ -102,9 +102,9 @@ impl WithBackend for ChatArgs {
             let (reply, stats) =
                 stream_turn(&mut engine, tokenizer, id, new_tokens, &mut stdout, |_| {})?;
             writeln!(stdout)?;
-            eprintln!("[{}]", stats.report());
+            eprint_line!("[{}]", stats.report());
             if engine.speculation().is_some() {
-                eprintln!("[{}]", engine.stats().speculation.summary());
+                eprint_line!("[{}]", engine.stats().speculation.summary());
             }
             let content = tokenizer.decode(
                 &reply

@@ -109,7 +109,7 @@ pub fn run(args: DistillArgs) -> Result<()> {
     };
     let corpus = read_corpus(&args, &target)?;
     let student = Student::from_target(&target, &layers, &Device::Cpu)?;
-    eprintln!(
+    eprint_line!(
         "distill: student of layers {layers:?} of {}; {} training and {} evaluation windows of {} tokens",
         target.config.num_layers,
         corpus.train.len(),
@@ -130,7 +130,7 @@ pub fn run(args: DistillArgs) -> Result<()> {
         let staged = StagedDir::beside(&args.out).map_err(checkpoint_error)?;
         write_student(&target, student, format, staged.path())?;
         staged.commit().map_err(checkpoint_error)?;
-        eprintln!("  checkpoint at step {step}: {}", args.out.display());
+        eprint_line!("  checkpoint at step {step}: {}", args.out.display());
         Ok(())
     };
     let summary = distill(
@@ -143,7 +143,7 @@ pub fn run(args: DistillArgs) -> Result<()> {
         &mut checkpoint,
     )?;
     if summary.interrupted {
-        eprintln!("interrupted after {} steps", summary.steps_done);
+        eprint_line!("interrupted after {} steps", summary.steps_done);
     }
     println!(
         "distilled {} in {:.0} s: evaluation KL {:.4} -> {:.4} nats/token, top-1 agreement {:.1}% -> {:.1}%",
@@ -193,7 +193,7 @@ fn report(p: &Progress) {
         minutes(p.eta)
     );
     match p.eval {
-        Some(e) => eprintln!(
+        Some(e) => eprint_line!(
             "  | eval KL {:.4}, agreement {:.1}%",
             e.kl,
             100.0 * e.agreement

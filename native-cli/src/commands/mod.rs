@@ -202,7 +202,7 @@ pub fn build_engine_with<B: Backend>(
     let engine = Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))?;
     if engine.model().placement().is_some() {
-        eprintln!(
+        eprint_line!(
             "{}",
             crate::parallel::describe_rank(engine.model(), kv_dtype)
         );

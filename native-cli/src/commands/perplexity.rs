@@ -118,7 +118,7 @@ impl WithBackend for PerplexityArgs {
             .tokenizer
             .bos_token()
             .filter(|_| tokens.first() == files.tokenizer.bos_token().as_ref());
-        eprintln!(
+        eprint_line!(
             "perplexity: {} tokens, {windows} windows of {n}, KV eviction {}",
             tokens.len(),
             self.kv_eviction.describe()

@@ -89,7 +89,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     check_destination(&args.out, &path)?;
     let files = tandem_core::model::load(&path)?;
     let start = Instant::now();
-    let mut log = |line: String| eprintln!("[{:6.1}s] {line}", start.elapsed().as_secs_f64());
+    let mut log = |line: String| eprint_line!("[{:6.1}s] {line}", start.elapsed().as_secs_f64());
     let calibration = match &args.calib {
         Some(file) => {
             let windows =

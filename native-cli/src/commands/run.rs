@@ -57,7 +57,7 @@ impl WithBackend for RunArgs {
         let mut engine = build_engine(backend, &self.model, &self.kv_eviction, &files, ctx, 1)?;
         self.speculation.attach(&mut engine, &files)?;
         let info = engine.backend().info();
-        eprintln!("backend: {} ({})", info.name, info.device);
+        eprint_line!("backend: {} ({})", info.name, info.device);
         let request = Request {
             stop_tokens: tokenizer.eos_tokens().to_vec(),
             logprobs: self.top_logprobs,
@@ -79,15 +79,15 @@ impl WithBackend for RunArgs {
         println!();
         for (i, (token, l)) in logprobs.iter().enumerate() {
             let top: Vec<String> = l.top.iter().map(|(t, p)| format!("{t} {p}")).collect();
-            eprintln!("logprobs {i}: {token} {} | {}", l.logprob, top.join(" "));
+            eprint_line!("logprobs {i}: {token} {} | {}", l.logprob, top.join(" "));
         }
         if self.token_ids {
             let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-            eprintln!("token ids: {}", ids.join(" "));
+            eprint_line!("token ids: {}", ids.join(" "));
         }
-        eprintln!("{}", stats.report());
+        eprint_line!("{}", stats.report());
         if engine.speculation().is_some() {
-            eprintln!("{}", engine.stats().speculation.summary());
+            eprint_line!("{}", engine.stats().speculation.summary());
         }
         Ok(())
     }

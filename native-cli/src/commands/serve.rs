@@ -215,7 +215,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let signal = shutdown_signal()?;
-        eprintln!(
+        eprint_line!(
             "serving '{model_id}' on http://{} (context {ctx}, {blocks} KV blocks, up to {} connections); SIGTERM or Ctrl-C stops",
             listener.local_addr()?,
             server.max_connections
@@ -223,7 +223,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let grace = server.shutdown_grace;
         let shutdown = async move {
             signal.await;
-            eprintln!(
+            eprint_line!(
                 "shutting down: no new connections, {} s for the requests in flight",
                 grace.as_secs_f64()
             );

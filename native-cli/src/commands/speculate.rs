@@ -100,7 +100,7 @@ impl SpeculationArgs {
                 Box::new(self.draft_model(engine, files, source, config, length)?)
             }
         };
-        eprintln!(
+        eprint_line!(
             "speculation: {} drafts, k {}",
             proposer.describe(),
             self.draft_k
@@ -158,7 +158,7 @@ impl SpeculationArgs {
                 };
                 let (draft, report) = choose_self_draft(engine, files, &sample, config, max_k)?;
                 for c in &report {
-                    eprintln!(
+                    eprint_line!(
                         "self:auto: {} layers: agreement {:.1}%, cost {:.2} of the model, estimated speedup {:.2}x at k {}",
                         c.layers.len(),
                         100.0 * c.agreement,
@@ -168,7 +168,7 @@ impl SpeculationArgs {
                     );
                 }
                 if report.iter().all(|c| c.speedup < 1.0) {
-                    eprintln!(
+                    eprint_line!(
                         "self:auto: no layer subset is expected to pay on this model and device; \
                          with --draft-k auto speculation stays off until it measures otherwise"
                     );

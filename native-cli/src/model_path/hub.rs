@@ -121,7 +121,7 @@ impl Hub {
                 let unreachable = self.explain(ApiError::RequestError(e), None);
                 match self.cached_files() {
                     Ok(files) => {
-                        eprintln!("warning: {unreachable:#}; using the cached snapshot");
+                        eprint_line!("warning: {unreachable:#}; using the cached snapshot");
                         Ok(files)
                     }
                     Err(_) => Err(unreachable),
@@ -143,7 +143,7 @@ impl Hub {
                 self.cache.path().display()
             );
         }
-        eprintln!(
+        eprint_line!(
             "downloading {}/{file} from {} into {}",
             self.repo_id,
             self.endpoint,
@@ -155,7 +155,7 @@ impl Hub {
                 Ok(path) => break path,
                 Err(e) if retry < RETRIES && interrupted(&e) => {
                     retry += 1;
-                    eprintln!(
+                    eprint_line!(
                         "download of {}/{file} interrupted ({e}); resuming, retry {retry} of {RETRIES}",
                         self.repo_id
                     );

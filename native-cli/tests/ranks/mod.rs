@@ -102,6 +102,7 @@ pub fn assert_same_on(
         let (split_ids, split_logprobs) = greedy(layout, backend, model, prompt, tokens);
         let name = format!("{} over {layout:?}", model.display());
         assert_eq!(split_ids, ids, "{name}");
+        assert_eq!(split_logprobs.len(), tokens, "{name}: {split_ids}");
         for (a, b) in split_logprobs
             .iter()
             .flatten()
