@@ -33,6 +33,33 @@ pub(crate) fn exp(x: f32) -> f32 {
     e_r * two_n
 }
 
+/// The f32 of the f16 whose bits are `bits`, exactly, in branch-free
+/// integer steps that loops vectorize (`half`'s slice conversion calls a
+/// function per eight elements, which made it a quarter of the decode time
+/// at a depth of 2048 with an F16 cache). NaNs stay NaNs.
+#[inline(always)]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    const EXPONENT: u32 = 0x7c00 << 13;
+    // Subnormals: the mantissa as that of 2^-14 (1 + m / 1024), less 2^-14.
+    const MAGIC: u32 = 113 << 23;
+    let h = u32::from(bits);
+    let sign = (h & 0x8000) << 16;
+    // Exponent and mantissa in their f32 places, the exponent biased by 15.
+    let magnitude = (h & 0x7fff) << 13;
+    let exponent = magnitude & EXPONENT;
+    let normal = magnitude + ((127 - 15) << 23);
+    let infinite_or_nan = magnitude + ((255 - 31) << 23);
+    let subnormal = (f32::from_bits(magnitude + MAGIC) - f32::from_bits(MAGIC)).to_bits();
+    let bits = if exponent == EXPONENT {
+        infinite_or_nan
+    } else if exponent == 0 {
+        subnormal
+    } else {
+        normal
+    };
+    f32::from_bits(bits | sign)
+}
+
 /// How kernels compute `a * b + c`: one rounding with FMA hardware, two
 /// without (`f32::mul_add` without FMA instructions is a slow libm call).
 /// Kernels generic over it are instantiated with [`Fused`] only inside
@@ -145,6 +172,18 @@ mod tests {
         assert!(exp(1000.0).is_finite());
         assert!(exp(f32::NAN).is_nan());
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn f16_to_f32_is_exact_for_every_value() {
+        for bits in 0..=u16::MAX {
+            let (got, want) = (f16_to_f32(bits), half::f16::from_bits(bits).to_f32());
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}");
+            }
+        }
     }
 
     #[test]

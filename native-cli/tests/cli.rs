@@ -251,17 +251,42 @@ fn inspect_perplexity_and_bench_run() {
         "{text}"
     );
 
-    let out = tandem(&[
-        "bench", "--model", m, "-p", "16", "-n", "4", "-r", "1", "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
-    assert!(json["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["bench", "--model", m, "-n", "4", "-r", "1", "--json"];
+        args.extend_from_slice(extra);
+        let out = tandem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Alone, then after a context of 37 tokens (two full blocks reused, 5 fed again).
+    for extra in [&["-p", "16"][..], &["-d", "37", "-p", "8"]] {
+        let json = bench(extra);
+        assert!(json["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert!(json["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let json = bench(&["--batch", "1,3", "-p", "8"]);
+    let batches = json["batches"].as_array().unwrap();
+    let sizes: Vec<_> = batches.iter().map(|b| b["sequences"].as_u64()).collect();
+    assert_eq!(sizes, [Some(1), Some(3)]);
+    for b in batches {
+        assert!(b["prompt_tokens_per_s"].as_f64().unwrap() > 0.0, "{b}");
+        assert!(b["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{b}");
+    }
+    for (bad, named) in [
+        (&["--batch", "2,0"][..], "invalid value '0' for '--batch"),
+        (
+            &["--batch", "2", "-d", "16"],
+            "'--batch <N,...>' cannot be used with '--depth",
+        ),
+    ] {
+        let mut args = vec!["bench", "--model", m];
+        args.extend_from_slice(bad);
+        let out = tandem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+    }
 }
 
 #[test]

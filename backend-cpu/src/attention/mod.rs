@@ -13,7 +13,6 @@
 //! evicted blocks (`EVICTED_BLOCK` table entries, KV eviction).
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use tandem_core::backend::AttentionParams;
 use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
 use tandem_core::kv::EVICTED_BLOCK;
@@ -24,7 +23,7 @@ use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
 #[cfg(target_arch = "x86_64")]
 use crate::math::Fused;
-use crate::math::Separate;
+use crate::math::{f16_to_f32, Separate};
 use crate::workers::Workers;
 
 mod tile;
@@ -91,18 +90,25 @@ pub(crate) fn paged_attention(
 }
 
 /// Output elements per task: about [`TASKS_PER_THREAD`] tasks per thread,
-/// each worth at least [`MIN_TASK_WORK`], and, when that spans whole query
-/// tiles, a whole number of them, so no tile is cut in two.
+/// each worth at least [`MIN_TASK_WORK`], and a whole number of query
+/// tiles when that spans several, else of KV groups. The heads of a group
+/// share each key and value row a tile reads: cut into single heads, a
+/// decode step's few long rows would read every row once per head. Only
+/// when there are fewer groups than threads (one decode row of a model
+/// with one KV head) are groups cut, into a share per thread.
 fn task_len(workers: &Workers, p: AttentionParams, visible_keys: usize) -> usize {
+    let threads = workers.threads();
     let work_per_head = (visible_keys / p.rows.max(1)).max(1) * p.head_dim * 2;
     let heads = (p.rows * p.heads)
-        .div_ceil(workers.threads() * TASKS_PER_THREAD)
+        .div_ceil(threads * TASKS_PER_THREAD)
         .max(MIN_TASK_WORK.div_ceil(work_per_head));
     let tile_heads = tile::rows_per_tile(p) * p.heads;
     let heads = if heads >= tile_heads {
         heads.next_multiple_of(tile_heads)
+    } else if p.rows * p.kv_heads >= threads {
+        heads.next_multiple_of(p.heads / p.kv_heads)
     } else {
-        heads
+        heads.max((p.rows * p.heads).div_ceil(threads))
     };
     heads * p.head_dim
 }
@@ -273,8 +279,12 @@ impl KvRows for &[f32] {
 }
 
 impl KvRows for &[f16] {
+    #[inline(always)]
     fn read_into(&self, at: usize, row: &mut [f32]) {
-        self[at..at + row.len()].convert_to_f32_slice(row);
+        let len = row.len();
+        for (o, h) in row.iter_mut().zip(&self[at..at + len]) {
+            *o = f16_to_f32(h.to_bits());
+        }
     }
 }
 
@@ -401,7 +411,8 @@ mod tests {
     /// A row's output does not depend on what else is in the call: each
     /// row of a 45-token prefill (several query tiles, tasks cutting rows,
     /// 5-token blocks, a head size that is not a multiple of 16) has the
-    /// bits it has alone, with and without a sliding window.
+    /// bits it has alone (keys in the lanes; with 3 threads, its two KV
+    /// groups cut in three tasks), with and without a sliding window.
     #[test]
     fn a_row_gets_the_same_bits_alone_and_in_a_batch() {
         let mut rng = tandem_core::sched::Rng::new(7);
@@ -439,7 +450,7 @@ mod tests {
                     sliding_window,
                 };
                 for isa in Isa::available() {
-                    for threads in [1, 2] {
+                    for threads in [1, 2, 3] {
                         let workers = Workers::new(threads);
                         let row_seq = vec![0; tokens];
                         let inputs = AttentionInputs {

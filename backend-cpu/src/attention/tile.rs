@@ -10,6 +10,13 @@
 //! of sixteen): each key and value row is read, widened or dequantized
 //! once per query tile, not once per query head.
 //!
+//! A tile of few queries (a decode step's: one row, one KV group) would
+//! fill a sixteenth of each score vector that way. It puts keys in the
+//! lanes instead ([`FEW_QUERIES`]): the key tile is transposed once, and
+//! each query's scores and softmax are one vector of the sixteen keys. Per
+//! query and key, both ways take the same multiply-adds in the same order,
+//! and the same softmax steps, so they give the same bits.
+//!
 //! A query's arithmetic does not depend on the tile it is in: it visits the
 //! key tiles that hold positions it sees, the other positions of those get
 //! a weight of exactly zero, and a key tile it sees nothing of leaves its
@@ -35,6 +42,8 @@ const TILE_QUERIES: usize = 2 * LANES;
 /// Keys whose scores are summed side by side: independent chains of
 /// multiply-adds that share each load of the transposed queries.
 const KEYS_AT_ONCE: usize = 8;
+/// Tiles of at most this many queries put keys in the lanes.
+const FEW_QUERIES: usize = 8;
 
 /// Rows per query tile, so a tile holds about [`TILE_QUERIES`] queries.
 pub(super) fn rows_per_tile(p: AttentionParams) -> usize {
@@ -57,6 +66,9 @@ struct Scratch {
     /// The key tile's key and value rows, `[LANES][head_dim]` each.
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// The key rows transposed, dimension `d` of the sixteen keys at `d`
+    /// (tiles of [`FEW_QUERIES`]).
+    keys_by_dim: Vec<Lanes>,
     /// Key `l`'s scores, then softmax weights, for query vector `v` at
     /// `l * vectors + v`.
     weights: Vec<Lanes>,
@@ -78,6 +90,7 @@ impl Scratch {
             queries: vec![[0.0; LANES]; p.head_dim * vectors],
             keys: vec![0.0; LANES * p.head_dim],
             values: vec![0.0; LANES * p.head_dim],
+            keys_by_dim: vec![[0.0; LANES]; p.head_dim],
             weights: vec![[0.0; LANES]; LANES * vectors],
             first: vec![[0; LANES]; vectors],
             last: vec![[0; LANES]; vectors],
@@ -186,17 +199,25 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
 
     let table = block_table(inputs.block_tables, inputs.row_seq[tile.rows.start], p);
     let kv_width = p.kv_heads * hd;
-    let evicted = |j: usize| table[j / p.block_size] == EVICTED_BLOCK;
-    let at = |j: usize| {
-        let slot = table[j / p.block_size] as usize * p.block_size + j % p.block_size;
-        slot * kv_width + tile.kv_head * hd
-    };
     let mut start = lo / LANES * LANES;
     while start <= hi {
-        let live: [bool; LANES] = std::array::from_fn(|l| {
-            let j = start + l;
-            (lo..=hi).contains(&j) && !evicted(j)
-        });
+        // Each position's element offset, and whether it is live (seen by
+        // some query and not evicted): one division per key tile, not two
+        // per position (a decode step's tiles are few queries each).
+        let mut offsets = [0usize; LANES];
+        let mut live = [false; LANES];
+        let (mut block, mut within) = (start / p.block_size, start % p.block_size);
+        for l in 0..LANES {
+            if (lo..=hi).contains(&(start + l)) && table[block] != EVICTED_BLOCK {
+                live[l] = true;
+                let slot = table[block] as usize * p.block_size + within;
+                offsets[l] = slot * kv_width + tile.kv_head * hd;
+            }
+            within += 1;
+            if within == p.block_size {
+                (block, within) = (block + 1, 0);
+            }
+        }
         if !live.contains(&true) {
             start += LANES;
             continue;
@@ -206,16 +227,21 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
         for (l, &live) in live.iter().enumerate() {
             let (k, v) = (&mut s.keys[l * hd..][..hd], &mut s.values[l * hd..][..hd]);
             if live {
-                task.keys.read_into(at(start + l), k);
-                task.values.read_into(at(start + l), v);
+                task.keys.read_into(offsets[l], k);
+                task.values.read_into(offsets[l], v);
             } else {
                 k.fill(0.0);
                 v.fill(0.0);
             }
         }
-        scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
-        for v in 0..vectors {
-            softmax_step(s, v, vectors, start as i32, p.scale, &live);
+        let few = tile.rows.len() * tile.heads.len() <= FEW_QUERIES;
+        if few {
+            transpose(&s.keys, hd, &mut s.keys_by_dim);
+        } else {
+            scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
+            for v in 0..vectors {
+                softmax_step(s, v, vectors, start as i32, p.scale, &live);
+            }
         }
         // The queries that see some of the key tile, two at a time.
         let tile_end = (start + LANES - 1) as i32;
@@ -225,11 +251,17 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
             if s.last[v][lane] < start as i32 || s.first[v][lane] > tile_end {
                 continue;
             }
-            let mut weights = [0f32; LANES];
-            for (l, w) in weights.iter_mut().enumerate() {
-                *w = s.weights[l * vectors + v][lane];
-            }
-            let this = (out_at(query), s.rescale[v][lane], weights);
+            let (weights, rescale) = if few {
+                let q = &inputs.q[(query.0 * p.heads + query.1) * hd..][..hd];
+                few_query_step::<M>(s, q, (v, lane), start as i32, p.scale, &live)
+            } else {
+                let mut weights = [0f32; LANES];
+                for (l, w) in weights.iter_mut().enumerate() {
+                    *w = s.weights[l * vectors + v][lane];
+                }
+                (weights, s.rescale[v][lane])
+            };
+            let this = (out_at(query), rescale, weights);
             let Some(other) = pending.take() else {
                 pending = Some(this);
                 continue;
@@ -381,6 +413,65 @@ fn softmax_step(
         denominator[lane] = denominator[lane] * rescale[lane] + sum[lane];
     }
     *max = new_max;
+}
+
+/// `keys` (`[LANES][hd]`) as `[hd]` vectors of the sixteen keys.
+#[inline(always)]
+fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
+    for (l, row) in keys.chunks_exact(hd).enumerate() {
+        for (d, &k) in row.iter().enumerate() {
+            by_dim[d][l] = k;
+        }
+    }
+}
+
+/// One key tile's scores and softmax step for a single query of a tile of
+/// [`FEW_QUERIES`], keys in the lanes: the arithmetic of [`score_keys`]
+/// and [`softmax_step`] for that query, lane `l` for key `l`. Returns the
+/// query's weights and the rescaling of its earlier sums, and updates its
+/// running maximum and denominator (at `(v, lane)` in the scratch).
+#[inline(always)]
+fn few_query_step<M: MulAdd>(
+    s: &mut Scratch,
+    q: &[f32],
+    (v, lane): (usize, usize),
+    start: i32,
+    scale: f32,
+    live: &[bool; LANES],
+) -> (Lanes, f32) {
+    let mut scores = [0f32; LANES];
+    for (&x, keys) in q.iter().zip(&s.keys_by_dim) {
+        scores = mul_add_lanes::<M>(x, keys, &scores);
+    }
+    let (first, last) = (s.first[v][lane], s.last[v][lane]);
+    let seen: [bool; LANES] = std::array::from_fn(|l| {
+        let j = start + l as i32;
+        live[l] && first <= j && j <= last
+    });
+    // Whole-vector steps (exponentials included), then the masks.
+    let scaled: Lanes = std::array::from_fn(|l| {
+        if seen[l] {
+            scores[l] * scale
+        } else {
+            f32::NEG_INFINITY
+        }
+    });
+    let tile_max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = s.max[v][lane];
+    let new_max = max.max(tile_max);
+    let rescale = if tile_max == f32::NEG_INFINITY {
+        1.0
+    } else {
+        exp(max - new_max)
+    };
+    let exps: Lanes = std::array::from_fn(|l| exp(scaled[l] - new_max));
+    let weights: Lanes = std::array::from_fn(|l| if seen[l] { exps[l] } else { 0.0 });
+    // In key order, as `softmax_step` adds them.
+    let sum = weights.iter().fold(0.0, |sum, &w| sum + w);
+    let denominator = &mut s.denominator[v][lane];
+    *denominator = *denominator * rescale + sum;
+    s.max[v][lane] = new_max;
+    (weights, rescale)
 }
 
 /// Rows `a` and `b` (`a != b`, `hd` long) of `out`, both mutable.

@@ -1,12 +1,15 @@
 //! `tandem bench`: prefill and decode throughput, measured like llama-bench
 //! (pp512: one 512-token prompt; tg128: 128 tokens decoded one at a time from
-//! an empty context), repeated and reported as mean ± standard deviation.
+//! an empty context, or both after a `--depth` of context), repeated and
+//! reported as mean ± standard deviation. `--batch` instead decodes several
+//! sequences at once, like llama-batched-bench ([`batch`]).
 //! Where the backend records decode steps (CUDA graphs), each decode
 //! repetition also runs with recording off, on the same prompt, and the
 //! speedup of replaying over launching is reported with it. With `--tp T`
 //! and/or `--pp P` (rank 0 of an MPI job) the bytes and time of the ranks'
 //! all-reduces and stage-to-stage sends are reported too (`comm`).
 
+mod batch;
 mod comm;
 
 use std::time::Instant;
@@ -14,6 +17,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use tandem_core::engine::Engine;
+use tandem_core::kv::SeqId;
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
@@ -39,6 +43,21 @@ pub struct BenchArgs {
     pub gen_tokens: usize,
     #[arg(long, short = 'r', default_value_t = 3)]
     pub repetitions: usize,
+    /// Run both tests after a context of this many tokens (llama-bench's
+    /// `-d`): the prompt is prefilled, and the tokens decoded, at this depth.
+    #[arg(long, short = 'd', default_value_t = 0)]
+    pub depth: usize,
+    /// Instead of pp/tg, run this many sequences at once, for each count
+    /// given (`--batch 1,2,4,8`): each has a `-p`-token prompt and generates
+    /// `-n` tokens (llama-batched-bench's `-npl`, `-npp` and `-ntg`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "N,...",
+        conflicts_with = "depth",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub batch: Vec<u16>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -137,16 +156,62 @@ fn time_request<B: Backend>(
     prompt: Vec<u32>,
     n: usize,
 ) -> Result<(f64, Vec<u32>)> {
-    let prompt_len = prompt.len();
     let seq = engine.add_request(prompt, SamplingParams::default(), n, Vec::new())?;
+    time_to_end(engine, seq)
+}
+
+/// Steps `seq` until it finishes and removes it: the seconds that took and
+/// the tokens it generated meanwhile.
+fn time_to_end<B: Backend>(engine: &mut Engine<B>, seq: SeqId) -> Result<(f64, Vec<u32>)> {
+    let before = engine.tokens(seq).map_or(0, <[u32]>::len);
     let t = Instant::now();
     while !engine.is_finished(seq) {
         engine.step()?;
     }
     let secs = t.elapsed().as_secs_f64();
-    let tokens = engine.tokens(seq).unwrap_or_default()[prompt_len..].to_vec();
+    let tokens = engine.tokens(seq).unwrap_or_default()[before..].to_vec();
     engine.remove(seq);
     Ok((secs, tokens))
+}
+
+/// Seconds to prefill `prompt` after `context` (llama-bench's pp at a
+/// depth), and the tokens fed through the model meanwhile. The context runs
+/// first, untimed, and the timed request finds its KV in the prefix cache.
+fn time_prefill<B: Backend>(
+    engine: &mut Engine<B>,
+    context: &[u32],
+    prompt: &[u32],
+) -> Result<(f64, usize)> {
+    if !context.is_empty() {
+        time_request(engine, context.to_vec(), 1)?;
+    }
+    let before = engine.stats().computed_tokens;
+    let (secs, _) = time_request(engine, [context, prompt].concat(), 1)?;
+    let computed = (engine.stats().computed_tokens - before) as usize;
+    // Only full blocks are shared: the context's partial last block is fed again.
+    if computed >= prompt.len() + engine.config().block_size {
+        anyhow::bail!(
+            "--depth {}: the context's KV was not reused but computed again ({computed} tokens fed for a {}-token prompt)",
+            context.len(),
+            prompt.len()
+        );
+    }
+    Ok((secs, computed))
+}
+
+/// Adds `prompt` to generate `n` tokens after its first, and steps until
+/// that first token: from there on the request only decodes.
+fn prefilled_request<B: Backend>(
+    engine: &mut Engine<B>,
+    prompt: Vec<u32>,
+    n: usize,
+) -> Result<SeqId> {
+    let len = prompt.len();
+    let seq = engine.add_request(prompt, SamplingParams::default(), n + 1, Vec::new())?;
+    while engine.tokens(seq).map_or(0, <[u32]>::len) == len && !engine.is_finished(seq) {
+        engine.step()?;
+    }
+    Ok(seq)
 }
 
 /// Mean and standard deviation, zeros for no samples.
@@ -190,15 +255,48 @@ impl WithBackend for BenchArgs {
         } else {
             0
         };
-        let ctx = (self.prompt_tokens.max(self.gen_tokens).max(spec_ctx) + 2)
-            .min(files.config.max_context);
-        let mut engine = build_engine(backend, &self.model, &self.kv_eviction, &files, ctx, 1)?;
-        let info = engine.backend().info();
+        let per_sequence = if self.batch.is_empty() {
+            self.depth + self.prompt_tokens.max(self.gen_tokens + 1)
+        } else {
+            self.prompt_tokens.max(1) + self.gen_tokens
+        };
+        let ctx = (per_sequence.max(spec_ctx) + 2).min(files.config.max_context);
+        let sequences = self.batch.iter().max().map_or(1, |&n| n as usize);
+        let mut engine = build_engine(
+            backend,
+            &self.model,
+            &self.kv_eviction,
+            &files,
+            ctx,
+            sequences,
+        )?;
         let vocab = files.config.vocab_size;
         let mut rng = Rng::new(42);
         // Warm-up: first-touch of weights and buffers is not what we measure.
         let warmup = random_tokens(&mut rng, 16.min(self.prompt_tokens).max(1), vocab);
         time_request(&mut engine, warmup, 1)?;
+        if self.batch.is_empty() {
+            self.bench_one_sequence(&mut engine, &files, &mut rng)?;
+        } else {
+            batch::bench(&mut engine, &self, &mut rng)?;
+        }
+        if self.speculation.is_on() {
+            self.compare_speculation(&mut engine, &files)?;
+        }
+        Ok(())
+    }
+}
+
+impl BenchArgs {
+    /// pp and tg, each request alone: the figures llama-bench reports.
+    fn bench_one_sequence<B: Backend>(
+        &self,
+        engine: &mut Engine<B>,
+        files: &ModelFiles,
+        rng: &mut Rng,
+    ) -> Result<()> {
+        let info = engine.backend().info();
+        let vocab = files.config.vocab_size;
         // The A/B of recorded decode: only where the backend records.
         let graph_batch = self.model.graph_batch;
         let compare_graphs = graph_batch > 0 && engine.backend().can_record();
@@ -209,29 +307,33 @@ impl WithBackend for BenchArgs {
         let mut collectives = Collectives::of_job();
         for _ in 0..self.repetitions.max(1) {
             if self.prompt_tokens > 0 {
-                let prompt = random_tokens(&mut rng, self.prompt_tokens, vocab);
-                let mark = collectives.mark(&engine);
-                let (secs, _) = time_request(&mut engine, prompt, 1)?;
-                collectives.add(Phase::Prefill, mark, &engine, secs);
-                prefill.push(self.prompt_tokens as f64 / secs);
+                let context = random_tokens(rng, self.depth, vocab);
+                let prompt = random_tokens(rng, self.prompt_tokens, vocab);
+                let mark = collectives.mark(engine);
+                let (secs, computed) = time_prefill(engine, &context, &prompt)?;
+                collectives.add(Phase::Prefill, mark, engine, secs);
+                prefill.push(computed as f64 / secs);
             }
             if self.gen_tokens > 0 {
-                // A one-token prompt, then `gen_tokens` single-token forward passes.
-                let prompt = random_tokens(&mut rng, 1, vocab);
+                // The context (one token without `--depth`), then `gen_tokens`
+                // single-token forward passes.
+                let prompt = random_tokens(rng, self.depth.max(1), vocab);
+                let seq = prefilled_request(engine, prompt.clone(), self.gen_tokens)?;
                 let before = engine.backend().kernel_launches();
-                let mark = collectives.mark(&engine);
-                let (secs, tokens) = time_request(&mut engine, prompt.clone(), self.gen_tokens)?;
-                collectives.add(Phase::Decode, mark, &engine, secs);
-                decode.push(self.gen_tokens as f64 / secs);
+                let mark = collectives.mark(engine);
+                let (secs, tokens) = time_to_end(engine, seq)?;
+                collectives.add(Phase::Decode, mark, engine, secs);
+                decode.push(tokens.len() as f64 / secs);
                 // Every generated token is one single-row forward pass.
                 if let (Some(a), Some(b)) = (before, engine.backend().kernel_launches()) {
-                    launches_per_token = Some((b - a) as f64 / self.gen_tokens as f64);
+                    launches_per_token = Some((b - a) as f64 / tokens.len().max(1) as f64);
                 }
                 if compare_graphs {
                     engine.enable_recording(false);
-                    let (secs, eager_tokens) = time_request(&mut engine, prompt, self.gen_tokens)?;
+                    let seq = prefilled_request(engine, prompt, self.gen_tokens)?;
+                    let (secs, eager_tokens) = time_to_end(engine, seq)?;
                     engine.enable_recording(true);
-                    decode_eager.push(self.gen_tokens as f64 / secs);
+                    decode_eager.push(eager_tokens.len() as f64 / secs);
                     if eager_tokens != tokens {
                         anyhow::bail!(
                             "decoding with recorded steps gave other tokens than without"
@@ -332,14 +434,9 @@ impl WithBackend for BenchArgs {
             }
             collectives.print(&engine.model().config);
         }
-        if self.speculation.is_on() {
-            self.compare_speculation(&mut engine, &files)?;
-        }
         Ok(())
     }
-}
 
-impl BenchArgs {
     /// Decodes each of [`SPEC_PROMPTS`] without and with speculation in the
     /// same process and prints tokens/s, the speedup and the speculation stats.
     fn compare_speculation<B: Backend>(
