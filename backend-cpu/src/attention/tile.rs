@@ -44,6 +44,9 @@ const TILE_QUERIES: usize = 2 * LANES;
 const KEYS_AT_ONCE: usize = 8;
 /// Tiles of at most this many queries put keys in the lanes.
 const FEW_QUERIES: usize = 8;
+/// Queries of such a tile scored side by side: independent chains of
+/// multiply-adds sharing each load of the transposed keys.
+const FEW_CHAINS: usize = 4;
 
 /// Rows per query tile, so a tile holds about [`TILE_QUERIES`] queries.
 pub(super) fn rows_per_tile(p: AttentionParams) -> usize {
@@ -69,6 +72,8 @@ struct Scratch {
     /// The key rows transposed, dimension `d` of the sixteen keys at `d`
     /// (tiles of [`FEW_QUERIES`]).
     keys_by_dim: Vec<Lanes>,
+    /// The scores of each query of such a tile against the key tile.
+    few_scores: [Lanes; FEW_QUERIES],
     /// Key `l`'s scores, then softmax weights, for query vector `v` at
     /// `l * vectors + v`.
     weights: Vec<Lanes>,
@@ -91,6 +96,7 @@ impl Scratch {
             keys: vec![0.0; LANES * p.head_dim],
             values: vec![0.0; LANES * p.head_dim],
             keys_by_dim: vec![[0.0; LANES]; p.head_dim],
+            few_scores: [[0.0; LANES]; FEW_QUERIES],
             weights: vec![[0.0; LANES]; LANES * vectors],
             first: vec![[0; LANES]; vectors],
             last: vec![[0; LANES]; vectors],
@@ -237,6 +243,12 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
         let few = tile.rows.len() * tile.heads.len() <= FEW_QUERIES;
         if few {
             transpose(&s.keys, hd, &mut s.keys_by_dim);
+            let mut q: [&[f32]; FEW_QUERIES] = [&[]; FEW_QUERIES];
+            for (q, (row, head)) in q.iter_mut().zip(queries()) {
+                *q = &inputs.q[(row * p.heads + head) * hd..][..hd];
+            }
+            let n = tile.rows.len() * tile.heads.len();
+            few_scores::<M>(&s.keys_by_dim, &q[..n], &mut s.few_scores[..n]);
         } else {
             scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
             for v in 0..vectors {
@@ -252,8 +264,8 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
                 continue;
             }
             let (weights, rescale) = if few {
-                let q = &inputs.q[(query.0 * p.heads + query.1) * hd..][..hd];
-                few_query_step::<M>(s, q, (v, lane), start as i32, p.scale, &live)
+                let scores = s.few_scores[i];
+                few_query_step(s, scores, (v, lane), start as i32, p.scale, &live)
             } else {
                 let mut weights = [0f32; LANES];
                 for (l, w) in weights.iter_mut().enumerate() {
@@ -425,24 +437,41 @@ fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
     }
 }
 
-/// One key tile's scores and softmax step for a single query of a tile of
-/// [`FEW_QUERIES`], keys in the lanes: the arithmetic of [`score_keys`]
-/// and [`softmax_step`] for that query, lane `l` for key `l`. Returns the
-/// query's weights and the rescaling of its earlier sums, and updates its
-/// running maximum and denominator (at `(v, lane)` in the scratch).
+/// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in
+/// the lanes), per query and key the multiply-adds of [`score_keys`] in
+/// its order, [`FEW_CHAINS`] queries at a time.
 #[inline(always)]
-fn few_query_step<M: MulAdd>(
+fn few_scores<M: MulAdd>(keys: &[Lanes], queries: &[&[f32]], scores: &mut [Lanes]) {
+    for (queries, scores) in queries
+        .chunks(FEW_CHAINS)
+        .zip(scores.chunks_mut(FEW_CHAINS))
+    {
+        // A short chunk scores its last query again rather than branch.
+        let q: [&[f32]; FEW_CHAINS] = std::array::from_fn(|c| queries[c.min(queries.len() - 1)]);
+        let mut sums = [[0f32; LANES]; FEW_CHAINS];
+        for (d, keys) in keys.iter().enumerate() {
+            for (sum, q) in sums.iter_mut().zip(q) {
+                *sum = mul_add_lanes::<M>(q[d], keys, sum);
+            }
+        }
+        scores.copy_from_slice(&sums[..scores.len()]);
+    }
+}
+
+/// One key tile's softmax step for a single query of a tile of
+/// [`FEW_QUERIES`], keys in the lanes: the arithmetic of [`softmax_step`]
+/// for that query's `scores`, lane `l` for key `l`. Returns the query's
+/// weights and the rescaling of its earlier sums, and updates its running
+/// maximum and denominator (at `(v, lane)` in the scratch).
+#[inline(always)]
+fn few_query_step(
     s: &mut Scratch,
-    q: &[f32],
+    scores: Lanes,
     (v, lane): (usize, usize),
     start: i32,
     scale: f32,
     live: &[bool; LANES],
 ) -> (Lanes, f32) {
-    let mut scores = [0f32; LANES];
-    for (&x, keys) in q.iter().zip(&s.keys_by_dim) {
-        scores = mul_add_lanes::<M>(x, keys, &scores);
-    }
     let (first, last) = (s.first[v][lane], s.last[v][lane]);
     let seen: [bool; LANES] = std::array::from_fn(|l| {
         let j = start + l as i32;
