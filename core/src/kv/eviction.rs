@@ -348,15 +348,20 @@ mod tests {
         assert_eq!(m.num_used_blocks(), 5);
     }
 
-    #[test]
-    fn h2o_keeps_the_blocks_with_the_most_attention() {
-        let plan = EvictionConfig {
+    /// H2O over 4-token blocks, no sinks, a recent window of 4 tokens.
+    fn h2o_plan(budget_tokens: usize) -> EvictionPlan {
+        EvictionConfig {
             sinks: 0,
             recent: Some(4),
-            ..EvictionConfig::new(KvBudget::Tokens(16), EvictionPolicy::H2o)
+            ..EvictionConfig::new(KvBudget::Tokens(budget_tokens), EvictionPolicy::H2o)
         }
         .plan(1000, 4)
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn h2o_keeps_the_blocks_with_the_most_attention() {
+        let plan = h2o_plan(16);
         let mut m = KvCacheManager::new(32, 4);
         filled(&mut m, 1, 32);
         m.add_block_scores(1, &[0.1, 3.0, 0.2, 0.0, 2.0, 0.5, 0.0, 0.0], 1.0)
@@ -370,13 +375,7 @@ mod tests {
 
     #[test]
     fn h2o_scores_fade_so_old_attention_loses_to_new() {
-        let plan = EvictionConfig {
-            sinks: 0,
-            recent: Some(4),
-            ..EvictionConfig::new(KvBudget::Tokens(8), EvictionPolicy::H2o)
-        }
-        .plan(1000, 4)
-        .unwrap();
+        let plan = h2o_plan(8);
         let mut m = KvCacheManager::new(32, 4);
         filled(&mut m, 1, 24);
         // Block 1 drew twice block 2's mass, but 100 queries ago.
