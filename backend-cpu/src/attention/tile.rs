@@ -182,7 +182,11 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
             .flat_map(|row| tile.heads.clone().map(move |head| (row, head)))
     };
     let out_at = |(row, head): (usize, usize)| (row * p.heads + head - task.first_head) * hd;
-    let vectors = (tile.rows.len() * tile.heads.len()).div_ceil(LANES);
+    let n = tile.rows.len() * tile.heads.len();
+    let vectors = n.div_ceil(LANES);
+    let few = n <= FEW_QUERIES;
+    // A tile of few queries scores them from their rows, found once here.
+    let mut few_queries: [&[f32]; FEW_QUERIES] = [&[]; FEW_QUERIES];
 
     s.queries[..hd * vectors].fill([0.0; LANES]);
     s.first[..vectors].fill([i32::MAX; LANES]);
@@ -195,6 +199,9 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
         let q = &inputs.q[(row * p.heads + head) * hd..][..hd];
         for (d, &x) in q.iter().enumerate() {
             s.queries[d * vectors + v][lane] = x;
+        }
+        if few {
+            few_queries[i] = q;
         }
         let pos = inputs.positions[row] as usize;
         let first = first_visible(pos, p.sliding_window);
@@ -240,15 +247,9 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
                 v.fill(0.0);
             }
         }
-        let few = tile.rows.len() * tile.heads.len() <= FEW_QUERIES;
         if few {
             transpose(&s.keys, hd, &mut s.keys_by_dim);
-            let mut q: [&[f32]; FEW_QUERIES] = [&[]; FEW_QUERIES];
-            for (q, (row, head)) in q.iter_mut().zip(queries()) {
-                *q = &inputs.q[(row * p.heads + head) * hd..][..hd];
-            }
-            let n = tile.rows.len() * tile.heads.len();
-            few_scores::<M>(&s.keys_by_dim, &q[..n], &mut s.few_scores[..n]);
+            few_scores::<M>(&s.keys_by_dim, &few_queries[..n], &mut s.few_scores[..n]);
         } else {
             scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
             for v in 0..vectors {

@@ -208,10 +208,16 @@ fn prefilled_request<B: Backend>(
 ) -> Result<SeqId> {
     let len = prompt.len();
     let seq = engine.add_request(prompt, SamplingParams::default(), n + 1, Vec::new())?;
-    while engine.tokens(seq).map_or(0, <[u32]>::len) == len && !engine.is_finished(seq) {
+    while awaits_first_token(engine, seq, len) {
         engine.step()?;
     }
     Ok(seq)
+}
+
+/// Whether `seq`, of a `prompt_len`-token prompt, runs without a generated
+/// token yet.
+fn awaits_first_token<B: Backend>(engine: &Engine<B>, seq: SeqId, prompt_len: usize) -> bool {
+    !engine.is_finished(seq) && engine.tokens(seq).is_some_and(|t| t.len() == prompt_len)
 }
 
 /// Mean and standard deviation, zeros for no samples.

@@ -15,7 +15,7 @@ use tandem_core::engine::Engine;
 use tandem_core::sched::{Rng, SamplingParams};
 use tandem_core::Backend;
 
-use super::{random_tokens, summary, BenchArgs};
+use super::{awaits_first_token, random_tokens, summary, BenchArgs};
 
 /// The rates of one batch size over the repetitions.
 struct BatchRates {
@@ -119,12 +119,10 @@ fn time_batch<B: Backend>(
         let tokens = |&(seq, len)| engine.tokens(seq).map_or(0, |t| t.len() - len);
         seqs.iter().map(tokens).sum()
     };
-    let waiting_for_first = |engine: &Engine<B>| {
-        seqs.iter().any(|&(seq, len)| {
-            !engine.is_finished(seq) && engine.tokens(seq).is_some_and(|t| t.len() == len)
-        })
-    };
-    while waiting_for_first(engine) {
+    while seqs
+        .iter()
+        .any(|&(seq, len)| awaits_first_token(engine, seq, len))
+    {
         engine.step()?;
     }
     let prompt_secs = start.elapsed().as_secs_f64();
