@@ -65,6 +65,16 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
     return h;
 }
 
+// v as hi + lo halves for the cuBLAS GEMMs (hi = half(v), lo = half(v - hi)):
+// one half alone keeps too few bits of the activations for the manifest
+// tolerance (f16's 11 give errors near 2e-3 over a few hundred columns).
+template <bool BF16>
+__device__ __forceinline__ void split_half(float v, u16* hi, u16* lo) {
+    const u16 h = BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+    *hi = h;
+    *lo = BF16 ? f32_to_bf16(v - bf16_to_f32(h)) : f32_to_f16(v - f16_to_f32(h));
+}
+
 __device__ __forceinline__ u16 load_u16(const u8* p) {
     return __ldg(reinterpret_cast<const u16*>(p));
 }

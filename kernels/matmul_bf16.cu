@@ -3,7 +3,7 @@
 // Decode uses the GEMV below. Prefill goes to cuBLAS when it is present. A
 // bf16 GEMM needs bf16 activations, and bf16's 8-bit mantissa alone would
 // miss the manifest tolerance, so `matmul_bf16_split_x` writes x as the sum
-// of two bf16 matrices, hi = bf16(x) and lo = bf16(x - hi), and the host runs
+// of two bf16 matrices, hi + lo (`split_half`), and the host runs
 // two GEMMs accumulating into the same output (about 16 bits of x kept).
 // Without cuBLAS, the tiled kernel.
 
@@ -15,10 +15,6 @@ DEFINE_MATMUL_UNALIGNED(matmul_bf16, FMT_BF16)
 
 extern "C" __global__ void matmul_bf16_split_x(const float* __restrict__ x, u16* __restrict__ hi,
                                                u16* __restrict__ lo, u64 len) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) {
-        const float v = x[i];
-        const u16 h = f32_to_bf16(v);
-        hi[i] = h;
-        lo[i] = f32_to_bf16(v - bf16_to_f32(h));
-    }
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x)
+        split_half<true>(x[i], hi + i, lo + i);
 }

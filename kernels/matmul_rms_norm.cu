@@ -9,9 +9,9 @@
 // (an absent part is empty, its pointer null).
 //
 // Dense f16/bf16 prefill goes through cuBLAS instead (as `matmul` does); for
-// it `matmul_rms_norm_{f16,bf16_split}_x` write the normalised activations
-// straight in the GEMM's half type (the conversions of matmul_f16.cu and
-// matmul_bf16.cu, with the norm), each part is one GEMM into its output, and
+// it `matmul_rms_norm_{f16,bf16}_split_x` write the normalised activations
+// straight in the GEMM's half type as hi + lo (`split_half`, as matmul_f16.cu
+// and matmul_bf16.cu do, with the norm), each part is two GEMMs into its output, and
 // `matmul_rms_norm_add_bias` adds that part's slice of the bias.
 
 #include "common.cuh"
@@ -41,28 +41,28 @@ __device__ __forceinline__ float row_inv_rms(const float* __restrict__ xr, u32 c
     return rsqrtf(block_sum(sum, scratch) / (float)cols + eps);
 }
 
-extern "C" __global__ void matmul_rms_norm_f16_x(const float* __restrict__ x, const u8* __restrict__ norm,
-                                                 int norm_fmt, float eps, u32 cols, u16* __restrict__ out) {
+// The normalised row as a hi + lo pair of halves (`split_half`).
+template <bool BF16>
+__device__ __forceinline__ void rms_norm_split_x(const float* __restrict__ x, const u8* __restrict__ norm,
+                                                 int norm_fmt, float eps, u32 cols, u16* __restrict__ hi,
+                                                 u16* __restrict__ lo) {
     __shared__ float scratch[WARP];
     const u64 row = (u64)blockIdx.x * cols;
     const float inv = row_inv_rms(x + row, cols, eps, scratch);
     for (u32 c = threadIdx.x; c < cols; c += blockDim.x)
-        out[row + c] = f32_to_f16(x[row + c] * inv * weight_at(norm_fmt, norm, c));
+        split_half<BF16>(x[row + c] * inv * weight_at(norm_fmt, norm, c), hi + row + c, lo + row + c);
 }
 
-// bf16 as a hi + lo pair (see matmul_bf16.cu): hi = bf16(v), lo = bf16(v - hi).
+extern "C" __global__ void matmul_rms_norm_f16_split_x(const float* __restrict__ x, const u8* __restrict__ norm,
+                                                       int norm_fmt, float eps, u32 cols, u16* __restrict__ hi,
+                                                       u16* __restrict__ lo) {
+    rms_norm_split_x<false>(x, norm, norm_fmt, eps, cols, hi, lo);
+}
+
 extern "C" __global__ void matmul_rms_norm_bf16_split_x(const float* __restrict__ x, const u8* __restrict__ norm,
                                                         int norm_fmt, float eps, u32 cols, u16* __restrict__ hi,
                                                         u16* __restrict__ lo) {
-    __shared__ float scratch[WARP];
-    const u64 row = (u64)blockIdx.x * cols;
-    const float inv = row_inv_rms(x + row, cols, eps, scratch);
-    for (u32 c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float v = x[row + c] * inv * weight_at(norm_fmt, norm, c);
-        const u16 h = f32_to_bf16(v);
-        hi[row + c] = h;
-        lo[row + c] = f32_to_bf16(v - bf16_to_f32(h));
-    }
+    rms_norm_split_x<true>(x, norm, norm_fmt, eps, cols, hi, lo);
 }
 
 // out[t, i] += bias[start + i] over one part, [rows, width]; grid-stride.

@@ -35,7 +35,7 @@ use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
 use tandem_core::quant::{Int4Group, WeightFormat, WeightView};
 use tandem_core::Result;
 
-use crate::blas::{Blas, HalfGemm, HalfType};
+use crate::blas::{Blas, HalfGemm, HalfType, HALF_PARTS};
 use crate::cache::{self, CacheKey, KernelCache};
 use crate::device::{require_driver, DeviceReport};
 use crate::nvrtc::{self, CompileOptions, GpuArch};
@@ -306,12 +306,31 @@ pub enum DensePrefill {
     Kernels,
 }
 
+/// Where the RMSNorm before a matmul kernel runs (the cuBLAS path applies
+/// it as it converts the activations), and how a decode MLP runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NormPath {
+    /// `rms_norm` once into scratch, then the matmul with no norm; the MLP
+    /// as `matmul_glu` then `matmul_residual`. Measured on an H200
+    /// (`scripts/gpu-profile.sh`, Llama-3-8B shapes at batch 1): the
+    /// prologue recomputes each token's RMS in every block, so the F16 LM
+    /// head took 576 µs and the fused QKV 43 µs against 11 µs for the O
+    /// projection's two thirds of those bytes; the one-kernel MLP took
+    /// 524 µs, its last block summing 448 blocks' partials alone.
+    #[default]
+    Separate,
+    /// The norm as the matmul kernels' prologue, and the one-kernel MLP
+    /// (`mlp_residual.cu`) where it takes the shape.
+    Prologue,
+}
+
 /// Choices that change which kernels run, not what they compute: the
 /// defaults are the fast ones; the others let tests reach every path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaConfig {
     pub attention: AttentionPath,
     pub dense_prefill: DensePrefill,
+    pub norm: NormPath,
 }
 
 /// A CUDA GPU running the Tandem kernel set.
@@ -543,6 +562,36 @@ impl CudaBackend {
             guard,
             pick: |s| s.partials.as_mut(),
         })
+    }
+
+    /// With `NormPath::Separate`, `rms_norm(x)` into the scratch partials
+    /// for a matmul kernel to read with no norm of its own; `None` where the
+    /// kernel applies `norm` itself (or there is none).
+    fn separate_norm(
+        &self,
+        x: &CudaTensor,
+        norm: Option<&NormPrologue<'_, CudaWeight>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<ScratchSlice<'_, f32>>> {
+        let Some(norm) = norm.filter(|_| self.config.norm == NormPath::Separate) else {
+            return Ok(None);
+        };
+        let mut normed = self.partials(rows * cols, "norm")?;
+        let (fmt, dim) = (format_code(norm.weight.format), to_u32(cols, "cols")?);
+        let grid = (to_u32(rows, "rows")?, 1, 1);
+        sig::rms_norm(
+            self,
+            Which::ONE,
+            config(grid, row_threads(cols), 0),
+            &x.buf,
+            &norm.weight.buf,
+            &fmt,
+            &dim,
+            &norm.eps,
+            normed.slice()?,
+        )?;
+        Ok(Some(normed))
     }
 
     /// The scratch of a cuBLAS matmul: at least `halves` u16 for half copies
@@ -1155,6 +1204,11 @@ impl Backend for CudaBackend {
             return self.rms_norm_cublas(blas, ty, x, norm.as_ref(), w, bias, rows, outs);
         }
         let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
+        let mut normed = self.separate_norm(x, norm.as_ref(), rows, cols)?;
+        let (x, norm) = match normed.as_mut() {
+            Some(normed) => (&*normed.slice()?, None),
+            None => (&x.buf, norm),
+        };
         let (norm_fmt, eps) = norm_args(norm.as_ref());
         let bias_fmt = bias.map_or(0, |b| format_code(b.format));
         // Where parts 0 and 1 end (n for an absent part).
@@ -1179,7 +1233,7 @@ impl Backend for CudaBackend {
             Which::format_variant(w.format, &variant),
             cfg,
             &w.buf,
-            &x.buf,
+            x,
             norm.as_ref().map(|n| &n.weight.buf),
             &norm_fmt,
             &eps,
@@ -1224,6 +1278,11 @@ impl Backend for CudaBackend {
             return self.glu_cublas(blas, ty, x, norm.as_ref(), w, act, rows, out);
         }
         let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
+        let mut normed = self.separate_norm(x, norm.as_ref(), rows, cols)?;
+        let (x, norm) = match normed.as_mut() {
+            Some(normed) => (&*normed.slice()?, None),
+            None => (&x.buf, norm),
+        };
         let (norm_fmt, eps) = norm_args(norm.as_ref());
         let (tokens, n32, cols32) = (
             to_u32(rows, "rows")?,
@@ -1235,7 +1294,7 @@ impl Backend for CudaBackend {
             Which::format_variant(w.format, &variant),
             cfg,
             &w.buf,
-            &x.buf,
+            x,
             norm.as_ref().map(|n| &n.weight.buf),
             &norm_fmt,
             &eps,
@@ -1262,7 +1321,7 @@ impl Backend for CudaBackend {
         }
         if let Some((blas, ty)) = self.cublas_for(w, rows) {
             // cuBLAS adds into out itself (beta = 1): no epilogue kernel.
-            let mut scratch = self.gemm_scratch(ty.parts() * rows * cols, 0)?;
+            let mut scratch = self.gemm_scratch(HALF_PARTS * rows * cols, 0)?;
             let (halves, _) = scratch.halves_and_floats()?;
             self.half_activations(ty, x, None, rows, cols, halves)?;
             return self.half_gemms(blas, ty, halves, w, 0..n, rows, &mut out.buf, true);
@@ -1310,7 +1369,11 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let formats = [gate_up.format, down.format];
-        let Some((variant, cfg)) = mlp_variant(formats, dim, f, rows) else {
+        let one_kernel = match self.config.norm {
+            NormPath::Separate => None,
+            NormPath::Prologue => mlp_variant(formats, dim, f, rows),
+        };
+        let Some((variant, cfg)) = one_kernel else {
             return mlp_composed(self, residual, norm, gate_up, down, glu, p, act);
         };
         let (norm_fmt, eps) = norm_args(Some(&norm));
@@ -1798,7 +1861,7 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         {
-            let mut scratch = self.gemm_scratch(ty.parts() * rows * w.cols, 0)?;
+            let mut scratch = self.gemm_scratch(HALF_PARTS * rows * w.cols, 0)?;
             let (halves, _) = scratch.halves_and_floats()?;
             self.half_activations(ty, x, None, rows, w.cols, halves)?;
             self.half_gemms(blas, ty, halves, w, 0..w.rows, rows, &mut out.buf, false)?;
@@ -1837,7 +1900,7 @@ impl CudaBackend {
         halves: &mut CudaSlice<u16>,
     ) -> Result<()> {
         let len = rows * cols;
-        check_len("GEMM scratch", halves.len(), ty.parts() * len)?;
+        check_len("GEMM scratch", halves.len(), HALF_PARTS * len)?;
         if let Some(norm) = norm {
             // One block per row: the row's inverse RMS, then its halves.
             let (fmt, cols32) = (format_code(norm.weight.format), to_u32(cols, "cols")?);
@@ -1846,7 +1909,7 @@ impl CudaBackend {
             let (x, weight, eps) = (&x.buf, &norm.weight.buf, &norm.eps);
             // Units of matmul_rms_norm.cu, each has both; the half format's.
             return match ty {
-                HalfType::F16 => sig::matmul_rms_norm_f16_x(
+                HalfType::F16 => sig::matmul_rms_norm_f16_split_x(
                     self,
                     Which::format(WeightFormat::F16),
                     cfg,
@@ -1856,6 +1919,7 @@ impl CudaBackend {
                     eps,
                     &cols32,
                     &mut hi,
+                    &mut lo,
                 ),
                 HalfType::BF16 => sig::matmul_rms_norm_bf16_split_x(
                     self,
@@ -1880,7 +1944,7 @@ impl CudaBackend {
         let (mut hi, mut lo) = halves.split_at_mut(len);
         match ty {
             HalfType::F16 => {
-                sig::matmul_f16_convert_x(self, Which::ONE, cfg, &x.buf, &mut hi, &len64)
+                sig::matmul_f16_split_x(self, Which::ONE, cfg, &x.buf, &mut hi, &mut lo, &len64)
             }
             HalfType::BF16 => {
                 sig::matmul_bf16_split_x(self, Which::ONE, cfg, &x.buf, &mut hi, &mut lo, &len64)
@@ -1889,7 +1953,7 @@ impl CudaBackend {
     }
 
     /// `out (+)= x · w[w_rows]ᵀ` on cuBLAS from the half activations that
-    /// `half_activations` wrote: one GEMM per half matrix (bf16: hi, then lo
+    /// `half_activations` wrote: one GEMM per half matrix (hi, then lo
     /// accumulated). `out` is `[rows, w_rows.len()]`.
     #[allow(clippy::too_many_arguments)]
     fn half_gemms(
@@ -1911,7 +1975,7 @@ impl CudaBackend {
                 w.rows
             )));
         }
-        check_len("GEMM scratch", halves.len(), ty.parts() * len)?;
+        check_len("GEMM scratch", halves.len(), HALF_PARTS * len)?;
         check_len("GEMM output", out.len(), rows * n)?;
         if n == 0 {
             return Ok(());
@@ -1919,7 +1983,7 @@ impl CudaBackend {
         let (w_ptr, _w_sync) = w.buf.device_ptr(&self.stream);
         let (x_ptr, _x_sync) = halves.device_ptr(&self.stream);
         let (out_ptr, _out_sync) = out.device_ptr_mut(&self.stream);
-        for part in 0..ty.parts() {
+        for part in 0..HALF_PARTS {
             let gemm = HalfGemm {
                 ty,
                 w: w_ptr + (w_rows.start * cols * 2) as u64,
@@ -1955,7 +2019,7 @@ impl CudaBackend {
         outs: &mut [SplitOut<'_, CudaTensor>],
     ) -> Result<()> {
         {
-            let mut scratch = self.gemm_scratch(ty.parts() * rows * w.cols, 0)?;
+            let mut scratch = self.gemm_scratch(HALF_PARTS * rows * w.cols, 0)?;
             let (halves, _) = scratch.halves_and_floats()?;
             self.half_activations(ty, x, norm, rows, w.cols, halves)?;
             let mut start = 0;
@@ -2013,7 +2077,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let (f, cols) = (w.rows / 2, w.cols);
         let len = rows * f;
-        let mut scratch = self.gemm_scratch(ty.parts() * rows * cols, len)?;
+        let mut scratch = self.gemm_scratch(HALF_PARTS * rows * cols, len)?;
         let (halves, up) = scratch.halves_and_floats()?;
         let up = up.ok_or_else(|| backend_error("scratch buffer missing"))?;
         self.half_activations(ty, x, norm, rows, cols, halves)?;

@@ -18,16 +18,11 @@ pub(crate) enum HalfType {
     BF16,
 }
 
-impl HalfType {
-    /// Half matrices the activations become: f16 one, bf16 two (hi + lo,
-    /// see `kernels/matmul_bf16.cu`).
-    pub fn parts(self) -> usize {
-        match self {
-            HalfType::F16 => 1,
-            HalfType::BF16 => 2,
-        }
-    }
+/// Half matrices the activations become: hi + lo (`split_half` in
+/// `kernels/common.cuh`), one GEMM each.
+pub(crate) const HALF_PARTS: usize = 2;
 
+impl HalfType {
     fn cuda_type(self) -> sys::cudaDataType {
         match self {
             HalfType::F16 => sys::cudaDataType::CUDA_R_16F,

@@ -29,7 +29,7 @@ mod signatures;
 
 pub use backend::{
     AttentionPath, CudaBackend, CudaConfig, CudaIndices, CudaKvCache, CudaTensor, CudaWeight,
-    DensePrefill,
+    DensePrefill, NormPath,
 };
 pub use device::{driver_present, list_devices, DeviceReport};
 pub use graph::DecodeGraph;

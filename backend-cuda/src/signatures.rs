@@ -300,8 +300,8 @@ signatures! {
     /// The bias after a cuBLAS GEMM (F16, BF16).
     matmul_add_bias / MATMUL_ADD_BIAS: Matmul, "matmul_{stem}_add_bias"
         (out: ptr, bias: ptr, bias_fmt: i32, rows: u32, n: u32);
-    matmul_f16_convert_x / MATMUL_F16_CONVERT_X: Whole("matmul_f16"), "matmul_f16_convert_x"
-        (x: ptr, out: ptr, len: u64);
+    matmul_f16_split_x / MATMUL_F16_SPLIT_X: Whole("matmul_f16"), "matmul_f16_split_x"
+        (x: ptr, hi: ptr, lo: ptr, len: u64);
     matmul_bf16_split_x / MATMUL_BF16_SPLIT_X: Whole("matmul_bf16"), "matmul_bf16_split_x"
         (x: ptr, hi: ptr, lo: ptr, len: u64);
 
@@ -310,9 +310,9 @@ signatures! {
         PerFormat("matmul_rms_norm"), "matmul_rms_norm_{stem}_{variant}"
         (w: ptr, x: ptr, norm: ptr, norm_fmt: i32, eps: f32, bias: ptr, bias_fmt: i32, out0: ptr,
          out1: ptr, out2: ptr, end0: u32, end1: u32, tokens: u32, n: u32, cols: u32);
-    matmul_rms_norm_f16_x / MATMUL_RMS_NORM_F16_X:
-        PerFormat("matmul_rms_norm"), "matmul_rms_norm_f16_x"
-        (x: ptr, norm: ptr, norm_fmt: i32, eps: f32, cols: u32, out: ptr);
+    matmul_rms_norm_f16_split_x / MATMUL_RMS_NORM_F16_SPLIT_X:
+        PerFormat("matmul_rms_norm"), "matmul_rms_norm_f16_split_x"
+        (x: ptr, norm: ptr, norm_fmt: i32, eps: f32, cols: u32, hi: ptr, lo: ptr);
     matmul_rms_norm_bf16_split_x / MATMUL_RMS_NORM_BF16_SPLIT_X:
         PerFormat("matmul_rms_norm"), "matmul_rms_norm_bf16_split_x"
         (x: ptr, norm: ptr, norm_fmt: i32, eps: f32, cols: u32, hi: ptr, lo: ptr);

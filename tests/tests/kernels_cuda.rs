@@ -3,10 +3,12 @@
 //! ("CUDA: no device, conformance not run") and passes, unless
 //! `TANDEM_REQUIRE_CUDA=1` (the GPU check script sets it), where that fails.
 //!
-//! The suite runs under three configurations so that every kernel path is
+//! The suite runs under four configurations so that every kernel path is
 //! reached: the default (split-K decode attention for few rows, cuBLAS for
-//! dense prefill), the prefill attention kernel with the hand-written tiled
-//! GEMM, and decode attention cut into 32-key splits (the reduction kernel).
+//! dense prefill, RMSNorm as its own launch), the prefill attention kernel
+//! with the hand-written tiled GEMM, decode attention cut into 32-key splits
+//! (the reduction kernel), and the matmul kernels' norm prologues with the
+//! one-kernel MLP.
 //! A few shapes the generic suite does not reach (float weights with
 //! 16-byte-aligned rows, which take the vector GEMV) are checked here too.
 
@@ -18,7 +20,7 @@ use tandem_core::backend::{Backend, MatmulParams};
 use tandem_core::kernels::{matmul_kernel_name, spec};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
 use tandem_cpu::CpuBackend;
-use tandem_cuda::{AttentionPath, CudaBackend, CudaConfig, DensePrefill};
+use tandem_cuda::{AttentionPath, CudaBackend, CudaConfig, DensePrefill, NormPath};
 
 fn cuda_required() -> bool {
     std::env::var("TANDEM_REQUIRE_CUDA").as_deref() == Ok("1")
@@ -41,12 +43,13 @@ fn cuda_backend(config: CudaConfig) -> Option<CudaBackend> {
     }
 }
 
-const CONFIGURATIONS: [(&str, CudaConfig); 3] = [
+const CONFIGURATIONS: [(&str, CudaConfig); 4] = [
     (
         "default",
         CudaConfig {
             attention: AttentionPath::Auto,
             dense_prefill: DensePrefill::CublasWhenPresent,
+            norm: NormPath::Separate,
         },
     ),
     (
@@ -54,6 +57,7 @@ const CONFIGURATIONS: [(&str, CudaConfig); 3] = [
         CudaConfig {
             attention: AttentionPath::Prefill,
             dense_prefill: DensePrefill::Kernels,
+            norm: NormPath::Separate,
         },
     ),
     (
@@ -61,6 +65,15 @@ const CONFIGURATIONS: [(&str, CudaConfig); 3] = [
         CudaConfig {
             attention: AttentionPath::DecodeSplit { keys_per_split: 32 },
             dense_prefill: DensePrefill::CublasWhenPresent,
+            norm: NormPath::Separate,
+        },
+    ),
+    (
+        "norm prologues, one-kernel MLP, hand-written GEMM",
+        CudaConfig {
+            attention: AttentionPath::Auto,
+            dense_prefill: DensePrefill::Kernels,
+            norm: NormPath::Prologue,
         },
     ),
 ];
@@ -259,7 +272,10 @@ mod gpu_check_script {
             "kernels_cuda",
             &format!("echo running conformance; exit {kernels_exit}"),
         );
+        // Every test binary has a stand-in, so a real one built under
+        // target/release is never run.
         stand_in(dir.path(), "end_to_end", "echo end to end ok");
+        stand_in(dir.path(), "end_to_end_cuda", "echo cuda end to end ok");
         stand_in(
             dir.path(),
             "tandem",
@@ -303,6 +319,7 @@ esac"#,
         assert!(output.status.success(), "{summary}");
         for step in [
             "would run test-kernels_cuda (limit 120s): ",
+            "--skip gpu_check_script",
             "would run test-end_to_end",
             "would run bench-smollm2-135m",
             "--random-weights llama3-8b --weight-format f16",

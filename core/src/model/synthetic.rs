@@ -149,25 +149,40 @@ impl SyntheticModel {
     pub fn files(&self) -> Result<ModelFiles> {
         let c = &self.config;
         let mut rng = Rng::new(self.seed);
-        let shapes = self.tensor_shapes();
-        let mut infos = Vec::with_capacity(shapes.len());
-        let mut bytes = Vec::new();
-        for (name, shape) in shapes {
-            let format = if shape.len() == 1 {
+        let format_of = |shape: &[usize]| {
+            if shape.len() == 1 {
                 WeightFormat::F32
             } else {
                 self.format
-            };
-            let data = random_bytes(&mut rng, format, &name, &shape);
+            }
+        };
+        let shapes = self.tensor_shapes();
+        // One allocation of the final size: growing a Vec of gigabytes
+        // copies it and faults its pages in twice.
+        let total: u64 = shapes
+            .iter()
+            .map(|(_, shape)| {
+                let cols = shape[0].max(1);
+                let rows = shape.iter().product::<usize>() / cols;
+                format_of(shape)
+                    .bytes_for(rows as u64, cols as u64)
+                    .unwrap_or(0)
+            })
+            .sum();
+        let mut infos = Vec::with_capacity(shapes.len());
+        let mut bytes = Vec::with_capacity(total as usize);
+        for (name, shape) in shapes {
+            let format = format_of(&shape);
+            let offset = bytes.len();
+            random_bytes(&mut rng, format, &name, &shape, &mut bytes);
             infos.push(TensorInfo {
                 name,
                 format,
                 shape,
                 file: 0,
-                offset: bytes.len(),
-                len: data.len(),
+                offset,
+                len: bytes.len() - offset,
             });
-            bytes.extend(data);
         }
         let mut tensors = TensorStore::default();
         tensors.add_file(Arc::new(Bytes::Owned(bytes)));
@@ -542,6 +557,9 @@ fn random_values(rng: &mut Rng, name: &str, shape: &[usize]) -> Vec<f32> {
     random_run(rng, name, shape, shape.iter().product())
 }
 
+/// About how many values `random_bytes` draws and quantizes at a time.
+const RANDOM_RUN_VALUES: usize = 1 << 16;
+
 /// The next `n` values of tensor `name` (of `shape`): its values drawn in
 /// runs give what one draw gives.
 pub(super) fn random_run(rng: &mut Rng, name: &str, shape: &[usize], n: usize) -> Vec<f32> {
@@ -556,10 +574,17 @@ pub(super) fn random_run(rng: &mut Rng, name: &str, shape: &[usize], n: usize) -
     }
 }
 
-/// Random data directly in `format`: blocks of Q8_0, Q4_0, Q4_1 and
-/// Tandem's formats get a plausible scale and random codes, so no f32 copy
-/// of a large model is ever made; other formats quantize random values.
-fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]) -> Vec<u8> {
+/// Appends random data in `format` to `out`: blocks of Q8_0, Q4_0, Q4_1
+/// and Tandem's formats get a plausible scale and random codes; other
+/// formats quantize random values a few rows at a time. So no f32 copy of a
+/// large tensor is ever made.
+fn random_bytes(
+    rng: &mut Rng,
+    format: WeightFormat,
+    name: &str,
+    shape: &[usize],
+    out: &mut Vec<u8>,
+) {
     let drawn_directly = matches!(
         format,
         WeightFormat::Q8_0
@@ -569,10 +594,19 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
             | WeightFormat::W8A8
             | WeightFormat::Int4 { .. }
     );
-    if !drawn_directly {
-        return quantize_row(format, &random_values(rng, name, shape));
-    }
     let elems: usize = shape.iter().product();
+    if !drawn_directly {
+        // Whole rows per run, so the blocks are those of one whole draw.
+        let cols = shape[0].max(1);
+        let run = cols * (RANDOM_RUN_VALUES / cols).max(1);
+        let mut done = 0;
+        while done < elems {
+            let n = run.min(elems - done);
+            out.extend(quantize_row(format, &random_run(rng, name, shape, n)));
+            done += n;
+        }
+        return;
+    }
     let blocks = elems / QK;
     let scale = (3.0 / shape[0] as f32).sqrt();
     let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
@@ -583,7 +617,6 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
     };
     if format.ggml_type().is_none() {
         let rows = elems / shape[0].max(1);
-        let mut out = Vec::with_capacity(rows * format.row_bytes(shape[0]).unwrap_or(0));
         for _ in 0..rows {
             if format.row_head_bytes() > 0 {
                 out.extend((scale / 127.0).to_le_bytes());
@@ -595,12 +628,11 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
                     out.extend(half(-scale));
                     head = 4;
                 }
-                random_fill(rng, format.block_bytes() - head, &mut out);
+                random_fill(rng, format.block_bytes() - head, out);
             }
         }
-        return out;
+        return;
     }
-    let mut out = Vec::with_capacity(blocks * format.block_bytes());
     for _ in 0..blocks {
         let bits = rng.next_u64().to_le_bytes();
         let more = rng.next_u64().to_le_bytes();
@@ -625,7 +657,6 @@ fn random_bytes(rng: &mut Rng, format: WeightFormat, name: &str, shape: &[usize]
             _ => unreachable!("handled above"),
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -657,7 +688,9 @@ mod tests {
         let m = SyntheticModel::preset("tiny", WeightFormat::Q4_1, 1).unwrap();
         for format in WeightFormat::ALL {
             let mut rng = Rng::new(0);
-            let b = random_bytes(&mut rng, format, "x.weight", &[QK_K, 3]);
+            let mut b = vec![7];
+            random_bytes(&mut rng, format, "x.weight", &[QK_K, 3], &mut b);
+            b.remove(0);
             assert_eq!(
                 b.len() as u64,
                 format.bytes_for(3, QK_K as u64).unwrap(),
