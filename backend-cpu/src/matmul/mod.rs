@@ -46,6 +46,8 @@ mod portable;
 mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_heads;
 
 use std::cell::OnceCell;
 use std::ops::Range;
