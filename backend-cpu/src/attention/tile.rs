@@ -428,12 +428,16 @@ fn softmax_step(
     *max = new_max;
 }
 
-/// `keys` (`[LANES][hd]`) as `[hd]` vectors of the sixteen keys.
+/// `keys` (`[LANES][hd]`) as `[hd]` vectors of the sixteen keys. Written
+/// one output vector at a time, AVX-512 compiles it to a scatter per key
+/// row, 6% faster decode at a depth of 2048 than the scalar stores of a
+/// loop over the key rows (SmolLM2, F16 cache, interleaved runs).
 #[inline(always)]
 fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
-    for (l, row) in keys.chunks_exact(hd).enumerate() {
-        for (d, &k) in row.iter().enumerate() {
-            by_dim[d][l] = k;
+    let keys = &keys[..LANES * hd];
+    for (d, lanes) in by_dim[..hd].iter_mut().enumerate() {
+        for (l, k) in lanes.iter_mut().enumerate() {
+            *k = keys[l * hd + d];
         }
     }
 }
