@@ -578,20 +578,36 @@ impl CudaBackend {
             return Ok(None);
         };
         let mut normed = self.partials(rows * cols, "norm")?;
-        let (fmt, dim) = (format_code(norm.weight.format), to_u32(cols, "cols")?);
-        let grid = (to_u32(rows, "rows")?, 1, 1);
+        let p = RmsNormParams {
+            rows,
+            dim: cols,
+            eps: norm.eps,
+        };
+        self.launch_rms_norm(&x.buf, norm.weight, p, normed.slice()?)?;
+        Ok(Some(normed))
+    }
+
+    /// `rms_norm.cu` over `p.rows` rows of `x` into `out`, one block a row.
+    fn launch_rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        weight: &CudaWeight,
+        p: RmsNormParams,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
+        let grid = (to_u32(p.rows, "rows")?, 1, 1);
         sig::rms_norm(
             self,
             Which::ONE,
-            config(grid, row_threads(cols), 0),
-            &x.buf,
-            &norm.weight.buf,
+            config(grid, row_threads(p.dim), 0),
+            x,
+            &weight.buf,
             &fmt,
             &dim,
-            &norm.eps,
-            normed.slice()?,
-        )?;
-        Ok(Some(normed))
+            &p.eps,
+            out,
+        )
     }
 
     /// The scratch of a cuBLAS matmul: at least `halves` u16 for half copies
@@ -1097,19 +1113,7 @@ impl Backend for CudaBackend {
         if p.rows == 0 || p.dim == 0 {
             return Ok(());
         }
-        let (fmt, dim) = (format_code(weight.format), to_u32(p.dim, "dim")?);
-        let grid = (to_u32(p.rows, "rows")?, 1, 1);
-        sig::rms_norm(
-            self,
-            Which::ONE,
-            config(grid, row_threads(p.dim), 0),
-            &x.buf,
-            &weight.buf,
-            &fmt,
-            &dim,
-            &p.eps,
-            &mut out.buf,
-        )
+        self.launch_rms_norm(&x.buf, weight, p, &mut out.buf)
     }
 
     fn rms_norm_residual(

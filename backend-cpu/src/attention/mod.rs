@@ -27,6 +27,11 @@ use crate::math::{f16_to_f32, Separate};
 use crate::workers::Workers;
 
 mod tile;
+mod transpose;
+
+#[cfg(target_arch = "x86_64")]
+use transpose::Avx512Transpose;
+use transpose::LoopTranspose;
 
 /// Fewest multiply-adds worth a task of their own.
 const MIN_TASK_WORK: usize = 64 * 1024;
@@ -140,7 +145,7 @@ fn attend_all<K: KvRows, V: KvRows>(
             IsaKind::Avx512Vnni => unsafe { attend_task_avx512(task, out) },
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { attend_task_avx2(task, out) },
-            IsaKind::Portable => tile::attend_task::<K, V, Separate>(task, out),
+            IsaKind::Portable => tile::attend_task::<K, V, Separate, LoopTranspose>(task, out),
         }
     });
 }
@@ -163,7 +168,7 @@ struct Task<'a, K, V> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_task_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
-    tile::attend_task::<K, V, Fused>(task, out)
+    tile::attend_task::<K, V, Fused, LoopTranspose>(task, out)
 }
 
 /// The task compiled for AVX-512: a key tile's scores are one vector.
@@ -173,7 +178,7 @@ unsafe fn attend_task_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 unsafe fn attend_task_avx512<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
-    tile::attend_task::<K, V, Fused>(task, out)
+    tile::attend_task::<K, V, Fused, Avx512Transpose>(task, out)
 }
 
 /// Checks every size and index of a call of `kernel` (paged attention or

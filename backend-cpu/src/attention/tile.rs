@@ -31,12 +31,13 @@ use tandem_core::backend::AttentionParams;
 
 use tandem_core::kv::EVICTED_BLOCK;
 
+use super::transpose::KeyTranspose;
 use super::{block_table, first_visible, KvRows, Task};
 use crate::math::{exp, MulAdd};
 
 /// Positions per key tile, and queries per vector.
-const LANES: usize = 16;
-type Lanes = [f32; LANES];
+pub(super) const LANES: usize = 16;
+pub(super) type Lanes = [f32; LANES];
 /// Queries a tile aims at: two vectors' worth.
 const TILE_QUERIES: usize = 2 * LANES;
 /// Keys whose scores are summed side by side: independent chains of
@@ -111,7 +112,10 @@ impl Scratch {
 /// tiles of that row alone, runs of whole rows give tiles of up to
 /// [`rows_per_tile`] rows of one sequence per KV head.
 #[inline(always)]
-pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>, out: &mut [f32]) {
+pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
+    task: Task<'_, K, V>,
+    out: &mut [f32],
+) {
     let p = task.p;
     let group = p.heads / p.kv_heads;
     let mut scratch = Scratch::new(p);
@@ -133,7 +137,7 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>,
                     heads,
                     kv_head,
                 };
-                attend_tile::<K, V, M>(&task, &tile, &mut scratch, out);
+                attend_tile::<K, V, M, T>(&task, &tile, &mut scratch, out);
             }
             row += 1;
             continue;
@@ -157,7 +161,7 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>,
                     heads: kv_head * group..(kv_head + 1) * group,
                     kv_head,
                 };
-                attend_tile::<K, V, M>(&task, &tile, &mut scratch, out);
+                attend_tile::<K, V, M, T>(&task, &tile, &mut scratch, out);
                 start = stop;
             }
         }
@@ -168,7 +172,7 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd>(task: Task<'_, K, V>,
 /// The attention outputs of one tile's queries, into their places in the
 /// task's `out`.
 #[inline(always)]
-fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
+fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
     task: &Task<'_, K, V>,
     tile: &Tile,
     s: &mut Scratch,
@@ -248,7 +252,7 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd>(
             }
         }
         if few {
-            transpose(&s.keys, hd, &mut s.keys_by_dim);
+            T::transpose(&s.keys, hd, &mut s.keys_by_dim);
             few_scores::<M>(&s.keys_by_dim, &few_queries[..n], &mut s.few_scores[..n]);
         } else {
             scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
@@ -426,20 +430,6 @@ fn softmax_step(
         denominator[lane] = denominator[lane] * rescale[lane] + sum[lane];
     }
     *max = new_max;
-}
-
-/// `keys` (`[LANES][hd]`) as `[hd]` vectors of the sixteen keys. Written
-/// one output vector at a time, AVX-512 compiles it to one scatter per
-/// sixteen values of a key row, 6% faster decode at a depth of 2048 than the scalar stores of a
-/// loop over the key rows (SmolLM2, F16 cache, interleaved runs).
-#[inline(always)]
-fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
-    let keys = &keys[..LANES * hd];
-    for (d, lanes) in by_dim[..hd].iter_mut().enumerate() {
-        for (l, k) in lanes.iter_mut().enumerate() {
-            *k = keys[l * hd + d];
-        }
-    }
 }
 
 /// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in

@@ -1,0 +1,143 @@
+//! A tile of sixteen key rows turned into `head_dim` vectors of the sixteen
+//! keys, for the tiles of few queries that score keys in the lanes. The
+//! transpose is rebuilt for every sixteen keys, so at a long context it is a
+//! fifth of the attention time of a small KV group done element by element;
+//! AVX-512 does it in registers instead, sixteen dimensions at a time.
+
+use super::tile::{Lanes, LANES};
+
+/// How a key tile is transposed. Both give the same values: only where
+/// they come from differs.
+pub(super) trait KeyTranspose {
+    /// `keys` (`[LANES][hd]`) as `by_dim[d][l] = keys[l * hd + d]`, `d < hd`.
+    fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]);
+}
+
+/// One output vector at a time (AVX-512 compiles the loop to one scatter
+/// per sixteen values of a key row).
+pub(super) struct LoopTranspose;
+
+impl KeyTranspose for LoopTranspose {
+    #[inline(always)]
+    fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
+        transpose_dims(keys, hd, 0, by_dim);
+    }
+}
+
+/// Dimensions `from..hd` of [`KeyTranspose::transpose`], a value at a time.
+#[inline(always)]
+fn transpose_dims(keys: &[f32], hd: usize, from: usize, by_dim: &mut [Lanes]) {
+    let keys = &keys[..LANES * hd];
+    for (d, lanes) in by_dim[..hd].iter_mut().enumerate().skip(from) {
+        for (l, k) in lanes.iter_mut().enumerate() {
+            *k = keys[l * hd + d];
+        }
+    }
+}
+
+/// Blocks of 16 × 16 values transposed in registers: 64 shuffles and 16
+/// stores where the loop takes 16 scatters. Instantiated only inside
+/// functions compiled with AVX-512 F (`attend_task_avx512`).
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx512Transpose;
+
+#[cfg(target_arch = "x86_64")]
+impl KeyTranspose for Avx512Transpose {
+    #[inline(always)]
+    fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
+        use std::arch::x86_64::*;
+        let keys = &keys[..LANES * hd];
+        let by_dim = &mut by_dim[..hd];
+        let blocks = hd / LANES;
+        for b in 0..blocks {
+            let mut rows = [unsafe { _mm512_setzero_ps() }; LANES];
+            for (l, row) in rows.iter_mut().enumerate() {
+                let at = l * hd + b * LANES;
+                // SAFETY: AVX-512 F is present (see the type); the sixteen
+                // values at `at` lie in `keys` (`at + 16 <= 16 * hd`).
+                *row = unsafe { _mm512_loadu_ps(keys[at..at + LANES].as_ptr()) };
+            }
+            // SAFETY: AVX-512 F is present (see the type).
+            let columns = unsafe { transpose_16x16(rows) };
+            for (c, column) in columns.into_iter().enumerate() {
+                // SAFETY: as above; the store fills one `Lanes` of `by_dim`.
+                unsafe { _mm512_storeu_ps(by_dim[b * LANES + c].as_mut_ptr(), column) };
+            }
+        }
+        transpose_dims(keys, hd, blocks * LANES, by_dim);
+    }
+}
+
+/// `columns[c][l] = rows[l][c]`. Interleaves 32-bit values of row pairs,
+/// then 64-bit pairs of those, so that 128-bit lane `k` of `u[4i + j]`
+/// holds column `4k + j` of rows `4i..4i + 4`; two rounds of 128-bit lane
+/// shuffles then gather each column's four lanes.
+///
+/// # Safety
+/// The CPU supports AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose_16x16(
+    rows: [std::arch::x86_64::__m512; LANES],
+) -> [std::arch::x86_64::__m512; LANES] {
+    use std::arch::x86_64::*;
+    let mut t = rows;
+    for i in 0..LANES / 2 {
+        t[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
+    }
+    let mut u = t;
+    for i in 0..LANES / 4 {
+        let a = _mm512_castps_pd(t[4 * i]);
+        let b = _mm512_castps_pd(t[4 * i + 1]);
+        let c = _mm512_castps_pd(t[4 * i + 2]);
+        let d = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    let mut columns = u;
+    for j in 0..4 {
+        let x = [u[j], u[4 + j], u[8 + j], u[12 + j]];
+        // Lanes [x0 0, x0 1, x1 0, x1 1] and [x0 2, x0 3, x1 2, x1 3], and of x2, x3.
+        let p0 = _mm512_shuffle_f32x4::<0x44>(x[0], x[1]);
+        let p1 = _mm512_shuffle_f32x4::<0xee>(x[0], x[1]);
+        let p2 = _mm512_shuffle_f32x4::<0x44>(x[2], x[3]);
+        let p3 = _mm512_shuffle_f32x4::<0xee>(x[2], x[3]);
+        // Lane k of x0..x3 in order: column 4k + j.
+        columns[j] = _mm512_shuffle_f32x4::<0x88>(p0, p2);
+        columns[4 + j] = _mm512_shuffle_f32x4::<0xdd>(p0, p2);
+        columns[8 + j] = _mm512_shuffle_f32x4::<0x88>(p1, p3);
+        columns[12 + j] = _mm512_shuffle_f32x4::<0xdd>(p1, p3);
+    }
+    columns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every head size the models use and awkward ones (not a multiple of
+    /// sixteen), against the definition.
+    #[test]
+    fn every_transpose_is_the_definition() {
+        for hd in [1, 16, 40, 64, 72, 80, 128, 200, 256] {
+            let keys: Vec<f32> = (0..LANES * hd).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let expected: Vec<Lanes> = (0..hd)
+                .map(|d| std::array::from_fn(|l| keys[l * hd + d]))
+                .collect();
+            let mut got = vec![[f32::NAN; LANES]; hd + 1];
+            LoopTranspose::transpose(&keys, hd, &mut got);
+            assert_eq!(got[..hd], expected[..], "loop, head_dim {hd}");
+            assert!(got[hd][0].is_nan(), "loop wrote past head_dim {hd}");
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx512f") {
+                let mut got = vec![[f32::NAN; LANES]; hd + 1];
+                Avx512Transpose::transpose(&keys, hd, &mut got);
+                assert_eq!(got[..hd], expected[..], "AVX-512, head_dim {hd}");
+                assert!(got[hd][0].is_nan(), "AVX-512 wrote past head_dim {hd}");
+            }
+        }
+    }
+}
