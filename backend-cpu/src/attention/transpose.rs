@@ -13,8 +13,7 @@ pub(super) trait KeyTranspose {
     fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]);
 }
 
-/// One output vector at a time (AVX-512 compiles the loop to one scatter
-/// per sixteen values of a key row).
+/// One output vector at a time: the portable and AVX2 tasks' transpose.
 pub(super) struct LoopTranspose;
 
 impl KeyTranspose for LoopTranspose {
