@@ -21,6 +21,10 @@ pub(crate) enum IsaKind {
     /// x86-64 AVX2 + FMA + F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// wasm SIMD128 (a build with `target-feature=+simd128`): the quantized
+    /// matmul kernel's `i32x4.dot_i16x8_s`; everything else is portable.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
     /// Plain Rust the compiler vectorizes for the build target (SSE2, NEON,
     /// wasm simd128 when enabled).
     Portable,
@@ -58,6 +62,8 @@ impl Isa {
                 isas.push(Isa(IsaKind::Avx2));
             }
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        isas.push(Isa(IsaKind::Simd128));
         isas.push(Isa(IsaKind::Portable));
         isas
     }
@@ -72,6 +78,8 @@ impl Isa {
             IsaKind::Avx512Vnni => "AVX2+AVX512-VNNI+VBMI",
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => "AVX2",
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            IsaKind::Simd128 => "wasm SIMD128",
             IsaKind::Portable => "portable",
         }
     }

@@ -7,7 +7,8 @@
 //! helpers join, and a kernel costs one hand-off instead of two. Decode
 //! runs some two hundred kernels per token, so hand-offs matter: natively
 //! the helpers are a [`SpinPool`] that stays awake between kernels; wasm32
-//! uses rayon, whose threads the browser provides.
+//! borrows rayon's threads, which the browser provides, and keeps them
+//! spinning between kernels too (`join_pool`).
 //!
 //! Work is cut into chunks that every participant claims from a shared
 //! queue until none is left, which balances uneven chunks and threads
@@ -23,6 +24,8 @@ use crate::spin_pool::SpinPool as Pool;
 #[cfg(target_arch = "wasm32")]
 use wasm::Pool;
 
+#[cfg(any(test, all(target_arch = "wasm32", target_feature = "atomics")))]
+mod join_pool;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
 

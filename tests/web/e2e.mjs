@@ -343,7 +343,7 @@ async function switchBackend(page) {
   const info = await page.textContent("#backend-info");
   const expected = CPU && !software
     ? /^WebGPU: a hardware WebGPU adapter/
-    : CPU ? /^CPU backend \(wasm, 1 thread\): (WebGPU's adapter is a software rasterizer \(.*\): the CPU backend in wasm is faster \(a 2048 × 2048 Q8_0 matrix-vector product took [\d.]+ ms on WebGPU and [\d.]+ ms on the CPU backend in wasm\)|this browser has no WebGPU|the browser offers no WebGPU adapter)/
+    : CPU ? /^CPU backend \(wasm, 1 thread\): (WebGPU's adapter is a software rasterizer \(.*\): the CPU backend in wasm is faster \(a 2048 × 2048 Q8_0 matrix-vector product took [\d.]+ ms on WebGPU and [\d.]+ ms on the CPU backend in wasm, medians of \d+ alternating rounds\)|this browser has no WebGPU|the browser offers no WebGPU adapter)/
       : /^CPU backend \(wasm, 1 thread\): the CPU backend was asked for/;
   check(status.includes("from the browser cache") && downloads(MODEL_PATH) === 1 && expected.test(info),
     `switching the backend to ${target} reloads the model from the cache on the right backend`,

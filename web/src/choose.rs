@@ -15,7 +15,7 @@ use wasm_bindgen::prelude::*;
 use tandem_cpu::CpuBackend;
 use tandem_wgpu::{WgpuBackend, WgpuOptions};
 
-use crate::probe::{described, millis_per_product};
+use crate::probe::{described, median, ProbeProduct, ROUNDS};
 
 #[wasm_bindgen(module = "/src/adapter.js")]
 extern "C" {
@@ -104,19 +104,19 @@ async fn auto(cpu_backend: CpuBackend) -> Result<Chosen, String> {
     } else {
         format!("a hardware WebGPU adapter ({description})")
     };
-    let webgpu_ms = match millis_per_product(&webgpu).await {
-        Ok(ms) => ms,
-        Err(e) => return cpu(cpu_backend, format!("{adapter} failed the speed test: {e}")),
-    };
-    let cpu_ms = match millis_per_product(&cpu_backend).await {
-        Ok(ms) => ms,
-        Err(e) => {
+    let timed = match time_both(&webgpu, &cpu_backend).await {
+        Ok(timed) => timed,
+        Err(Failed::WebGpu(e)) => {
+            return cpu(cpu_backend, format!("{adapter} failed the speed test: {e}"))
+        }
+        Err(Failed::Cpu(e)) => {
             return Ok(Chosen::WebGpu {
                 backend: Box::new(webgpu),
                 reason: format!("{adapter}; the CPU backend failed the speed test: {e}"),
             })
         }
     };
+    let (webgpu_ms, cpu_ms) = timed;
     let measured = described(webgpu_ms, cpu_ms);
     if cpu_ms < webgpu_ms {
         cpu(
@@ -129,6 +129,25 @@ async fn auto(cpu_backend: CpuBackend) -> Result<Chosen, String> {
             reason: format!("{adapter}: faster than the CPU backend in wasm ({measured})"),
         })
     }
+}
+
+/// Which backend's speed test failed.
+enum Failed {
+    WebGpu(tandem_core::Error),
+    Cpu(tandem_core::Error),
+}
+
+/// Milliseconds per probe product on WebGPU and on the CPU: the medians of
+/// [`ROUNDS`] rounds each, the two backends taking turns.
+async fn time_both(webgpu: &WgpuBackend, cpu: &CpuBackend) -> Result<(f64, f64), Failed> {
+    let mut on_webgpu = ProbeProduct::new(webgpu).await.map_err(Failed::WebGpu)?;
+    let mut on_cpu = ProbeProduct::new(cpu).await.map_err(Failed::Cpu)?;
+    let (mut webgpu_ms, mut cpu_ms) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        webgpu_ms.push(on_webgpu.time_round().await.map_err(Failed::WebGpu)?);
+        cpu_ms.push(on_cpu.time_round().await.map_err(Failed::Cpu)?);
+    }
+    Ok((median(&mut webgpu_ms), median(&mut cpu_ms)))
 }
 
 fn software_adapter(name: &str) -> String {

@@ -146,6 +146,8 @@ fn attend_all<K: KvRows, V: KvRows>(
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { attend_task_avx2(task, out) },
             IsaKind::Portable => tile::attend_task::<K, V, Separate, LoopTranspose>(task, out),
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            IsaKind::Simd128 => tile::attend_task::<K, V, Separate, LoopTranspose>(task, out),
         }
     });
 }

@@ -31,7 +31,8 @@
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
 //!    instruction set ([`MicroKernels`]): AVX2, AVX-512 (runs in pairs,
 //!    `avx512` says how; with two tokens or more a row tile's codes are
-//!    unpacked once into scratch for all of them), and portable Rust. Within one
+//!    unpacked once into scratch for all of them), wasm SIMD128 (the
+//!    integer block formats; `simd128`), and portable Rust. Within one
 //!    instruction set every output element is computed with the same
 //!    arithmetic in the same order whatever tile it falls in, so results do
 //!    not depend on the thread count. The block heads of a row tile are
@@ -44,6 +45,8 @@ mod avx512;
 mod formats;
 mod portable;
 mod quantize;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -276,6 +279,8 @@ impl Job<'_> {
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { x86::run_avx2(self.operands, cols, task) },
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            IsaKind::Simd128 => simd128::run(self.operands, cols, task),
             IsaKind::Portable => portable::run(self.operands, cols, task),
         }
     }

@@ -124,6 +124,8 @@ pub(super) fn quantize_activations(
                         quantize_blocks_avx2(x, quants, stats)
                     },
                     IsaKind::Portable => quantize_blocks(x, quants, stats),
+                    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                    IsaKind::Simd128 => quantize_blocks(x, quants, stats),
                 }
             }
         },
@@ -253,6 +255,8 @@ pub(super) fn quantize_activations_i8(
                     quantize_rows_i8_avx2(x, cols, quants, scales)
                 },
                 IsaKind::Portable => quantize_rows_i8(x, cols, quants, scales),
+                #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                IsaKind::Simd128 => quantize_rows_i8(x, cols, quants, scales),
             }
         },
     );

@@ -10,12 +10,16 @@
 //! touches rayon; otherwise rayon's fallback makes the caller's thread the
 //! pool's only one, and a backend asking for helpers gets none.
 //!
+//! The borrowed threads join each call while they spin between kernels
+//! ([`JoinPool`]), and go back to rayon when the engine is idle.
+//!
 //! Without atomics there are no helpers: [`Pool`] cannot be built.
 
 #[cfg(target_feature = "atomics")]
-pub(super) struct Pool {
-    helpers: usize,
-}
+use super::join_pool::JoinPool;
+
+#[cfg(target_feature = "atomics")]
+pub(super) struct Pool(JoinPool);
 
 #[cfg(target_feature = "atomics")]
 impl Pool {
@@ -25,22 +29,17 @@ impl Pool {
         // The caller is never one of the pool's threads here (the backend
         // runs on the embedder's thread), so every pool thread can help.
         let helpers = helpers.min(global_helpers());
-        (helpers > 0).then_some(Pool { helpers })
+        (helpers > 0).then(|| Pool(JoinPool::new(helpers, |helper| rayon::spawn(helper))))
     }
 
     pub(super) fn helpers(&self) -> usize {
-        self.helpers
+        self.0.helpers()
     }
 
-    /// Runs `work` on the caller and on `helpers` pool threads; returns when
-    /// all of them are done.
+    /// Runs `work` on the caller and on up to `helpers` pool threads;
+    /// returns when all of them are done.
     pub(super) fn run(&self, helpers: usize, work: &(dyn Fn() + Sync)) {
-        rayon::in_place_scope(|scope| {
-            for _ in 0..helpers.min(self.helpers) {
-                scope.spawn(|_| work());
-            }
-            work();
-        });
+        self.0.run(helpers, work)
     }
 }
 
