@@ -14,7 +14,9 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use crate::workers::try_dispatch;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,10 +91,8 @@ impl SpinPool {
     /// items out (each call takes items until none is left).
     pub(crate) fn run(&self, helpers: usize, work: &Job<'_>) {
         let helpers = helpers.min(self.helpers.len());
-        let _busy = match self.dispatch.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return work(),
+        let Some(_busy) = try_dispatch(&self.dispatch) else {
+            return work();
         };
         if helpers == 0 {
             return work();

@@ -16,6 +16,8 @@
 //! the caller alone.
 
 use std::sync::{Mutex, PoisonError};
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+use std::sync::{MutexGuard, TryLockError};
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::spin_pool::SpinPool as Pool;
@@ -112,5 +114,18 @@ impl Workers {
     pub(crate) fn chunk_len(&self, total_units: usize, unit: usize, min_units: usize) -> usize {
         let per_chunk = total_units.div_ceil(self.threads * 4).max(min_units).max(1);
         per_chunk * unit
+    }
+}
+
+/// A pool's dispatch lock, held by the one caller whose job is running;
+/// `None` when another caller holds it, and that caller then runs its work
+/// alone: a pool never waits on itself (a kernel called from inside a job,
+/// or another thread's kernel).
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+pub(crate) fn try_dispatch(dispatch: &Mutex<()>) -> Option<MutexGuard<'_, ()>> {
+    match dispatch.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }

@@ -64,7 +64,7 @@ use crate::buffers::{Weight, WeightData};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
-use formats::{BlockFormat, BlockKind};
+use formats::{with_block_format, BlockFormat, BlockKind};
 use quantize::{
     quantize_activations, quantize_activations_i8, BlockQuants, I8Activations, QuantRow,
     QuantizedActivations,
@@ -413,6 +413,34 @@ unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(row: &[u8], k: usize) 
         .wrapping_add(F::ROW_HEAD + k * F::BLOCK_BYTES + PREFETCH_AHEAD);
     for line in (0..F::BLOCK_BYTES).step_by(64) {
         K::prefetch(ahead.wrapping_add(line));
+    }
+}
+
+/// A task on `K`'s micro-kernels: float weights in tiles of `FR` rows ×
+/// `FT` tokens, integer ones (the block formats and W8A8) in `QR` × `QT`.
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn run_tiles<
+    K: MicroKernels,
+    const FR: usize,
+    const FT: usize,
+    const QR: usize,
+    const QT: usize,
+>(
+    operands: Operands<'_>,
+    cols: usize,
+    task: Task<'_>,
+) {
+    match operands {
+        Operands::F32 { w, x } => float_task::<K, _, FR, FT>(w, x, cols, task),
+        Operands::F16 { w, x } => float_task::<K, _, FR, FT>(w, x, cols, task),
+        Operands::BF16 { w, x } => float_task::<K, _, FR, FT>(w, x, cols, task),
+        Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
+            quant_task::<K, F, QR, QT>(w, x, cols, task)
+        }),
+        Operands::W8A8 { w, x } => w8a8_task::<K, QR, QT>(w, x, cols, task),
     }
 }
 

@@ -5,12 +5,9 @@
 use half::f16;
 use tandem_core::quant::QK;
 
-use super::formats::{run_codes, with_block_format, BlockFormat};
+use super::formats::{run_codes, BlockFormat};
 use super::quantize::{BlockQuants, QuantRow};
-use super::{
-    decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, MicroKernels,
-    Operands, Task,
-};
+use super::{decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;
@@ -20,17 +17,7 @@ pub(super) struct Portable;
 
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the portable kernels use no instruction beyond the build target's.
-    unsafe {
-        match operands {
-            Operands::F32 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
-            Operands::F16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
-            Operands::BF16 { w, x } => float_task::<Portable, _, R, T>(w, x, cols, task),
-            Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
-                quant_task::<Portable, F, R, T>(w, x, cols, task)
-            }),
-            Operands::W8A8 { w, x } => w8a8_task::<Portable, R, T>(w, x, cols, task),
-        }
-    }
+    unsafe { run_tiles::<Portable, R, T, R, T>(operands, cols, task) }
 }
 
 impl MicroKernels for Portable {

@@ -16,13 +16,10 @@ use std::arch::wasm32::*;
 
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
-use super::formats::{run_codes, with_block_format, BlockFormat, Codes};
+use super::formats::{run_codes, BlockFormat, Codes};
 use super::portable::Portable;
 use super::quantize::{BlockQuants, QuantRow};
-use super::{
-    decode_block_heads_scalar, float_task, quant_task, w8a8_task, FloatElem, MicroKernels,
-    Operands, Task,
-};
+use super::{decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;
@@ -32,17 +29,7 @@ pub(super) struct Simd128;
 
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the build enables simd128 (this module exists only then).
-    unsafe {
-        match operands {
-            Operands::F32 { w, x } => float_task::<Simd128, _, R, T>(w, x, cols, task),
-            Operands::F16 { w, x } => float_task::<Simd128, _, R, T>(w, x, cols, task),
-            Operands::BF16 { w, x } => float_task::<Simd128, _, R, T>(w, x, cols, task),
-            Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
-                quant_task::<Simd128, F, R, T>(w, x, cols, task)
-            }),
-            Operands::W8A8 { w, x } => w8a8_task::<Simd128, R, T>(w, x, cols, task),
-        }
-    }
+    unsafe { run_tiles::<Simd128, R, T, R, T>(operands, cols, task) }
 }
 
 impl MicroKernels for Simd128 {

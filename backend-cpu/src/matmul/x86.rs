@@ -33,12 +33,10 @@ use std::arch::x86_64::*;
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
 use super::avx512::{block_tile_512, repack_codes};
-use super::formats::{with_block_format, BlockFormat, Codes};
+use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
 use super::x86_heads::decode_block_heads;
-use super::{
-    float_task, quant_task, w8a8_task, FloatElem, FloatKind, MicroKernels, Operands, Task,
-};
+use super::{run_tiles, FloatElem, FloatKind, MicroKernels, Operands, Task};
 
 pub(super) struct Avx2;
 pub(super) struct Vnni;
@@ -48,15 +46,7 @@ pub(super) struct Vnni;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // 16 vector registers: 4×2 accumulators leave room for the operands.
-    match operands {
-        Operands::F32 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
-        Operands::F16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
-        Operands::BF16 { w, x } => float_task::<Avx2, _, 4, 3>(w, x, cols, task),
-        Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
-            quant_task::<Avx2, F, 4, 2>(w, x, cols, task)
-        }),
-        Operands::W8A8 { w, x } => w8a8_task::<Avx2, 4, 2>(w, x, cols, task),
-    }
+    run_tiles::<Avx2, 4, 3, 4, 2>(operands, cols, task)
 }
 
 /// # Safety
@@ -64,15 +54,7 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // AVX-512 gives 32 vector registers: 4×4 accumulators fit.
-    match operands {
-        Operands::F32 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
-        Operands::F16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
-        Operands::BF16 { w, x } => float_task::<Vnni, _, 4, 4>(w, x, cols, task),
-        Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
-            quant_task::<Vnni, F, 4, 4>(w, x, cols, task)
-        }),
-        Operands::W8A8 { w, x } => w8a8_task::<Vnni, 4, 4>(w, x, cols, task),
-    }
+    run_tiles::<Vnni, 4, 4, 4, 4>(operands, cols, task)
 }
 
 /// How a kernel multiplies 32 signed bytes of weights with 32 signed bytes

@@ -18,7 +18,9 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex};
+
+use super::try_dispatch;
 
 /// Idle rounds (an atomic load each) before a helper returns its thread:
 /// on the order of a hundred microseconds, longer than the gap between two
@@ -79,10 +81,8 @@ impl JoinPool {
     /// runs `work` alone.
     pub(crate) fn run(&self, helpers: usize, work: &Job<'_>) {
         let helpers = helpers.min(self.helpers);
-        let _busy = match self.dispatch.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return work(),
+        let Some(_busy) = try_dispatch(&self.dispatch) else {
+            return work();
         };
         if helpers == 0 {
             return work();
