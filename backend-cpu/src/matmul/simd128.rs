@@ -141,6 +141,29 @@ fn run_vectors<F: BlockFormat>(block: &[u8], j: usize) -> [v128; 4] {
             let q = load(&block[F::QUANTS_AT + QK / 2 * j..][..QK / 2]);
             widen_unsigned([low_nibbles(q), u8x16_shr(q, 4)])
         }
+        Codes::Nibbles5 => {
+            let q = load(&block[F::QUANTS_AT..][..QK / 2]);
+            let qh = &block[F::QUANTS_AT - 4..F::QUANTS_AT];
+            let qh = u32x4_splat(u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]));
+            // Bit i of `qh` is element i's fifth bit: each element takes
+            // its byte of `qh` (bytes 0-1 for elements 0..16, 2-3 for
+            // 16..32) and tests its bit there.
+            let bit = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+            let high = |bytes: v128| {
+                let set = u8x16_ne(v128_and(i8x16_swizzle(qh, bytes), bit), u8x16_splat(0));
+                v128_and(set, u8x16_splat(16))
+            };
+            widen_unsigned([
+                v128_or(
+                    low_nibbles(q),
+                    high(u8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
+                ),
+                v128_or(
+                    u8x16_shr(q, 4),
+                    high(u8x16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)),
+                ),
+            ])
+        }
         Codes::NonLinear => {
             let q = load(&block[F::QUANTS_AT..][..QK / 2]);
             let table = load(&IQ4NL_VALUES[..]);
@@ -192,8 +215,8 @@ fn run_vectors<F: BlockFormat>(block: &[u8], j: usize) -> [v128; 4] {
                 i8x16_sub(v128_or(low, i8x16_shl(high, 4)), i8x16_splat(32))
             }))
         }
-        // The 5-bit and 2/3-bit formats: codes built in scalar code.
-        Codes::Nibbles5 | Codes::Q2K | Codes::Q3K => {
+        // The 2- and 3-bit k-quants: codes built in scalar code.
+        Codes::Q2K | Codes::Q3K => {
             let codes = run_codes::<F>(block, j);
             widen_signed([load(&codes[..16]), load(&codes[16..])])
         }
