@@ -15,10 +15,10 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-
-use crate::workers::try_dispatch;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::workers::try_dispatch;
 
 /// How long an idle helper spins before it parks.
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(200);

@@ -104,7 +104,7 @@ async fn auto(cpu_backend: CpuBackend) -> Result<Chosen, String> {
     } else {
         format!("a hardware WebGPU adapter ({description})")
     };
-    let timed = match time_both(&webgpu, &cpu_backend).await {
+    let (webgpu_ms, cpu_ms) = match time_both(&webgpu, &cpu_backend).await {
         Ok(timed) => timed,
         Err(Failed::WebGpu(e)) => {
             return cpu(cpu_backend, format!("{adapter} failed the speed test: {e}"))
@@ -116,7 +116,6 @@ async fn auto(cpu_backend: CpuBackend) -> Result<Chosen, String> {
             })
         }
     };
-    let (webgpu_ms, cpu_ms) = timed;
     let measured = described(webgpu_ms, cpu_ms);
     if cpu_ms < webgpu_ms {
         cpu(

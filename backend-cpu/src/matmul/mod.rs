@@ -384,6 +384,31 @@ trait MicroKernels {
     ) -> [[i32; T]; R];
 }
 
+/// Adds one run's integer dot product with token `x`'s block `b` to `acc`,
+/// scaled by the run's head `[scale, offset]` and the block's activation
+/// scale, plus the offset term: part `p` of the run (its half, with
+/// `F::HALVES`). The portable and SIMD128 kernels share it, so their sums
+/// take the same float operations in the same order.
+#[inline(always)]
+fn add_run_sum<F: BlockFormat>(
+    acc: &mut f32,
+    sum: i32,
+    head: &[f32],
+    x: &QuantRow<'_>,
+    b: usize,
+    p: usize,
+) {
+    *acc += sum as f32 * (head[0] * x.stats[2 * b]);
+    if F::OFFSET {
+        let x_sum = if F::HALVES {
+            x.half_stats[4 * b + 2 * p + 1]
+        } else {
+            x.stats[2 * b + 1]
+        };
+        *acc += head[1] * x_sum;
+    }
+}
+
 /// [`MicroKernels::decode_block_heads`] in scalar code.
 ///
 /// # Safety

@@ -7,7 +7,9 @@ use tandem_core::quant::QK;
 
 use super::formats::{run_codes, BlockFormat};
 use super::quantize::{BlockQuants, QuantRow};
-use super::{decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task};
+use super::{
+    add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task,
+};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;
@@ -48,7 +50,6 @@ impl MicroKernels for Portable {
                 let heads = &w_heads[r][F::HEAD_FLOATS * b..][..F::HEAD_FLOATS];
                 for t in 0..T {
                     let xq = &x[t].quants[b].0;
-                    let x_scale = x[t].stats[2 * b];
                     // One sum per half with `HALVES`, one for the whole run otherwise.
                     let parts = F::HEAD_FLOATS / 2;
                     let len = QK / parts;
@@ -57,15 +58,7 @@ impl MicroKernels for Portable {
                         for i in p * len..(p + 1) * len {
                             sum += codes[i] as i32 * xq[i] as i32;
                         }
-                        acc[r][t] += sum as f32 * (head[0] * x_scale);
-                        if F::OFFSET {
-                            let x_sum = if F::HALVES {
-                                x[t].half_stats[4 * b + 2 * p + 1]
-                            } else {
-                                x[t].stats[2 * b + 1]
-                            };
-                            acc[r][t] += head[1] * x_sum;
-                        }
+                        add_run_sum::<F>(&mut acc[r][t], sum, head, &x[t], b, p);
                     }
                 }
             }

@@ -9,8 +9,8 @@
 //! straight from the weight bytes into four `i16x8` vectors, and each
 //! product with 8 activation quants is one `i32x4.dot_i16x8_s` (exact, as
 //! AVX2's `vpmaddwd`). The float arithmetic per run is the portable
-//! kernel's, in the same order, so both give the same bits. Float and W8A8
-//! weights keep the portable kernels.
+//! kernel's (`add_run_sum`, shared), so both give the same bits. Float and
+//! W8A8 weights keep the portable kernels.
 
 use std::arch::wasm32::*;
 
@@ -19,7 +19,9 @@ use tandem_core::quant::{IQ4NL_VALUES, QK};
 use super::formats::{run_codes, BlockFormat, Codes};
 use super::portable::Portable;
 use super::quantize::{BlockQuants, QuantRow};
-use super::{decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task};
+use super::{
+    add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task,
+};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;
@@ -60,26 +62,17 @@ impl MicroKernels for Simd128 {
                 let heads = &w_heads[r][F::HEAD_FLOATS * b..][..F::HEAD_FLOATS];
                 for t in 0..T {
                     let xq = &x[t].quants[b].0;
-                    let x_scale = x[t].stats[2 * b];
                     let first = i32x4_add(dot8(codes[0], xq, 0), dot8(codes[1], xq, 8));
                     let second = i32x4_add(dot8(codes[2], xq, 16), dot8(codes[3], xq, 24));
-                    if F::HALVES {
-                        for (p, (sum, head)) in [first, second]
-                            .into_iter()
-                            .zip(heads.chunks_exact(2))
-                            .enumerate()
-                        {
-                            acc[r][t] += lanes_sum(sum) as f32 * (head[0] * x_scale);
-                            if F::OFFSET {
-                                acc[r][t] += head[1] * x[t].half_stats[4 * b + 2 * p + 1];
-                            }
-                        }
+                    // One sum per half with `HALVES` (two heads), one for the
+                    // whole run otherwise (one head: the zip stops there).
+                    let parts = if F::HALVES {
+                        [first, second]
                     } else {
-                        acc[r][t] +=
-                            lanes_sum(i32x4_add(first, second)) as f32 * (heads[0] * x_scale);
-                        if F::OFFSET {
-                            acc[r][t] += heads[1] * x[t].stats[2 * b + 1];
-                        }
+                        [i32x4_add(first, second), second]
+                    };
+                    for (p, (head, sum)) in heads.chunks_exact(2).zip(parts).enumerate() {
+                        add_run_sum::<F>(&mut acc[r][t], lanes_sum(sum), head, &x[t], b, p);
                     }
                 }
             }
