@@ -1,9 +1,13 @@
 //! The backend's buffer types: host memory in the layouts the kernels read.
 
 use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Arc;
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use tandem_core::backend::WeightStorage;
+use tandem_core::model::Bytes;
 use tandem_core::quant::{dequantize_row, WeightFormat, WeightView};
 use tandem_core::Result;
 
@@ -105,9 +109,11 @@ impl From<Vec<u32>> for Indices {
 /// A `rows × cols` weight matrix (a vector is one row) in its storage format.
 ///
 /// Block formats keep their GGML bytes unchanged, so the kernels read exactly
-/// the layout documented in `tandem_core::quant`. F32, F16 and BF16 are
-/// decoded once at upload into typed vectors: the same bits, but aligned, so
-/// kernels load them directly instead of assembling little-endian bytes.
+/// the layout documented in `tandem_core::quant`, and where the bytes lie in
+/// a model file the weight reads them there ([`Weight::from_file`]). F32, F16
+/// and BF16 are decoded once at upload into typed vectors: the same bits, but
+/// aligned, so kernels load them directly instead of assembling
+/// little-endian bytes.
 #[derive(Clone, Debug)]
 pub struct Weight {
     rows: usize,
@@ -122,41 +128,43 @@ pub(crate) enum WeightData {
     BF16(Vec<bf16>),
     /// Rows of any quantized format (GGML's blocks, Tandem's INT8 and INT4
     /// rows), its bytes as documented in `tandem_core::quant`.
-    Blocks(WeightFormat, Vec<u8>),
+    Blocks(WeightFormat, WeightBytes),
+}
+
+/// A block-format weight's bytes: a copy, or a range of the model file.
+#[derive(Clone)]
+pub(crate) enum WeightBytes {
+    Owned(Vec<u8>),
+    InFile {
+        file: Arc<Bytes>,
+        range: Range<usize>,
+    },
+}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            WeightBytes::Owned(bytes) => bytes,
+            WeightBytes::InFile { file, range } => &file[range.clone()],
+        }
+    }
+}
+
+impl std::fmt::Debug for WeightBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightBytes::Owned(bytes) => write!(f, "Owned({} bytes)", bytes.len()),
+            WeightBytes::InFile { range, .. } => write!(f, "InFile({range:?})"),
+        }
+    }
 }
 
 impl Weight {
     /// Copies `view` after checking that its byte length matches its shape.
     pub fn from_view(view: WeightView<'_>) -> Result<Self> {
-        let kernel = "upload_weight";
-        check::product(kernel, &[view.rows, view.cols])?;
-        let expected = view
-            .format
-            .bytes_for(view.rows as u64, view.cols as u64)
-            .ok_or_else(|| {
-                check::error(
-                    kernel,
-                    format!(
-                        "{} rows of {} columns are not whole {} blocks of {} elements",
-                        view.rows,
-                        view.cols,
-                        view.format,
-                        view.format.block_elems()
-                    ),
-                )
-            })?;
-        if view.data.len() as u64 != expected {
-            return Err(check::error(
-                kernel,
-                format!(
-                    "{} weight of {}×{} needs {expected} bytes, got {}",
-                    view.format,
-                    view.rows,
-                    view.cols,
-                    view.data.len()
-                ),
-            ));
-        }
+        check_view(&view)?;
         let pairs = || view.data.chunks_exact(2).map(|b| [b[0], b[1]]);
         let data = match view.format {
             WeightFormat::F32 => WeightData::F32(
@@ -167,13 +175,37 @@ impl Weight {
             ),
             WeightFormat::F16 => WeightData::F16(pairs().map(f16::from_le_bytes).collect()),
             WeightFormat::BF16 => WeightData::BF16(pairs().map(bf16::from_le_bytes).collect()),
-            format => WeightData::Blocks(format, view.data.to_vec()),
+            format => WeightData::Blocks(format, WeightBytes::Owned(view.data.to_vec())),
         };
         Ok(Weight {
             rows: view.rows,
             cols: view.cols,
             data,
         })
+    }
+
+    /// A block-format `view` that lies in `file` is read there, without a
+    /// copy; any other is copied ([`Weight::from_view`]).
+    pub fn from_file(view: WeightView<'_>, file: &Arc<Bytes>) -> Result<(Self, WeightStorage)> {
+        let float = matches!(
+            view.format,
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16
+        );
+        let range = file.range_of(view.data).filter(|_| !float);
+        let Some(range) = range else {
+            return Ok((Weight::from_view(view)?, WeightStorage::Copied));
+        };
+        check_view(&view)?;
+        let bytes = WeightBytes::InFile {
+            file: Arc::clone(file),
+            range,
+        };
+        let weight = Weight {
+            rows: view.rows,
+            cols: view.cols,
+            data: WeightData::Blocks(view.format, bytes),
+        };
+        Ok((weight, WeightStorage::InFile))
     }
 
     pub fn format(&self) -> WeightFormat {
@@ -236,4 +268,38 @@ impl Weight {
             }
         })
     }
+}
+
+/// Checks that `view`'s byte length matches its shape.
+fn check_view(view: &WeightView<'_>) -> Result<()> {
+    let kernel = "upload_weight";
+    check::product(kernel, &[view.rows, view.cols])?;
+    let expected = view
+        .format
+        .bytes_for(view.rows as u64, view.cols as u64)
+        .ok_or_else(|| {
+            check::error(
+                kernel,
+                format!(
+                    "{} rows of {} columns are not whole {} blocks of {} elements",
+                    view.rows,
+                    view.cols,
+                    view.format,
+                    view.format.block_elems()
+                ),
+            )
+        })?;
+    if view.data.len() as u64 != expected {
+        return Err(check::error(
+            kernel,
+            format!(
+                "{} weight of {}×{} needs {expected} bytes, got {}",
+                view.format,
+                view.rows,
+                view.cols,
+                view.data.len()
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -38,13 +38,17 @@ mod scores;
 mod spin_pool;
 mod workers;
 
+use std::sync::Arc;
+
 pub use buffers::{Indices, Tensor, Weight};
 pub use kv::KvCache;
 
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, BackendInfo, Glu, KvCacheLayout, MatmulParams, MatmulTarget,
     MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams, SplitOut,
+    WeightStorage,
 };
+use tandem_core::model::Bytes;
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Backend, Result};
 
@@ -131,6 +135,14 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<Weight> {
         Weight::from_view(w)
+    }
+
+    fn upload_file_weight(
+        &self,
+        w: WeightView<'_>,
+        file: &Arc<Bytes>,
+    ) -> Result<(Weight, WeightStorage)> {
+        Weight::from_file(w, file)
     }
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<KvCache> {

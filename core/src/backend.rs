@@ -13,6 +13,9 @@
 //! the inputs in place ([`Backend::write_indices`]) and keeps every buffer
 //! alive while the recording exists (`crate::model::recorded`).
 
+use std::sync::Arc;
+
+use crate::model::Bytes;
 use crate::quant::{WeightFormat, WeightView};
 use crate::{Error, Result};
 
@@ -23,6 +26,15 @@ pub struct BackendInfo {
     pub name: String,
     /// The device in words, e.g. "2 threads" or an adapter name.
     pub device: String,
+}
+
+/// Where an uploaded weight's bytes live ([`Backend::upload_file_weight`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightStorage {
+    /// The backend holds its own copy.
+    Copied,
+    /// The backend reads the weight in the model file.
+    InFile,
 }
 
 /// Element type of the paged KV cache. INT8 and INT4 store codes with
@@ -360,6 +372,21 @@ pub trait Backend: 'static {
     /// reads the buffers it was recorded with.
     fn write_indices(&self, dst: &mut Self::Indices, data: &[u32]) -> Result<()>;
     fn upload_weight(&self, w: WeightView<'_>) -> Result<Self::Weight>;
+    /// [`Backend::upload_weight`] for a weight whose bytes lie in `file`, a
+    /// model file the loader holds (mapped natively). A backend that
+    /// computes on host memory may keep `file` and read the weight where it
+    /// lies, as llama.cpp reads its mmap: no copy to make, no second copy
+    /// resident while loading, and processes that map the same file share
+    /// its pages. It says which it did; the loader releases the file's
+    /// pages only under a copy. By default: a copy.
+    fn upload_file_weight(
+        &self,
+        w: WeightView<'_>,
+        file: &Arc<Bytes>,
+    ) -> Result<(Self::Weight, WeightStorage)> {
+        let _ = file;
+        Ok((self.upload_weight(w)?, WeightStorage::Copied))
+    }
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
     /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
     fn copy_kv_blocks(&self, cache: &mut Self::KvCache, pairs: &[(u32, u32)]) -> Result<()>;

@@ -30,14 +30,15 @@
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
 use super::arch::Activation;
 use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
-use super::{ModelConfig, ModelFiles};
+use super::{Bytes, ModelConfig, ModelFiles};
 use crate::backend::{
     AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
-    MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut,
+    MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut, WeightStorage,
 };
 use crate::kv::eviction::scoring_layers;
 use crate::parallel::shard::{shard, ShardView};
@@ -280,8 +281,11 @@ impl<B: Backend> Model<B> {
             done.set(done.get() + view.data.len());
             weight_bytes.set(weight_bytes.get() + view.data.len());
             (progress.borrow_mut())(done.get(), total);
-            let weight = upload(backend, view, is_vector, name)?;
-            files.tensors.release(view.data);
+            let file = files.tensors.file_of(view.data);
+            let (weight, storage) = upload(backend, view, is_vector, name, file)?;
+            if storage == WeightStorage::Copied {
+                files.tensors.release(view.data);
+            }
             Ok(weight)
         };
         // A tensor, or this rank's slice of it.
@@ -1097,13 +1101,15 @@ fn post_normed<B: Backend>(
 }
 
 /// Puts a weight on the backend. Norm and bias vectors are converted to F32
-/// on the host (kernels take them as f32); matrices keep their format.
+/// on the host (kernels take them as f32); matrices keep their format, and
+/// one that lies in a model `file` may stay there (`upload_file_weight`).
 fn upload<B: Backend>(
     backend: &B,
     view: WeightView<'_>,
     is_vector: bool,
     name: &str,
-) -> Result<B::Weight> {
+    file: Option<&Arc<Bytes>>,
+) -> Result<(B::Weight, WeightStorage)> {
     if is_vector {
         let data: Cow<[u8]> = if view.format == WeightFormat::F32 {
             Cow::Borrowed(view.data)
@@ -1111,12 +1117,13 @@ fn upload<B: Backend>(
             Cow::Owned(view.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect())
         };
         let cols = view.rows * view.cols;
-        return backend.upload_weight(WeightView {
+        let weight = backend.upload_weight(WeightView {
             format: WeightFormat::F32,
             rows: 1,
             cols,
             data: &data,
-        });
+        })?;
+        return Ok((weight, WeightStorage::Copied));
     }
     if !backend.supports_format(view.format) {
         return Err(Error::Unsupported(format!(
@@ -1125,5 +1132,8 @@ fn upload<B: Backend>(
             view.format
         )));
     }
-    backend.upload_weight(view)
+    match file {
+        Some(file) => backend.upload_file_weight(view, file),
+        None => Ok((backend.upload_weight(view)?, WeightStorage::Copied)),
+    }
 }

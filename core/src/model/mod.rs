@@ -75,6 +75,13 @@ impl Bytes {
         Ok(Bytes::Mmap(map))
     }
 
+    /// Where `data` lies in these bytes, if it lies inside them.
+    pub fn range_of(&self, data: &[u8]) -> Option<std::ops::Range<usize>> {
+        let (start, base) = (data.as_ptr() as usize, self.as_ptr() as usize);
+        (base <= start && start + data.len() <= base + self.len())
+            .then(|| start - base..start - base + data.len())
+    }
+
     /// Drops this process's resident pages of `range` (bytes of a mapped
     /// file; owned bytes stay as they are). Once a weight is copied to its
     /// backend, its mapped pages would be a second resident copy for the
@@ -161,14 +168,18 @@ impl TensorStore {
         &self.tensors
     }
 
+    /// The file `data` lies in, if it lies in one of them (a converted or
+    /// concatenated copy does not).
+    pub fn file_of(&self, data: &[u8]) -> Option<&Arc<Bytes>> {
+        self.files.iter().find(|file| file.range_of(data).is_some())
+    }
+
     /// Releases the mapped pages under `data` (see [`Bytes::release`]), if
     /// `data` lies in one of the files.
     pub fn release(&self, data: &[u8]) {
-        let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
         for file in &self.files {
-            let base = file.as_ptr() as usize;
-            if base <= start && end <= base + file.len() {
-                file.release(start - base..end - base);
+            if let Some(range) = file.range_of(data) {
+                file.release(range);
                 return;
             }
         }

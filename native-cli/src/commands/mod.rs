@@ -201,6 +201,13 @@ pub fn build_engine_with<B: Backend>(
     let kv_dtype = config.kv_dtype;
     let engine = Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))?;
+    // The loader's and tokenizer builder's temporaries are freed by now, but
+    // glibc keeps freed heap pages resident until asked to return them.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own.
+    unsafe {
+        libc::malloc_trim(0)
+    };
     if engine.model().placement().is_some() {
         eprint_line!(
             "{}",
