@@ -23,15 +23,15 @@ use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
 #[cfg(target_arch = "x86_64")]
 use crate::math::Fused;
-use crate::math::{f16_to_f32, Separate};
+use crate::math::Separate;
 use crate::workers::Workers;
 
+mod ops;
 mod tile;
-mod transpose;
 
 #[cfg(target_arch = "x86_64")]
-use transpose::Avx512Transpose;
-use transpose::LoopTranspose;
+use ops::{Avx2Ops, Avx512Ops};
+use ops::{PortableOps, TileOps};
 
 /// Fewest multiply-adds worth a task of their own.
 const MIN_TASK_WORK: usize = 64 * 1024;
@@ -145,9 +145,9 @@ fn attend_all<K: KvRows, V: KvRows>(
             IsaKind::Avx512Vnni => unsafe { attend_task_avx512(task, out) },
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { attend_task_avx2(task, out) },
-            IsaKind::Portable => tile::attend_task::<K, V, Separate, LoopTranspose>(task, out),
+            IsaKind::Portable => tile::attend_task::<K, V, Separate, PortableOps>(task, out),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            IsaKind::Simd128 => tile::attend_task::<K, V, Separate, LoopTranspose>(task, out),
+            IsaKind::Simd128 => tile::attend_task::<K, V, Separate, PortableOps>(task, out),
         }
     });
 }
@@ -162,15 +162,15 @@ struct Task<'a, K, V> {
     first_head: usize,
 }
 
-/// The task compiled for AVX2 and FMA: the same code, 8 lanes wide and
-/// with fused multiply-adds.
+/// The task compiled for AVX2, FMA and F16C: the same code, 8 lanes wide
+/// and with fused multiply-adds.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA.
+/// The CPU supports AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_task_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
-    tile::attend_task::<K, V, Fused, LoopTranspose>(task, out)
+    tile::attend_task::<K, V, Fused, Avx2Ops>(task, out)
 }
 
 /// The task compiled for AVX-512: a key tile's scores are one vector.
@@ -180,7 +180,7 @@ unsafe fn attend_task_avx2<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 unsafe fn attend_task_avx512<K: KvRows, V: KvRows>(task: Task<'_, K, V>, out: &mut [f32]) {
-    tile::attend_task::<K, V, Fused, Avx512Transpose>(task, out)
+    tile::attend_task::<K, V, Fused, Avx512Ops>(task, out)
 }
 
 /// Checks every size and index of a call of `kernel` (paged attention or
@@ -275,23 +275,22 @@ fn block_table(block_tables: &[u32], seq: u32, p: AttentionParams) -> &[u32] {
 
 /// A K or V storage read one head row at a time as f32.
 trait KvRows: Sync + Send {
-    /// Elements `at..at + row.len()` into `row`, widened or dequantized.
-    fn read_into(&self, at: usize, row: &mut [f32]);
+    /// Elements `at..at + row.len()` into `row`, widened (the way `O`
+    /// widens) or dequantized.
+    fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]);
 }
 
 impl KvRows for &[f32] {
-    fn read_into(&self, at: usize, row: &mut [f32]) {
+    #[inline(always)]
+    fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
         row.copy_from_slice(&self[at..at + row.len()]);
     }
 }
 
 impl KvRows for &[f16] {
     #[inline(always)]
-    fn read_into(&self, at: usize, row: &mut [f32]) {
-        let len = row.len();
-        for (o, h) in row.iter_mut().zip(&self[at..at + len]) {
-            *o = f16_to_f32(h.to_bits());
-        }
+    fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
+        O::widen(&self[at..at + row.len()], row);
     }
 }
 
@@ -310,7 +309,8 @@ impl<'a> QuantRows<'a> {
 }
 
 impl KvRows for QuantRows<'_> {
-    fn read_into(&self, at: usize, row: &mut [f32]) {
+    #[inline(always)]
+    fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
         let q = self.quant;
         let width = q.kv_heads * q.head_dim;
         let (slot, head) = (at / width, at % width / q.head_dim);
@@ -327,7 +327,8 @@ struct KeyBlockRows<'a> {
 }
 
 impl KvRows for KeyBlockRows<'_> {
-    fn read_into(&self, at: usize, row: &mut [f32]) {
+    #[inline(always)]
+    fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
         let b = self.blocks;
         let width = b.channels();
         let (slot, head) = (at / width, at % width / b.head_dim);

@@ -31,7 +31,7 @@ use tandem_core::backend::AttentionParams;
 
 use tandem_core::kv::EVICTED_BLOCK;
 
-use super::transpose::KeyTranspose;
+use super::ops::TileOps;
 use super::{block_table, first_visible, KvRows, Task};
 use crate::math::{exp, MulAdd};
 
@@ -112,7 +112,7 @@ impl Scratch {
 /// tiles of that row alone, runs of whole rows give tiles of up to
 /// [`rows_per_tile`] rows of one sequence per KV head.
 #[inline(always)]
-pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
+pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: Task<'_, K, V>,
     out: &mut [f32],
 ) {
@@ -172,7 +172,7 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
 /// The attention outputs of one tile's queries, into their places in the
 /// task's `out`.
 #[inline(always)]
-fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
+fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: &Task<'_, K, V>,
     tile: &Tile,
     s: &mut Scratch,
@@ -244,8 +244,8 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: KeyTranspose>(
         for (l, &live) in live.iter().enumerate() {
             let (k, v) = (&mut s.keys[l * hd..][..hd], &mut s.values[l * hd..][..hd]);
             if live {
-                task.keys.read_into(offsets[l], k);
-                task.values.read_into(offsets[l], v);
+                task.keys.read_into::<T>(offsets[l], k);
+                task.values.read_into::<T>(offsets[l], v);
             } else {
                 k.fill(0.0);
                 v.fill(0.0);

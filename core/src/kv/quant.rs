@@ -92,11 +92,13 @@ impl KvQuantLayout {
         })
     }
 
+    #[inline]
     pub fn groups(&self) -> usize {
         self.kv_heads * self.groups_per_head
     }
 
     /// u32 words of one slot (one token's K or V, all heads).
+    #[inline]
     pub fn slot_words(&self) -> usize {
         self.groups() * (self.bits + 1)
     }
@@ -131,6 +133,9 @@ impl KvQuantLayout {
     }
 
     /// Dequantizes head `head` of a slot into `out` (`head_dim` values).
+    // Inlined into the CPU attention kernels, compiled there for their
+    // instruction set: called once per key row, it is their inner loop.
+    #[inline(always)]
     pub fn dequantize_head(&self, slot: &[u32], head: usize, out: &mut [f32]) {
         let params = &slot[self.groups() * self.bits..];
         for (i, out) in out[..self.head_dim].chunks_mut(KV_GROUP).enumerate() {
@@ -192,17 +197,20 @@ impl KeyBlockLayout {
     }
 
     /// Channels of a token: `kv_heads * head_dim`.
+    #[inline]
     pub fn channels(&self) -> usize {
         self.kv_heads * self.head_dim
     }
 
     /// Code words of one token: `ceil(channels / 8)`.
+    #[inline]
     pub fn words_per_token(&self) -> usize {
         self.channels().div_ceil(KEY_CODES_PER_WORD)
     }
 
     /// u32 words of one block: the tokens' codes, then one parameter word
     /// per channel.
+    #[inline]
     pub fn block_words(&self) -> usize {
         self.block_size * self.words_per_token() + self.channels()
     }
@@ -249,6 +257,9 @@ impl KeyBlockLayout {
 
     /// Dequantizes head `head` of the token at `offset` into `out`
     /// (`head_dim` values).
+    // Inlined into the CPU attention kernels, compiled there for their
+    // instruction set: called once per key row, it is their inner loop.
+    #[inline(always)]
     pub fn dequantize_head(&self, block: &[u32], offset: usize, head: usize, out: &mut [f32]) {
         let per_token = self.words_per_token();
         let codes = &block[offset * per_token..][..per_token];
@@ -256,12 +267,25 @@ impl KeyBlockLayout {
         let params = &block[self.block_size * per_token + first..][..self.head_dim];
         let out = &mut out[..self.head_dim];
         if first.is_multiple_of(KEY_CODES_PER_WORD) {
-            // The head starts a word: decode word by word, shifts constant.
+            // The head starts a word: sixteen channels at a time as loops
+            // of fixed length (vector code), then word by word.
+            const RUN: usize = 2 * KEY_CODES_PER_WORD;
             let words = &codes[first / KEY_CODES_PER_WORD..];
-            let runs = out
+            let whole = self.head_dim / RUN * RUN;
+            let runs = out[..whole]
+                .chunks_exact_mut(RUN)
+                .zip(params.chunks_exact(RUN));
+            for ((out, params), words) in runs.zip(words.chunks_exact(2)) {
+                let codes: [u8; RUN] = nibbles(words);
+                for ((o, &p), &q) in out.iter_mut().zip(params).zip(&codes) {
+                    let (scale, min) = unpack_params(p);
+                    *o = min + f32::from(q) * scale;
+                }
+            }
+            let runs = out[whole..]
                 .chunks_mut(KEY_CODES_PER_WORD)
-                .zip(params.chunks(KEY_CODES_PER_WORD));
-            for (&word, (out, params)) in words.iter().zip(runs) {
+                .zip(params[whole..].chunks(KEY_CODES_PER_WORD));
+            for (&word, (out, params)) in words[whole / KEY_CODES_PER_WORD..].iter().zip(runs) {
                 for (k, (o, &p)) in out.iter_mut().zip(params).enumerate() {
                     let (scale, min) = unpack_params(p);
                     *o = min + ((word >> (4 * k)) & KEY_MAX_CODE) as f32 * scale;
@@ -291,11 +315,51 @@ impl KeyBlockLayout {
 #[inline(always)]
 fn decode_codes<const BITS: usize>(words: &[u32], scale: f32, min: f32, out: &mut [f32]) {
     let mask = (1u32 << BITS) - 1;
-    for (&word, out) in words.iter().zip(out.chunks_mut(32 / BITS)) {
+    let per_word = 32 / BITS;
+    // A whole group (every one but a short head's last) as bytes of codes
+    // first, then one loop of fixed length over them: vector code, where
+    // indexing the words per code makes the compiler gather.
+    if let (Ok(out), Some(words), 4 | 8) = (
+        <&mut [f32; KV_GROUP]>::try_from(&mut *out),
+        words.get(..KV_GROUP / per_word),
+        BITS,
+    ) {
+        let codes: [u8; KV_GROUP] = if BITS == 8 {
+            le_bytes(words)
+        } else {
+            nibbles(words)
+        };
+        for (o, &q) in out.iter_mut().zip(&codes) {
+            *o = min + f32::from(q) * scale;
+        }
+        return;
+    }
+    for (&word, out) in words.iter().zip(out.chunks_mut(per_word)) {
         for (k, o) in out.iter_mut().enumerate() {
             *o = min + ((word >> (BITS * k)) & mask) as f32 * scale;
         }
     }
+}
+
+/// The first `N` bytes of `words`, little-endian.
+#[inline(always)]
+fn le_bytes<const N: usize>(words: &[u32]) -> [u8; N] {
+    let mut bytes = [0u8; N];
+    for (word, bytes) in words.iter().zip(bytes.chunks_exact_mut(4)) {
+        bytes.copy_from_slice(&word.to_le_bytes());
+    }
+    bytes
+}
+
+/// The first `N` four-bit codes of `words`, lowest bits first.
+#[inline(always)]
+fn nibbles<const N: usize>(words: &[u32]) -> [u8; N] {
+    let mut codes = [0u8; N];
+    let bytes: [u8; 32] = le_bytes(words);
+    for (i, &b) in bytes[..N / 2].iter().enumerate() {
+        (codes[2 * i], codes[2 * i + 1]) = (b & 15, b >> 4);
+    }
+    codes
 }
 
 /// `(scale, min)` of a group (or channel) before f16 rounding.
@@ -338,14 +402,14 @@ fn unpack_params(word: u32) -> (f32, f32) {
 
 /// Exact f16 → f32 for every f16: the bits moved into f32 position are the
 /// value scaled by 2^-112 (normal or subnormal alike), so one multiply by
-/// 2^112 restores it; infinities and NaN take half's path.
+/// 2^112 restores it; infinities and NaN get the f32 exponent of all ones.
+/// A select, not a branch, so that loops over parameters vectorize.
 #[inline(always)]
 fn f16_to_f32(bits: u16) -> f32 {
     let magnitude = (bits & 0x7fff) as u32;
-    if magnitude >= 0x7c00 {
-        return half::f16::from_bits(bits).to_f32();
-    }
-    let value = f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000);
+    let finite = f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000);
+    let special = f32::from_bits((magnitude << 13) | 0x7f80_0000);
+    let value = if magnitude >= 0x7c00 { special } else { finite };
     f32::from_bits(value.to_bits() | ((bits as u32 & 0x8000) << 16))
 }
 
