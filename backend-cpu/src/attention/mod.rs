@@ -26,7 +26,9 @@ use crate::math::Fused;
 use crate::math::Separate;
 use crate::workers::Workers;
 
+mod lanes;
 mod ops;
+mod segments;
 mod tile;
 
 #[cfg(target_arch = "x86_64")]
@@ -130,14 +132,13 @@ fn attend_all<K: KvRows, V: KvRows>(
     chunk: usize,
     out: &mut [f32],
 ) {
-    let heads_per_chunk = chunk / p.head_dim;
-    workers.for_each_chunk(out, chunk, |i, out| {
+    let run = |work: Work<'_>, out: &mut [f32]| {
         let task = Task {
             inputs,
             keys: &keys,
             values: &values,
             p,
-            first_head: i * heads_per_chunk,
+            work,
         };
         match isa.kind() {
             // SAFETY: an `Isa` exists only for instruction sets the CPU has.
@@ -149,17 +150,41 @@ fn attend_all<K: KvRows, V: KvRows>(
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             IsaKind::Simd128 => tile::attend_task::<K, V, Separate, PortableOps>(task, out),
         }
+    };
+    if let Some(plan) = segments::SegmentPlan::for_call(workers, inputs, p) {
+        return plan.run(workers, p, run, out);
+    }
+    let heads_per_chunk = chunk / p.head_dim;
+    workers.for_each_chunk(out, chunk, |i, out| {
+        let first_head = i * heads_per_chunk;
+        run(Work::Outputs { first_head }, out)
     });
 }
 
-/// A run of consecutive `(row, head)` outputs, numbered `row * heads + head`
-/// from `first_head`.
+/// What a task computes into its chunk.
+#[derive(Clone, Copy)]
+enum Work<'a> {
+    /// Consecutive `(row, head)` outputs, numbered `row * heads + head`
+    /// from `first_head`, each tile over all of its keys.
+    Outputs { first_head: usize },
+    /// The partial results of these units ([`segments`](self::segments)), one slot each.
+    Segments { units: &'a [segments::Unit] },
+    /// The outputs of consecutive KV groups of rows, each folded from
+    /// its units' partial results.
+    Fold {
+        first_group: usize,
+        plan: &'a segments::SegmentPlan,
+        partials: &'a [f32],
+    },
+}
+
+/// One task of a call: its inputs and what it computes.
 struct Task<'a, K, V> {
     inputs: &'a AttentionInputs<'a>,
     keys: &'a K,
     values: &'a V,
     p: AttentionParams,
-    first_head: usize,
+    work: Work<'a>,
 }
 
 /// The task compiled for AVX2, FMA and F16C: the same code, 8 lanes wide
@@ -478,6 +503,112 @@ mod tests {
                                 positions: &positions[t..t + 1],
                                 block_tables: &block_tables,
                             };
+                            let mut alone = vec![f32::NAN; row_len];
+                            paged_attention(&workers, isa, &cache, inputs, p(1), &mut alone)
+                                .unwrap();
+                            let batch_row = &batch[t * row_len..][..row_len];
+                            assert!(
+                                alone
+                                    .iter()
+                                    .zip(batch_row)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{} {dtype:?} window {sliding_window:?} threads {threads}: row {t}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    /// A long context is attended in key segments ([`super::segments`]): a
+    /// decode row alone, whose two KV groups are cut into one task per
+    /// segment on 2 and 3 threads, has the bits it has in a batch of rows
+    /// computed tile by tile, for every dtype, with and without a sliding
+    /// window, and stays within the reference's tolerance.
+    #[test]
+    fn long_rows_get_the_same_bits_in_segments_and_in_tiles() {
+        let mut rng = tandem_core::sched::Rng::new(11);
+        let mut values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| (rng.next_f64() * 4.0 - 2.0) as f32)
+                .collect()
+        };
+        let (heads, kv_heads, head_dim, block_size, blocks) = (6, 2, 20, 16, 40);
+        let block_tables: Vec<u32> = (0..blocks as u32).rev().collect();
+        let positions: Vec<u32> = vec![100, 255, 256, 300, 511, 512, 530, 639];
+        let rows = positions.len();
+        let row_len = heads * head_dim;
+        for dtype in KvDtype::ALL {
+            let layout = KvCacheLayout {
+                num_blocks: blocks,
+                block_size,
+                kv_heads,
+                head_dim,
+                dtype,
+            };
+            let mut cache = KvCache::new(layout).unwrap();
+            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
+            let width = kv_heads * head_dim;
+            let (k, v) = (values(slots.len() * width), values(slots.len() * width));
+            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let q = values(rows * row_len);
+            for sliding_window in [None, Some(300)] {
+                let p = |rows| AttentionParams {
+                    rows,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    block_size,
+                    max_blocks_per_seq: blocks,
+                    scale: 0.3,
+                    sliding_window,
+                };
+                let mut want = vec![0.0; q.len()];
+                reference::paged_attention(
+                    &q,
+                    &cache.keys_f32(),
+                    &cache.values_f32(),
+                    &vec![0; rows],
+                    &positions,
+                    &block_tables,
+                    p(rows),
+                    &mut want,
+                );
+                for isa in Isa::available() {
+                    let batch_inputs = AttentionInputs {
+                        q: &q,
+                        row_seq: &vec![0; rows],
+                        positions: &positions,
+                        block_tables: &block_tables,
+                    };
+                    let mut batch = vec![f32::NAN; q.len()];
+                    let workers = Workers::new(1);
+                    paged_attention(&workers, isa, &cache, batch_inputs, p(rows), &mut batch)
+                        .unwrap();
+                    let tolerance = spec("paged_attention").unwrap().tolerance;
+                    for (i, (g, w)) in batch.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() / (1.0 + w.abs()) <= tolerance,
+                            "{} {dtype:?} [{i}]: got {g}, want {w}",
+                            isa.name()
+                        );
+                    }
+                    for threads in [1, 2, 3] {
+                        let workers = Workers::new(threads);
+                        for t in 0..rows {
+                            let inputs = AttentionInputs {
+                                q: &q[t * row_len..][..row_len],
+                                row_seq: &[0],
+                                positions: &positions[t..t + 1],
+                                block_tables: &block_tables,
+                            };
+                            let segmented =
+                                segments::SegmentPlan::for_call(&workers, &inputs, p(1));
+                            let spans = positions[t] as usize / segments::SEGMENT
+                                > first_visible(positions[t] as usize, sliding_window)
+                                    / segments::SEGMENT;
+                            assert_eq!(segmented.is_some(), threads > 1 && spans, "row {t}");
                             let mut alone = vec![f32::NAN; row_len];
                             paged_attention(&workers, isa, &cache, inputs, p(1), &mut alone)
                                 .unwrap();

@@ -77,7 +77,7 @@ fn widen_from(halves: &[f16], row: &mut [f32], from: usize) {
     }
 }
 
-/// Dimensions `from..hd` of [`KeyTranspose::transpose`], a value at a time.
+/// Dimensions `from..hd` of [`TileOps::transpose`], a value at a time.
 #[inline(always)]
 fn transpose_dims(keys: &[f32], hd: usize, from: usize, by_dim: &mut [Lanes]) {
     let keys = &keys[..LANES * hd];

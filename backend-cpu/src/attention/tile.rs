@@ -24,15 +24,19 @@
 //! prefill chunk or a verification batch, whatever the thread count.
 //! Positions in evicted blocks (KV eviction) are seen by no query: a key
 //! tile wholly evicted is skipped, a partly evicted one weighs them zero.
+//! A tile's keys are visited in segments of [`SEGMENT`] positions, each a
+//! softmax of its own folded into the result ([`super::segments`]), so that a
+//! decode step can also share one row's keys among threads.
 
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 
 use tandem_core::backend::AttentionParams;
-
 use tandem_core::kv::EVICTED_BLOCK;
 
+use super::lanes::{accumulate, few_scores, scores, two_rows};
 use super::ops::TileOps;
-use super::{block_table, first_visible, KvRows, Task};
+use super::segments::{fold_segment, normalize, SegmentPlan, Unit, SEGMENT};
+use super::{block_table, first_visible, KvRows, Task, Work};
 use crate::math::{exp, MulAdd};
 
 /// Positions per key tile, and queries per vector.
@@ -40,14 +44,8 @@ pub(super) const LANES: usize = 16;
 pub(super) type Lanes = [f32; LANES];
 /// Queries a tile aims at: two vectors' worth.
 const TILE_QUERIES: usize = 2 * LANES;
-/// Keys whose scores are summed side by side: independent chains of
-/// multiply-adds that share each load of the transposed queries.
-const KEYS_AT_ONCE: usize = 8;
 /// Tiles of at most this many queries put keys in the lanes.
 const FEW_QUERIES: usize = 8;
-/// Queries of such a tile scored side by side: independent chains of
-/// multiply-adds sharing each load of the transposed keys.
-const FEW_CHAINS: usize = 4;
 
 /// Rows per query tile, so a tile holds about [`TILE_QUERIES`] queries.
 pub(super) fn rows_per_tile(p: AttentionParams) -> usize {
@@ -86,6 +84,10 @@ struct Scratch {
     max: Vec<Lanes>,
     denominator: Vec<Lanes>,
     rescale: Vec<Lanes>,
+    /// Per query: one segment's unnormalised sums (`head_dim` each), and
+    /// the running `(max, denominator)` of the segments folded so far.
+    partial: Vec<f32>,
+    runs: Vec<(f32, f32)>,
 }
 
 impl Scratch {
@@ -104,26 +106,58 @@ impl Scratch {
             max: vec![[0.0; LANES]; vectors],
             denominator: vec![[0.0; LANES]; vectors],
             rescale: vec![[0.0; LANES]; vectors],
+            partial: vec![0.0; queries * p.head_dim],
+            runs: vec![(f32::NEG_INFINITY, 0.0); queries],
         }
     }
 }
 
-/// Cuts the task into tiles: each row the task covers only in part gives
-/// tiles of that row alone, runs of whole rows give tiles of up to
-/// [`rows_per_tile`] rows of one sequence per KV head.
+/// Runs a task's work: its outputs tile by tile, or units of a segmented
+/// call ([`super::segments`]) and their folding.
 #[inline(always)]
 pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: Task<'_, K, V>,
     out: &mut [f32],
 ) {
+    let mut scratch = Scratch::new(task.p);
+    match task.work {
+        Work::Outputs { first_head } => {
+            attend_outputs::<K, V, M, T>(&task, first_head, &mut scratch, out)
+        }
+        Work::Segments { units } => {
+            let slot_len = out.len() / units.len().max(1);
+            for (unit, slot) in units.iter().zip(out.chunks_exact_mut(slot_len)) {
+                attend_unit::<K, V, M, T>(&task, unit, &mut scratch, slot);
+            }
+        }
+        Work::Fold {
+            first_group,
+            plan,
+            partials,
+        } => fold_groups::<M>(task.p, first_group, plan, partials, out),
+    }
+}
+
+/// Cuts outputs `first_head..` into tiles: each row covered only in part
+/// gives tiles of that row alone, runs of whole rows give tiles of up to
+/// [`rows_per_tile`] rows of one sequence per KV head.
+#[inline(always)]
+fn attend_outputs<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
+    task: &Task<'_, K, V>,
+    first: usize,
+    scratch: &mut Scratch,
+    out: &mut [f32],
+) {
     let p = task.p;
     let group = p.heads / p.kv_heads;
-    let mut scratch = Scratch::new(p);
-    let first = task.first_head;
     let end = first + out.len() / p.head_dim;
     let heads_of = |row: usize| {
         let base = row * p.heads;
         first.max(base) - base..end.min(base + p.heads) - base
+    };
+    let mut attend = |tile: Tile| {
+        let out_at = |(row, head): (usize, usize)| (row * p.heads + head - first) * p.head_dim;
+        attend_tile::<K, V, M, T>(task, &tile, scratch, out, out_at);
     };
     let row_seq = task.inputs.row_seq;
     let mut row = first / p.heads;
@@ -132,12 +166,11 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         if heads.len() < p.heads {
             for kv_head in heads.start / group..heads.end.div_ceil(group) {
                 let heads = heads.start.max(kv_head * group)..heads.end.min((kv_head + 1) * group);
-                let tile = Tile {
+                attend(Tile {
                     rows: row..row + 1,
                     heads,
                     kv_head,
-                };
-                attend_tile::<K, V, M, T>(&task, &tile, &mut scratch, out);
+                });
             }
             row += 1;
             continue;
@@ -156,12 +189,11 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
                 {
                     stop += 1;
                 }
-                let tile = Tile {
+                attend(Tile {
                     rows: start..stop,
                     heads: kv_head * group..(kv_head + 1) * group,
                     kv_head,
-                };
-                attend_tile::<K, V, M, T>(&task, &tile, &mut scratch, out);
+                });
                 start = stop;
             }
         }
@@ -169,51 +201,171 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     }
 }
 
-/// The attention outputs of one tile's queries, into their places in the
-/// task's `out`.
+/// A tile's queries, set up in the scratch for all of its segments.
+struct TileQueries<'a> {
+    n: usize,
+    vectors: usize,
+    /// Few enough to put keys in the lanes: their rows, found once.
+    few: Option<[&'a [f32]; FEW_QUERIES]>,
+    /// The positions any of them sees.
+    lo: usize,
+    hi: usize,
+}
+
+impl Tile {
+    fn queries(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.rows
+            .clone()
+            .flat_map(|row| self.heads.clone().map(move |head| (row, head)))
+    }
+}
+
+/// Transposes the tile's queries into the scratch's vectors, with their
+/// visible positions.
+#[inline(always)]
+fn set_up_queries<'a, K, V>(
+    task: &Task<'a, K, V>,
+    tile: &Tile,
+    s: &mut Scratch,
+) -> TileQueries<'a> {
+    let (p, inputs) = (task.p, task.inputs);
+    let hd = p.head_dim;
+    let n = tile.rows.len() * tile.heads.len();
+    let vectors = n.div_ceil(LANES);
+    let mut few = (n <= FEW_QUERIES).then_some([&[][..]; FEW_QUERIES]);
+    s.queries[..hd * vectors].fill([0.0; LANES]);
+    s.first[..vectors].fill([i32::MAX; LANES]);
+    s.last[..vectors].fill([-1; LANES]);
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for (i, (row, head)) in tile.queries().enumerate() {
+        let (v, lane) = (i / LANES, i % LANES);
+        let q = &inputs.q[(row * p.heads + head) * hd..][..hd];
+        for (d, &x) in q.iter().enumerate() {
+            s.queries[d * vectors + v][lane] = x;
+        }
+        if let Some(few) = &mut few {
+            few[i] = q;
+        }
+        let pos = inputs.positions[row] as usize;
+        let first = first_visible(pos, p.sliding_window);
+        (s.first[v][lane], s.last[v][lane]) = (first as i32, pos as i32);
+        (lo, hi) = (lo.min(first), hi.max(pos));
+    }
+    TileQueries {
+        n,
+        vectors,
+        few,
+        lo,
+        hi,
+    }
+}
+
+/// The attention outputs of one tile's queries, segment by segment
+/// ([`super::segments`]), into their places in `out` (`out_at`).
 #[inline(always)]
 fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: &Task<'_, K, V>,
     tile: &Tile,
     s: &mut Scratch,
     out: &mut [f32],
+    out_at: impl Fn((usize, usize)) -> usize,
+) {
+    let hd = task.p.head_dim;
+    let q = set_up_queries(task, tile, s);
+    for query in tile.queries() {
+        out[out_at(query)..][..hd].fill(0.0);
+    }
+    s.runs[..q.n].fill((f32::NEG_INFINITY, 0.0));
+    let mut partial = std::mem::take(&mut s.partial);
+    for segment in q.lo / SEGMENT..=q.hi / SEGMENT {
+        let keys = q.lo.max(segment * SEGMENT)..=q.hi.min((segment + 1) * SEGMENT - 1);
+        attend_segment::<K, V, M, T>(task, tile, s, &q, keys, &mut partial);
+        for (i, query) in tile.queries().enumerate() {
+            let (v, lane) = (i / LANES, i % LANES);
+            let result = (s.max[v][lane], s.denominator[v][lane]);
+            let out = &mut out[out_at(query)..][..hd];
+            fold_segment::<M>(&mut s.runs[i], out, result, &partial[i * hd..][..hd]);
+        }
+    }
+    s.partial = partial;
+    for (i, query) in tile.queries().enumerate() {
+        normalize(&mut out[out_at(query)..][..hd], s.runs[i].1);
+    }
+}
+
+/// One unit of a segmented call: its KV group's queries over its segment,
+/// the partial results into `slot` (sums, maxima, denominators).
+#[inline(always)]
+fn attend_unit<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
+    task: &Task<'_, K, V>,
+    unit: &Unit,
+    s: &mut Scratch,
+    slot: &mut [f32],
+) {
+    let group = task.p.heads / task.p.kv_heads;
+    let tile = Tile {
+        rows: unit.row..unit.row + 1,
+        heads: unit.kv_head * group..(unit.kv_head + 1) * group,
+        kv_head: unit.kv_head,
+    };
+    let q = set_up_queries(task, &tile, s);
+    let first = unit.segment * SEGMENT;
+    let keys = q.lo.max(first)..=q.hi.min(first + SEGMENT - 1);
+    let (sums, results) = slot.split_at_mut(group * task.p.head_dim);
+    attend_segment::<K, V, M, T>(task, &tile, s, &q, keys, sums);
+    let (maxima, denominators) = results.split_at_mut(group);
+    for i in 0..group {
+        let (v, lane) = (i / LANES, i % LANES);
+        (maxima[i], denominators[i]) = (s.max[v][lane], s.denominator[v][lane]);
+    }
+}
+
+/// The outputs of `(row, KV group)` pairs `first_group..` of a segmented
+/// call, each folded from its units' slots in segment order.
+#[inline(always)]
+fn fold_groups<M: MulAdd>(
+    p: AttentionParams,
+    first_group: usize,
+    plan: &SegmentPlan,
+    partials: &[f32],
+    out: &mut [f32],
+) {
+    let (group, hd) = (p.heads / p.kv_heads, p.head_dim);
+    let groups = &plan.groups[first_group..];
+    for (units, out) in groups.iter().zip(out.chunks_exact_mut(group * hd)) {
+        out.fill(0.0);
+        for (i, out) in out.chunks_exact_mut(hd).enumerate() {
+            let mut run = (f32::NEG_INFINITY, 0.0);
+            for unit in units.clone() {
+                let slot = &partials[unit * plan.slot_len..][..plan.slot_len];
+                let (sums, results) = slot.split_at(group * hd);
+                let result = (results[i], results[group + i]);
+                fold_segment::<M>(&mut run, out, result, &sums[i * hd..][..hd]);
+            }
+            normalize(out, run.1);
+        }
+    }
+}
+
+/// The tile's queries over positions `keys` (within one segment) from a
+/// fresh softmax state: the unnormalised sums into `partial` (query `i` at
+/// `i * head_dim`), the maxima and denominators left in the scratch.
+#[inline(always)]
+fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
+    task: &Task<'_, K, V>,
+    tile: &Tile,
+    s: &mut Scratch,
+    q: &TileQueries<'_>,
+    keys: RangeInclusive<usize>,
+    partial: &mut [f32],
 ) {
     let (p, inputs) = (task.p, task.inputs);
     let hd = p.head_dim;
-    let queries = || {
-        tile.rows
-            .clone()
-            .flat_map(|row| tile.heads.clone().map(move |head| (row, head)))
-    };
-    let out_at = |(row, head): (usize, usize)| (row * p.heads + head - task.first_head) * hd;
-    let n = tile.rows.len() * tile.heads.len();
-    let vectors = n.div_ceil(LANES);
-    let few = n <= FEW_QUERIES;
-    // A tile of few queries scores them from their rows, found once here.
-    let mut few_queries: [&[f32]; FEW_QUERIES] = [&[]; FEW_QUERIES];
-
-    s.queries[..hd * vectors].fill([0.0; LANES]);
-    s.first[..vectors].fill([i32::MAX; LANES]);
-    s.last[..vectors].fill([-1; LANES]);
+    let (n, vectors) = (q.n, q.vectors);
+    let (lo, hi) = (*keys.start(), *keys.end());
     s.max[..vectors].fill([f32::NEG_INFINITY; LANES]);
     s.denominator[..vectors].fill([0.0; LANES]);
-    let (mut lo, mut hi) = (usize::MAX, 0);
-    for (i, (row, head)) in queries().enumerate() {
-        let (v, lane) = (i / LANES, i % LANES);
-        let q = &inputs.q[(row * p.heads + head) * hd..][..hd];
-        for (d, &x) in q.iter().enumerate() {
-            s.queries[d * vectors + v][lane] = x;
-        }
-        if few {
-            few_queries[i] = q;
-        }
-        let pos = inputs.positions[row] as usize;
-        let first = first_visible(pos, p.sliding_window);
-        (s.first[v][lane], s.last[v][lane]) = (first as i32, pos as i32);
-        (lo, hi) = (lo.min(first), hi.max(pos));
-        out[out_at((row, head))..][..hd].fill(0.0);
-    }
-
+    partial[..n * hd].fill(0.0);
     let table = block_table(inputs.block_tables, inputs.row_seq[tile.rows.start], p);
     let kv_width = p.kv_heads * hd;
     let mut start = lo / LANES * LANES;
@@ -251,9 +403,9 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
                 v.fill(0.0);
             }
         }
-        if few {
+        if let Some(few) = &q.few {
             T::transpose(&s.keys, hd, &mut s.keys_by_dim);
-            few_scores::<M>(&s.keys_by_dim, &few_queries[..n], &mut s.few_scores[..n]);
+            few_scores::<M>(&s.keys_by_dim, &few[..n], &mut s.few_scores[..n]);
         } else {
             scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
             for v in 0..vectors {
@@ -263,12 +415,12 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         // The queries that see some of the key tile, two at a time.
         let tile_end = (start + LANES - 1) as i32;
         let mut pending = None;
-        for (i, query) in queries().enumerate() {
+        for i in 0..n {
             let (v, lane) = (i / LANES, i % LANES);
             if s.last[v][lane] < start as i32 || s.first[v][lane] > tile_end {
                 continue;
             }
-            let (weights, rescale) = if few {
+            let (weights, rescale) = if q.few.is_some() {
                 let scores = s.few_scores[i];
                 few_query_step(s, scores, (v, lane), start as i32, p.scale, &live)
             } else {
@@ -278,98 +430,19 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
                 }
                 (weights, s.rescale[v][lane])
             };
-            let this = (out_at(query), rescale, weights);
+            let this = (i * hd, rescale, weights);
             let Some(other) = pending.take() else {
                 pending = Some(this);
                 continue;
             };
-            let (a, b) = two_rows(out, other.0, this.0, hd);
+            let (a, b) = two_rows(partial, other.0, this.0, hd);
             accumulate::<M, 2>([a, b], [other.1, this.1], [&other.2, &this.2], &s.values);
         }
         if let Some((at, rescale, weights)) = pending {
-            accumulate::<M, 1>([&mut out[at..][..hd]], [rescale], [&weights], &s.values);
+            accumulate::<M, 1>([&mut partial[at..][..hd]], [rescale], [&weights], &s.values);
         }
         start += LANES;
     }
-    for (i, query) in queries().enumerate() {
-        // A query whose every visible position was evicted attends to nothing.
-        let denominator = s.denominator[i / LANES][i % LANES];
-        let inv = if denominator > 0.0 {
-            1.0 / denominator
-        } else {
-            0.0
-        };
-        out[out_at(query)..][..hd]
-            .iter_mut()
-            .for_each(|o| *o *= inv);
-    }
-}
-
-/// `weights[l * vectors + v] = keys[l] · queries of vector v`, for the
-/// sixteen keys of a key tile: two query vectors at a time where there are
-/// two, so each broadcast key element serves both.
-#[inline(always)]
-fn scores<M: MulAdd>(keys: &[f32], queries: &[Lanes], hd: usize, weights: &mut [Lanes]) {
-    let vectors = queries.len() / hd;
-    let mut v = 0;
-    while v + 2 <= vectors {
-        for first_key in (0..LANES).step_by(KEYS_AT_ONCE / 2) {
-            score_keys::<M, 2, { KEYS_AT_ONCE / 2 }>(keys, queries, hd, v, first_key, weights);
-        }
-        v += 2;
-    }
-    if v < vectors {
-        for first_key in (0..LANES).step_by(KEYS_AT_ONCE) {
-            score_keys::<M, 1, KEYS_AT_ONCE>(keys, queries, hd, v, first_key, weights);
-        }
-    }
-}
-
-/// Scores of keys `first_key..first_key + K` for query vectors
-/// `v..v + V`: `K * V` independent chains of multiply-adds.
-#[inline(always)]
-fn score_keys<M: MulAdd, const V: usize, const K: usize>(
-    keys: &[f32],
-    queries: &[Lanes],
-    hd: usize,
-    v: usize,
-    first_key: usize,
-    weights: &mut [Lanes],
-) {
-    let vectors = queries.len() / hd;
-    let rows: [&[f32]; K] = std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
-    let mut sums = [[[0f32; LANES]; V]; K];
-    for d in 0..hd {
-        let q: [Lanes; V] = std::array::from_fn(|i| queries[d * vectors + v + i]);
-        for (sum, row) in sums.iter_mut().zip(rows) {
-            let key = row[d];
-            for (sum, q) in sum.iter_mut().zip(&q) {
-                *sum = mul_add_lanes::<M>(key, q, sum);
-            }
-        }
-    }
-    for (k, sum) in sums.into_iter().enumerate() {
-        for (i, sum) in sum.into_iter().enumerate() {
-            weights[(first_key + k) * vectors + v + i] = sum;
-        }
-    }
-}
-
-/// The first sixteen elements of `x`, times `scale`.
-#[inline(always)]
-fn scaled_lanes(x: &[f32], scale: f32) -> Lanes {
-    let mut lanes = [0f32; LANES];
-    lanes.copy_from_slice(&x[..LANES]);
-    for lane in &mut lanes {
-        *lane *= scale;
-    }
-    lanes
-}
-
-/// `key * q + sum`, lane by lane.
-#[inline(always)]
-fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
-    std::array::from_fn(|lane| M::mul_add(key, q[lane], sum[lane]))
 }
 
 /// One key tile's step of the online softmax for query vector `v`: scores
@@ -432,27 +505,6 @@ fn softmax_step(
     *max = new_max;
 }
 
-/// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in
-/// the lanes), per query and key the multiply-adds of [`score_keys`] in
-/// its order, [`FEW_CHAINS`] queries at a time.
-#[inline(always)]
-fn few_scores<M: MulAdd>(keys: &[Lanes], queries: &[&[f32]], scores: &mut [Lanes]) {
-    for (queries, scores) in queries
-        .chunks(FEW_CHAINS)
-        .zip(scores.chunks_mut(FEW_CHAINS))
-    {
-        // A short chunk scores its last query again rather than branch.
-        let q: [&[f32]; FEW_CHAINS] = std::array::from_fn(|c| queries[c.min(queries.len() - 1)]);
-        let mut sums = [[0f32; LANES]; FEW_CHAINS];
-        for (d, keys) in keys.iter().enumerate() {
-            for (sum, q) in sums.iter_mut().zip(q) {
-                *sum = mul_add_lanes::<M>(q[d], keys, sum);
-            }
-        }
-        scores.copy_from_slice(&sums[..scores.len()]);
-    }
-}
-
 /// One key tile's softmax step for a single query of a tile of
 /// [`FEW_QUERIES`], keys in the lanes: the arithmetic of [`softmax_step`]
 /// for that query's `scores`, lane `l` for key `l`. Returns the query's
@@ -496,78 +548,4 @@ fn few_query_step(
     *denominator = *denominator * rescale + sum;
     s.max[v][lane] = new_max;
     (weights, rescale)
-}
-
-/// Rows `a` and `b` (`a != b`, `hd` long) of `out`, both mutable.
-fn two_rows(out: &mut [f32], a: usize, b: usize, hd: usize) -> (&mut [f32], &mut [f32]) {
-    if a < b {
-        let (low, high) = out.split_at_mut(b);
-        (&mut low[a..][..hd], &mut high[..hd])
-    } else {
-        let (low, high) = out.split_at_mut(a);
-        (&mut high[..hd], &mut low[b..][..hd])
-    }
-}
-
-/// `out = out * rescale + sum_l weights[l] * values[l]` for `Q` queries
-/// at once (their outputs side by side share each load of a value row),
-/// each element's sum taken in key order.
-#[inline(always)]
-fn accumulate<M: MulAdd, const Q: usize>(
-    mut outs: [&mut [f32]; Q],
-    rescale: [f32; Q],
-    weights: [&Lanes; Q],
-    values: &[f32],
-) {
-    let hd = outs[0].len();
-    let mut c = 0;
-    while c + 4 * LANES <= hd {
-        accumulate_vectors::<M, Q, 4>(&mut outs, rescale, weights, values, c);
-        c += 4 * LANES;
-    }
-    while c + LANES <= hd {
-        accumulate_vectors::<M, Q, 1>(&mut outs, rescale, weights, values, c);
-        c += LANES;
-    }
-    for d in c..hd {
-        for q in 0..Q {
-            let mut acc = outs[q][d] * rescale[q];
-            for (l, &w) in weights[q].iter().enumerate() {
-                acc = M::mul_add(w, values[l * hd + d], acc);
-            }
-            outs[q][d] = acc;
-        }
-    }
-}
-
-/// [`accumulate`] on elements `c..c + C * 16`: `Q * C` independent chains
-/// of multiply-adds, held in registers across the sixteen keys.
-#[inline(always)]
-fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
-    outs: &mut [&mut [f32]; Q],
-    rescale: [f32; Q],
-    weights: [&Lanes; Q],
-    values: &[f32],
-    c: usize,
-) {
-    let hd = outs[0].len();
-    let mut acc: [[Lanes; C]; Q] = std::array::from_fn(|q| {
-        std::array::from_fn(|k| scaled_lanes(&outs[q][c + k * LANES..], rescale[q]))
-    });
-    for l in 0..LANES {
-        let row = &values[l * hd + c..][..C * LANES];
-        for q in 0..Q {
-            let w = weights[q][l];
-            for k in 0..C {
-                for i in 0..LANES {
-                    acc[q][k][i] = M::mul_add(w, row[k * LANES + i], acc[q][k][i]);
-                }
-            }
-        }
-    }
-    for q in 0..Q {
-        for k in 0..C {
-            outs[q][c + k * LANES..][..LANES].copy_from_slice(&acc[q][k]);
-        }
-    }
 }

@@ -1,0 +1,178 @@
+//! The arithmetic of one key tile, sixteen lanes at a time: the queries'
+//! scores against its keys and the weighted sums of its values, as
+//! independent chains of multiply-adds that the compiler keeps in vector
+//! registers.
+
+use super::tile::{Lanes, LANES};
+use crate::math::MulAdd;
+
+/// Queries of a tile of few queries (keys in the lanes) scored side by
+/// side: independent chains of multiply-adds sharing each load of the
+/// transposed keys.
+const FEW_CHAINS: usize = 4;
+
+/// Keys whose scores are summed side by side: independent chains of
+/// multiply-adds that share each load of the transposed queries.
+const KEYS_AT_ONCE: usize = 8;
+
+/// `weights[l * vectors + v] = keys[l] · queries of vector v`, for the
+/// sixteen keys of a key tile: two query vectors at a time where there are
+/// two, so each broadcast key element serves both.
+#[inline(always)]
+pub(super) fn scores<M: MulAdd>(keys: &[f32], queries: &[Lanes], hd: usize, weights: &mut [Lanes]) {
+    let vectors = queries.len() / hd;
+    let mut v = 0;
+    while v + 2 <= vectors {
+        for first_key in (0..LANES).step_by(KEYS_AT_ONCE / 2) {
+            score_keys::<M, 2, { KEYS_AT_ONCE / 2 }>(keys, queries, hd, v, first_key, weights);
+        }
+        v += 2;
+    }
+    if v < vectors {
+        for first_key in (0..LANES).step_by(KEYS_AT_ONCE) {
+            score_keys::<M, 1, KEYS_AT_ONCE>(keys, queries, hd, v, first_key, weights);
+        }
+    }
+}
+
+/// Scores of keys `first_key..first_key + K` for query vectors
+/// `v..v + V`: `K * V` independent chains of multiply-adds.
+#[inline(always)]
+fn score_keys<M: MulAdd, const V: usize, const K: usize>(
+    keys: &[f32],
+    queries: &[Lanes],
+    hd: usize,
+    v: usize,
+    first_key: usize,
+    weights: &mut [Lanes],
+) {
+    let vectors = queries.len() / hd;
+    let rows: [&[f32]; K] = std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
+    let mut sums = [[[0f32; LANES]; V]; K];
+    for d in 0..hd {
+        let q: [Lanes; V] = std::array::from_fn(|i| queries[d * vectors + v + i]);
+        for (sum, row) in sums.iter_mut().zip(rows) {
+            let key = row[d];
+            for (sum, q) in sum.iter_mut().zip(&q) {
+                *sum = mul_add_lanes::<M>(key, q, sum);
+            }
+        }
+    }
+    for (k, sum) in sums.into_iter().enumerate() {
+        for (i, sum) in sum.into_iter().enumerate() {
+            weights[(first_key + k) * vectors + v + i] = sum;
+        }
+    }
+}
+
+/// The first sixteen elements of `x`, times `scale`.
+#[inline(always)]
+fn scaled_lanes(x: &[f32], scale: f32) -> Lanes {
+    let mut lanes = [0f32; LANES];
+    lanes.copy_from_slice(&x[..LANES]);
+    for lane in &mut lanes {
+        *lane *= scale;
+    }
+    lanes
+}
+
+/// `key * q + sum`, lane by lane.
+#[inline(always)]
+fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+    std::array::from_fn(|lane| M::mul_add(key, q[lane], sum[lane]))
+}
+
+/// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in
+/// the lanes), per query and key the multiply-adds of [`score_keys`] in
+/// its order, [`FEW_CHAINS`] queries at a time.
+#[inline(always)]
+pub(super) fn few_scores<M: MulAdd>(keys: &[Lanes], queries: &[&[f32]], scores: &mut [Lanes]) {
+    for (queries, scores) in queries
+        .chunks(FEW_CHAINS)
+        .zip(scores.chunks_mut(FEW_CHAINS))
+    {
+        // A short chunk scores its last query again rather than branch.
+        let q: [&[f32]; FEW_CHAINS] = std::array::from_fn(|c| queries[c.min(queries.len() - 1)]);
+        let mut sums = [[0f32; LANES]; FEW_CHAINS];
+        for (d, keys) in keys.iter().enumerate() {
+            for (sum, q) in sums.iter_mut().zip(q) {
+                *sum = mul_add_lanes::<M>(q[d], keys, sum);
+            }
+        }
+        scores.copy_from_slice(&sums[..scores.len()]);
+    }
+}
+
+/// Rows `a` and `b` (`a != b`, `hd` long) of `out`, both mutable.
+pub(super) fn two_rows(out: &mut [f32], a: usize, b: usize, hd: usize) -> (&mut [f32], &mut [f32]) {
+    if a < b {
+        let (low, high) = out.split_at_mut(b);
+        (&mut low[a..][..hd], &mut high[..hd])
+    } else {
+        let (low, high) = out.split_at_mut(a);
+        (&mut high[..hd], &mut low[b..][..hd])
+    }
+}
+
+/// `out = out * rescale + sum_l weights[l] * values[l]` for `Q` queries
+/// at once (their outputs side by side share each load of a value row),
+/// each element's sum taken in key order.
+#[inline(always)]
+pub(super) fn accumulate<M: MulAdd, const Q: usize>(
+    mut outs: [&mut [f32]; Q],
+    rescale: [f32; Q],
+    weights: [&Lanes; Q],
+    values: &[f32],
+) {
+    let hd = outs[0].len();
+    let mut c = 0;
+    while c + 4 * LANES <= hd {
+        accumulate_vectors::<M, Q, 4>(&mut outs, rescale, weights, values, c);
+        c += 4 * LANES;
+    }
+    while c + LANES <= hd {
+        accumulate_vectors::<M, Q, 1>(&mut outs, rescale, weights, values, c);
+        c += LANES;
+    }
+    for d in c..hd {
+        for q in 0..Q {
+            let mut acc = outs[q][d] * rescale[q];
+            for (l, &w) in weights[q].iter().enumerate() {
+                acc = M::mul_add(w, values[l * hd + d], acc);
+            }
+            outs[q][d] = acc;
+        }
+    }
+}
+
+/// [`accumulate`] on elements `c..c + C * 16`: `Q * C` independent chains
+/// of multiply-adds, held in registers across the sixteen keys.
+#[inline(always)]
+fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
+    outs: &mut [&mut [f32]; Q],
+    rescale: [f32; Q],
+    weights: [&Lanes; Q],
+    values: &[f32],
+    c: usize,
+) {
+    let hd = outs[0].len();
+    let mut acc: [[Lanes; C]; Q] = std::array::from_fn(|q| {
+        std::array::from_fn(|k| scaled_lanes(&outs[q][c + k * LANES..], rescale[q]))
+    });
+    for l in 0..LANES {
+        let row = &values[l * hd + c..][..C * LANES];
+        for q in 0..Q {
+            let w = weights[q][l];
+            for k in 0..C {
+                for i in 0..LANES {
+                    acc[q][k][i] = M::mul_add(w, row[k * LANES + i], acc[q][k][i]);
+                }
+            }
+        }
+    }
+    for q in 0..Q {
+        for k in 0..C {
+            outs[q][c + k * LANES..][..LANES].copy_from_slice(&acc[q][k]);
+        }
+    }
+}
