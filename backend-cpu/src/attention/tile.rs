@@ -155,10 +155,6 @@ fn attend_outputs<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         let base = row * p.heads;
         first.max(base) - base..end.min(base + p.heads) - base
     };
-    let mut attend = |tile: Tile| {
-        let out_at = |(row, head): (usize, usize)| (row * p.heads + head - first) * p.head_dim;
-        attend_tile::<K, V, M, T>(task, &tile, scratch, out, out_at);
-    };
     let row_seq = task.inputs.row_seq;
     let mut row = first / p.heads;
     while row * p.heads < end {
@@ -166,11 +162,12 @@ fn attend_outputs<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         if heads.len() < p.heads {
             for kv_head in heads.start / group..heads.end.div_ceil(group) {
                 let heads = heads.start.max(kv_head * group)..heads.end.min((kv_head + 1) * group);
-                attend(Tile {
+                let tile = Tile {
                     rows: row..row + 1,
                     heads,
                     kv_head,
-                });
+                };
+                attend_tile::<K, V, M, T>(task, &tile, scratch, first, out);
             }
             row += 1;
             continue;
@@ -189,11 +186,12 @@ fn attend_outputs<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
                 {
                     stop += 1;
                 }
-                attend(Tile {
+                let tile = Tile {
                     rows: start..stop,
                     heads: kv_head * group..(kv_head + 1) * group,
                     kv_head,
-                });
+                };
+                attend_tile::<K, V, M, T>(task, &tile, scratch, first, out);
                 start = stop;
             }
         }
@@ -261,16 +259,19 @@ fn set_up_queries<'a, K, V>(
 }
 
 /// The attention outputs of one tile's queries, segment by segment
-/// ([`super::segments`]), into their places in `out` (`out_at`).
+/// ([`super::segments`]), into their places in `out`, which holds outputs
+/// `first_head..`. No closure runs this: a closure's body is compiled
+/// without its caller's target features, which only inlining would lend it.
 #[inline(always)]
 fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: &Task<'_, K, V>,
     tile: &Tile,
     s: &mut Scratch,
+    first_head: usize,
     out: &mut [f32],
-    out_at: impl Fn((usize, usize)) -> usize,
 ) {
-    let hd = task.p.head_dim;
+    let (p, hd) = (task.p, task.p.head_dim);
+    let out_at = |(row, head): (usize, usize)| (row * p.heads + head - first_head) * hd;
     let q = set_up_queries(task, tile, s);
     for query in tile.queries() {
         out[out_at(query)..][..hd].fill(0.0);
