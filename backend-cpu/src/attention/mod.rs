@@ -371,16 +371,79 @@ mod tests {
     use super::*;
     use crate::{kv, reference};
 
+    /// Uniform random values in `[-bound, bound)`, `len` at a call.
+    fn random_values(seed: u64, bound: f64) -> impl FnMut(usize) -> Vec<f32> {
+        let mut rng = tandem_core::sched::Rng::new(seed);
+        move |len| {
+            (0..len)
+                .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
+                .collect()
+        }
+    }
+
+    /// A cache of `layout` whose every slot holds K and V from `values`.
+    fn filled_cache(layout: KvCacheLayout, values: &mut impl FnMut(usize) -> Vec<f32>) -> KvCache {
+        let mut cache = KvCache::new(layout).unwrap();
+        let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
+        let width = layout.kv_heads * layout.head_dim;
+        let (k, v) = (values(slots.len() * width), values(slots.len() * width));
+        kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+        cache
+    }
+
+    /// Query rows of one sequence (sequence 0) at `positions`.
+    struct RowsOfOneSequence<'a> {
+        q: &'a [f32],
+        positions: &'a [u32],
+        block_tables: &'a [u32],
+    }
+
+    impl<'a> RowsOfOneSequence<'a> {
+        /// The inputs of row `t` alone.
+        fn row(&self, t: usize) -> AttentionInputs<'a> {
+            let row_len = self.q.len() / self.positions.len();
+            AttentionInputs {
+                q: &self.q[t * row_len..][..row_len],
+                row_seq: &[0],
+                positions: &self.positions[t..t + 1],
+                block_tables: self.block_tables,
+            }
+        }
+
+        /// Each row attended alone (parameters `one_row`) has the bits it
+        /// has in `batch`.
+        fn assert_alone_as_in(
+            &self,
+            batch: &[f32],
+            workers: &Workers,
+            isa: Isa,
+            cache: &KvCache,
+            one_row: AttentionParams,
+            what: &str,
+        ) {
+            let row_len = self.q.len() / self.positions.len();
+            for t in 0..self.positions.len() {
+                let mut alone = vec![f32::NAN; row_len];
+                paged_attention(workers, isa, cache, self.row(t), one_row, &mut alone).unwrap();
+                let batch_row = &batch[t * row_len..][..row_len];
+                assert!(
+                    alone
+                        .iter()
+                        .zip(batch_row)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {what} threads {}: row {t}",
+                    isa.name(),
+                    workers.threads()
+                );
+            }
+        }
+    }
+
     /// Every instruction set's attention against the reference, on two
     /// sequences (one decoding, one in a prefill chunk) over 3-token blocks.
     #[test]
     fn every_instruction_set_matches_the_reference() {
-        let mut rng = tandem_core::sched::Rng::new(1);
-        let mut values = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
-                .collect()
-        };
+        let mut values = random_values(1, 1.0);
         let p = AttentionParams {
             rows: 4,
             heads: 4,
@@ -401,10 +464,7 @@ mod tests {
                 head_dim: 12,
                 dtype,
             };
-            let mut cache = KvCache::new(layout).unwrap();
-            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
-            let (k, v) = (values(slots.len() * 24), values(slots.len() * 24));
-            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let cache = filled_cache(layout, &mut values);
             let q = values(p.rows * p.heads * p.head_dim);
             let mut want = vec![0.0; q.len()];
             reference::paged_attention(
@@ -448,12 +508,7 @@ mod tests {
     /// groups cut in three tasks), with and without a sliding window.
     #[test]
     fn a_row_gets_the_same_bits_alone_and_in_a_batch() {
-        let mut rng = tandem_core::sched::Rng::new(7);
-        let mut values = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| (rng.next_f64() * 4.0 - 2.0) as f32)
-                .collect()
-        };
+        let mut values = random_values(7, 2.0);
         let (tokens, heads, kv_heads, head_dim, block_size) = (45, 6, 2, 20, 5);
         let block_tables: Vec<u32> = (0..9).rev().collect();
         for dtype in KvDtype::ALL {
@@ -464,11 +519,7 @@ mod tests {
                 head_dim,
                 dtype,
             };
-            let mut cache = KvCache::new(layout).unwrap();
-            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
-            let width = kv_heads * head_dim;
-            let (k, v) = (values(slots.len() * width), values(slots.len() * width));
-            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let cache = filled_cache(layout, &mut values);
             let q = values(tokens * heads * head_dim);
             let positions: Vec<u32> = (0..tokens as u32).collect();
             for sliding_window in [None, Some(7)] {
@@ -495,32 +546,19 @@ mod tests {
                         let mut batch = vec![f32::NAN; q.len()];
                         paged_attention(&workers, isa, &cache, inputs, p(tokens), &mut batch)
                             .unwrap();
-                        let row_len = heads * head_dim;
-                        for t in 0..tokens {
-                            let inputs = AttentionInputs {
-                                q: &q[t * row_len..][..row_len],
-                                row_seq: &[0],
-                                positions: &positions[t..t + 1],
-                                block_tables: &block_tables,
-                            };
-                            let mut alone = vec![f32::NAN; row_len];
-                            paged_attention(&workers, isa, &cache, inputs, p(1), &mut alone)
-                                .unwrap();
-                            let batch_row = &batch[t * row_len..][..row_len];
-                            assert!(
-                                alone
-                                    .iter()
-                                    .zip(batch_row)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{} {dtype:?} window {sliding_window:?} threads {threads}: row {t}",
-                                isa.name()
-                            );
-                        }
+                        let what = format!("{dtype:?} window {sliding_window:?}");
+                        let rows = RowsOfOneSequence {
+                            q: &q,
+                            positions: &positions,
+                            block_tables: &block_tables,
+                        };
+                        rows.assert_alone_as_in(&batch, &workers, isa, &cache, p(1), &what);
                     }
                 }
             }
         }
     }
+
     /// A long context is attended in key segments ([`super::segments`]): a
     /// decode row alone, whose two KV groups are cut into one task per
     /// segment on 2 and 3 threads, has the bits it has in a batch of rows
@@ -528,12 +566,7 @@ mod tests {
     /// window, and stays within the reference's tolerance.
     #[test]
     fn long_rows_get_the_same_bits_in_segments_and_in_tiles() {
-        let mut rng = tandem_core::sched::Rng::new(11);
-        let mut values = |len: usize| -> Vec<f32> {
-            (0..len)
-                .map(|_| (rng.next_f64() * 4.0 - 2.0) as f32)
-                .collect()
-        };
+        let mut values = random_values(11, 2.0);
         let (heads, kv_heads, head_dim, block_size, blocks) = (6, 2, 20, 16, 40);
         let block_tables: Vec<u32> = (0..blocks as u32).rev().collect();
         let positions: Vec<u32> = vec![100, 255, 256, 300, 511, 512, 530, 639];
@@ -547,11 +580,7 @@ mod tests {
                 head_dim,
                 dtype,
             };
-            let mut cache = KvCache::new(layout).unwrap();
-            let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();
-            let width = kv_heads * head_dim;
-            let (k, v) = (values(slots.len() * width), values(slots.len() * width));
-            kv::paged_kv_write(&k, &v, &slots, slots.len(), &mut cache).unwrap();
+            let cache = filled_cache(layout, &mut values);
             let q = values(rows * row_len);
             for sliding_window in [None, Some(300)] {
                 let p = |rows| AttentionParams {
@@ -596,32 +625,21 @@ mod tests {
                     }
                     for threads in [1, 2, 3] {
                         let workers = Workers::new(threads);
-                        for t in 0..rows {
-                            let inputs = AttentionInputs {
-                                q: &q[t * row_len..][..row_len],
-                                row_seq: &[0],
-                                positions: &positions[t..t + 1],
-                                block_tables: &block_tables,
-                            };
+                        let rows = RowsOfOneSequence {
+                            q: &q,
+                            positions: &positions,
+                            block_tables: &block_tables,
+                        };
+                        for t in 0..positions.len() {
                             let segmented =
-                                segments::SegmentPlan::for_call(&workers, &inputs, p(1));
+                                segments::SegmentPlan::for_call(&workers, &rows.row(t), p(1));
                             let spans = positions[t] as usize / segments::SEGMENT
                                 > first_visible(positions[t] as usize, sliding_window)
                                     / segments::SEGMENT;
                             assert_eq!(segmented.is_some(), threads > 1 && spans, "row {t}");
-                            let mut alone = vec![f32::NAN; row_len];
-                            paged_attention(&workers, isa, &cache, inputs, p(1), &mut alone)
-                                .unwrap();
-                            let batch_row = &batch[t * row_len..][..row_len];
-                            assert!(
-                                alone
-                                    .iter()
-                                    .zip(batch_row)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{} {dtype:?} window {sliding_window:?} threads {threads}: row {t}",
-                                isa.name()
-                            );
                         }
+                        let what = format!("{dtype:?} window {sliding_window:?}");
+                        rows.assert_alone_as_in(&batch, &workers, isa, &cache, p(1), &what);
                     }
                 }
             }
