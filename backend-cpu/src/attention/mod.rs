@@ -630,12 +630,12 @@ mod tests {
                             positions: &positions,
                             block_tables: &block_tables,
                         };
-                        for t in 0..positions.len() {
+                        for (t, &pos) in positions.iter().enumerate() {
                             let segmented =
                                 segments::SegmentPlan::for_call(&workers, &rows.row(t), p(1));
-                            let spans = positions[t] as usize / segments::SEGMENT
-                                > first_visible(positions[t] as usize, sliding_window)
-                                    / segments::SEGMENT;
+                            let pos = pos as usize;
+                            let spans = pos / segments::SEGMENT
+                                > first_visible(pos, sliding_window) / segments::SEGMENT;
                             assert_eq!(segmented.is_some(), threads > 1 && spans, "row {t}");
                         }
                         let what = format!("{dtype:?} window {sliding_window:?}");
