@@ -187,11 +187,9 @@ impl Weight {
     /// A block-format `view` that lies in `file` is read there, without a
     /// copy; any other is copied ([`Weight::from_view`]).
     pub fn from_file(view: WeightView<'_>, file: &Arc<Bytes>) -> Result<(Self, WeightStorage)> {
-        let float = matches!(
-            view.format,
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16
-        );
-        let range = file.range_of(view.data).filter(|_| !float);
+        let range = file
+            .range_of(view.data)
+            .filter(|_| view.format.is_quantized());
         let Some(range) = range else {
             return Ok((Weight::from_view(view)?, WeightStorage::Copied));
         };

@@ -119,12 +119,13 @@ pub(super) fn attend_task<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     task: Task<'_, K, V>,
     out: &mut [f32],
 ) {
-    let mut scratch = Scratch::new(task.p);
     match task.work {
         Work::Outputs { first_head } => {
+            let mut scratch = Scratch::new(task.p);
             attend_outputs::<K, V, M, T>(&task, first_head, &mut scratch, out)
         }
         Work::Segments { units } => {
+            let mut scratch = Scratch::new(task.p);
             let slot_len = out.len() / units.len().max(1);
             for (unit, slot) in units.iter().zip(out.chunks_exact_mut(slot_len)) {
                 attend_unit::<K, V, M, T>(&task, unit, &mut scratch, slot);
