@@ -65,7 +65,7 @@ llama_batched_bench="$src/build/bin/llama-batched-bench"
 if [ ! -d "$src" ]; then
   tmp=$(mktemp -d)
   echo "fetching llama-cpp-python $LLAMA_CPP_PYTHON's sources into $sdist" >&2
-  python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" "llama-cpp-python==$LLAMA_CPP_PYTHON"
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$tmp" "llama-cpp-python==$LLAMA_CPP_PYTHON"
   mkdir -p "$root/.tools"
   rm -rf "$sdist"
   tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$root/.tools"
