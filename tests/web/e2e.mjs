@@ -64,6 +64,8 @@ const PROMPT = "The capital of France is";
 // The first 8 greedy ids after the prompt (tests/fixtures/smollm2_reference.json,
 // the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
+// A prompt whose greedy continuation runs past a 32-token KV budget.
+const EVICTION_PROMPT = "Once upon a time, in a small village,";
 const CHAT_MESSAGE = "What is the capital of France?";
 const FOLLOW_UP = "And what is the capital of Germany? Answer in one sentence.";
 // An INT4 KV cache rounds keys and values to 16 levels, so a tiny difference
@@ -200,6 +202,7 @@ try {
   } else {
     await abortMidStep(page, check, { modelUrl: MODEL_URL, prompt: PROMPT });
   }
+  await kvEviction(page);
 
   await page.reload();
   await chooseBackend(page, BACKEND);
@@ -378,6 +381,46 @@ async function int4Cache(page) {
   check(kv.kvDtype === "int4" && int4.ok,
     "kvDtype int4 gives the native CPU backend's greedy tokens with an INT4 KV cache",
     `browser [${kv.ids.join(" ")}], native [${nativeInt4.ids.join(" ")}]; ${int4.detail}`);
+}
+
+/**
+ * A generation under a KV budget (`kvBudget`, `kvEvict`, `kvSinks`) against
+ * the native run with the same flags, on the page's thread; bad eviction
+ * options are refused with errors naming them.
+ */
+async function kvEviction(page) {
+  const flags = ["--kv-budget", "32", "--kv-evict", "streaming", "--kv-sinks", "4"];
+  const prompt = EVICTION_PROMPT;
+  const count = 48;
+  const got = await page.evaluate(async ({ url, prompt, count, backend }) => {
+    const { default: init, Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
+    await init();
+    const engine = await Tandem.load(url, { backend });
+    const refusals = [{ kvEvict: "h2o" }, { kvBudget: "0%" }, { kvBudget: 8 }, { kvBudget: 32, kvEvict: "lru" }]
+      .map((options) => {
+        try {
+          engine.generate(prompt, options);
+          return null;
+        } catch (e) {
+          return e.message ?? String(e);
+        }
+      });
+    const options = { maxTokens: count, temperature: 0, kvBudget: 32, kvEvict: "streaming", kvSinks: 4 };
+    for await (const _ of engine.generate(prompt, options));
+    const ids = [...engine.generatedTokens()];
+    engine.free();
+    return { ids, refusals };
+  }, { url: MODEL_URL, prompt, count, backend: CPU ? "cpu" : "webgpu" });
+  console.log(JSON.stringify(got));
+  const [noBudget, zero, tooSmall, unknown] = got.refusals;
+  check(noBudget === "option kvEvict needs kvBudget" && /^kvBudget: `0%` is not a percentage/.test(zero) &&
+    /^kvBudget: 8 \(8 tokens\) holds 0 blocks/.test(tooSmall) && /^kvEvict: .*lru/.test(unknown),
+  "bad KV eviction options are refused, naming the option", got.refusals.join(" | "));
+  const expected = native(flags, prompt, count);
+  const full = native([], prompt, count);
+  check(same(got.ids, expected) && !same(expected, full),
+    `under kvBudget 32 (streaming), ${count} greedy tokens match the native run with --kv-budget 32`,
+    `browser [${got.ids.join(" ")}], native [${expected.join(" ")}], full cache [${full.join(" ")}]`);
 }
 
 /**

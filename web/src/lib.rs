@@ -44,7 +44,8 @@ use tandem_core::Backend;
 
 use choose::{choose, Asked, Chosen};
 use options::{
-    cache_option, chat_messages, get, number_option, string_option, CpuThreads, Features, Info,
+    cache_option, chat_messages, eviction_option, get, number_option, string_option, CpuThreads,
+    Features, Info,
 };
 use runtime::{AnyEngine, Runtime};
 use source::{Origin, Progress};
@@ -151,6 +152,22 @@ export interface GenerateOptions {
   temperature?: number;
   topP?: number;
   seed?: number;
+  /**
+   * KV eviction, as `--kv-budget` natively: the generation keeps at most
+   * this much KV, a token count or a percentage of the context ("25%"), in
+   * whole blocks of 16 tokens. Without it the other kv options are refused.
+   */
+  kvBudget?: number | string;
+  /**
+   * Which blocks go once over the budget: "h2o" (default: the least
+   * attended), "snapkv" (chosen once from the prompt's last queries) or
+   * "streaming" (the oldest after the sinks).
+   */
+  kvEvict?: "h2o" | "snapkv" | "streaming";
+  /** Leading tokens always kept (default 4). */
+  kvSinks?: number;
+  /** Newest tokens always kept (default: half the rest of the budget). */
+  kvRecent?: number;
 }
 /** Why a generation ended: an end-of-text token, `maxTokens`, or stopped. */
 export type FinishReason = "stop" | "length" | "abort";
@@ -169,6 +186,8 @@ export interface TandemInfo {
   kvDtype: "f32" | "f16" | "int8" | "int4";
   /** KV-cache bytes per token of context, all layers. */
   kvBytesPerToken: number;
+  /** Tokens per sequence, prompt and output together (what a kvBudget percentage is of). */
+  context: number;
   /** Threads the CPU backend runs on; null on WebGPU. */
   threads: number | null;
   /** Why the CPU backend runs on fewer threads than asked for; null when it does not. */
@@ -357,6 +376,7 @@ impl Tandem {
             fallback_reason,
             kv_dtype,
             kv_bytes_per_token: engine.kv_bytes_per_token(),
+            context,
             threads,
         };
         // The weights are on the backend now: only the tokenizer stays (the
@@ -378,8 +398,9 @@ impl Tandem {
 
     /// Starts generating after `prompt` and returns an async iterable of text
     /// pieces, one per engine step. `options`: `maxTokens` (128),
-    /// `temperature` (0: greedy), `topP` (1), `seed` (0). A generation still
-    /// running is stopped.
+    /// `temperature` (0: greedy), `topP` (1), `seed` (0), and KV eviction
+    /// (`kvBudget`, `kvEvict`, `kvSinks`, `kvRecent`: `eviction_option`). A
+    /// generation still running is stopped.
     #[wasm_bindgen(unchecked_return_type = "AsyncIterable<string>")]
     pub fn generate(
         &self,
@@ -434,7 +455,7 @@ impl Tandem {
 
     /// `{ model, source, modelBytes, backend, backendReason, adapter,
     /// features: { shaderF16, subgroups, usesF16, usesSubgroups },
-    /// fallbackReason, kvDtype, kvBytesPerToken, threads, threadsReason }`.
+    /// fallbackReason, kvDtype, kvBytesPerToken, context, threads, threadsReason }`.
     #[wasm_bindgen(unchecked_return_type = "TandemInfo")]
     pub fn info(&self) -> Result<Object, JsError> {
         self.info.to_js()
@@ -462,6 +483,7 @@ impl Tandem {
             seed: number_option(&options, "seed")?.unwrap_or(0.0) as u64,
             ..SamplingParams::default()
         };
+        let kv_eviction = eviction_option(&options, self.info.context)?;
         // A step in flight cannot be cut short: refuse rather than abort it.
         if self.shared.runtime.try_borrow_mut().is_err() {
             return Err(busy());
@@ -469,7 +491,7 @@ impl Tandem {
         self.shared.abort();
         let mut runtime = self.shared.runtime.borrow_mut();
         let seq = runtime
-            .start(prompt, params, max_tokens)
+            .start(prompt, params, max_tokens, kv_eviction)
             .map_err(js_error)?;
         self.shared.active.set(Some(seq));
         self.shared.generated.borrow_mut().clear();

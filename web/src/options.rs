@@ -5,6 +5,8 @@ use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::prelude::*;
 
 use tandem_core::backend::KvDtype;
+use tandem_core::kv::eviction::DEFAULT_SINKS;
+use tandem_core::kv::{EvictionConfig, EvictionPolicy, KvBudget, DEFAULT_BLOCK_SIZE};
 use tandem_core::tokenizer::ChatMessage;
 
 use crate::source::Origin;
@@ -26,6 +28,8 @@ pub struct Info {
     pub fallback_reason: Option<String>,
     pub kv_dtype: KvDtype,
     pub kv_bytes_per_token: usize,
+    /// Tokens per sequence, prompt and output together.
+    pub context: usize,
     /// The CPU backend's threads; `None` on WebGPU.
     pub threads: Option<CpuThreads>,
 }
@@ -74,6 +78,7 @@ impl Info {
             "kvBytesPerToken",
             (self.kv_bytes_per_token as f64).into(),
         )?;
+        set(&info, "context", (self.context as f64).into())?;
         let (count, reason) = match &self.threads {
             Some(t) => ((t.count as f64).into(), t.fewer_reason.as_deref().into()),
             None => (JsValue::NULL, JsValue::NULL),
@@ -163,4 +168,85 @@ pub fn string_option(options: &Object, key: &str) -> Result<Option<String>, JsEr
         .as_string()
         .map(Some)
         .ok_or_else(|| JsError::new(&format!("option {key} must be a string")))
+}
+
+/// A generation's KV eviction, the options named after `--kv-budget`,
+/// `--kv-evict`, `--kv-sinks` and `--kv-recent`: `kvBudget` (a token count,
+/// or a string like `"25%"` of the context of `context` tokens), `kvEvict`
+/// (`"h2o"`, the default, `"snapkv"` or `"streaming"`), `kvSinks`,
+/// `kvRecent`. `None` without `kvBudget`, where the other three are refused.
+pub fn eviction_option(
+    options: &Object,
+    context: usize,
+) -> Result<Option<EvictionConfig>, JsError> {
+    let budget = get(options, "kvBudget")?;
+    let budget = if budget.is_undefined() || budget.is_null() {
+        None
+    } else if let Some(text) = budget.as_string() {
+        Some(text.parse::<KvBudget>().map_err(renamed)?)
+    } else {
+        match budget.as_f64() {
+            Some(n) if n >= 1.0 && n.fract() == 0.0 && n <= u32::MAX as f64 => {
+                Some(KvBudget::Tokens(n as usize))
+            }
+            _ => {
+                return Err(JsError::new(
+                    "option kvBudget must be a positive whole number of tokens or a percentage like \"25%\"",
+                ))
+            }
+        }
+    };
+    let policy = string_option(options, "kvEvict")?
+        .map(|name| name.parse::<EvictionPolicy>().map_err(renamed))
+        .transpose()?;
+    let sinks = count_option(options, "kvSinks")?;
+    let recent = count_option(options, "kvRecent")?;
+    let Some(budget) = budget else {
+        for (name, set) in [
+            ("kvEvict", policy.is_some()),
+            ("kvSinks", sinks.is_some()),
+            ("kvRecent", recent.is_some()),
+        ] {
+            if set {
+                return Err(JsError::new(&format!("option {name} needs kvBudget")));
+            }
+        }
+        return Ok(None);
+    };
+    let config = EvictionConfig {
+        budget,
+        policy: policy.unwrap_or(EvictionPolicy::H2o),
+        sinks: sinks.unwrap_or(DEFAULT_SINKS),
+        recent,
+    };
+    config.plan(context, DEFAULT_BLOCK_SIZE).map_err(renamed)?;
+    Ok(Some(config))
+}
+
+/// A whole, non-negative option.
+fn count_option(options: &Object, key: &str) -> Result<Option<usize>, JsError> {
+    match number_option(options, key)? {
+        None => Ok(None),
+        Some(n) if n >= 0.0 && n.fract() == 0.0 && n <= u32::MAX as f64 => Ok(Some(n as usize)),
+        Some(_) => Err(JsError::new(&format!(
+            "option {key} must be a whole number of tokens, 0 or more"
+        ))),
+    }
+}
+
+/// The core's message, which names command-line flags, with the options' names.
+fn renamed(e: tandem_core::Error) -> JsError {
+    let message = match e {
+        tandem_core::Error::InvalidRequest(m) => m,
+        other => other.to_string(),
+    };
+    let message = [
+        ("--kv-budget", "kvBudget"),
+        ("--kv-evict", "kvEvict"),
+        ("--kv-sinks", "kvSinks"),
+        ("--kv-recent", "kvRecent"),
+    ]
+    .iter()
+    .fold(message, |m, (flag, option)| m.replace(flag, option));
+    JsError::new(&message)
 }

@@ -2,8 +2,8 @@
 //! engine step reads its results back without blocking (the browser allows
 //! no blocking wait on the main thread, and a worker gains nothing by one).
 
-use tandem_core::engine::{Engine, ReadValues, Readback, TokenEvent};
-use tandem_core::kv::SeqId;
+use tandem_core::engine::{Engine, ReadValues, Readback, Request, TokenEvent};
+use tandem_core::kv::{EvictionConfig, SeqId};
 use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
 use tandem_core::Backend;
@@ -42,11 +42,16 @@ impl Runtime {
         prompt: Vec<u32>,
         params: SamplingParams,
         max_tokens: usize,
+        kv_eviction: Option<EvictionConfig>,
     ) -> tandem_core::Result<SeqId> {
-        let stop = self.tokenizer.eos_tokens().to_vec();
+        let request = Request {
+            stop_tokens: self.tokenizer.eos_tokens().to_vec(),
+            kv_eviction,
+            ..Request::new(prompt, params, max_tokens)
+        };
         match &mut self.engine {
-            AnyEngine::WebGpu(e) => e.add_request(prompt, params, max_tokens, stop),
-            AnyEngine::Cpu(e) => e.add_request(prompt, params, max_tokens, stop),
+            AnyEngine::WebGpu(e) => e.add(request),
+            AnyEngine::Cpu(e) => e.add(request),
         }
     }
 

@@ -188,6 +188,12 @@ async function reply() {
     topP: Number($("top-p").value),
     seed: Math.floor(Math.random() * 2 ** 32),
   };
+  // A KV budget applies per reply: the sequence keeps at most that much KV.
+  const budget = $("kv-budget").value.trim();
+  if (budget) {
+    options.kvBudget = /^\d+$/.test(budget) ? Number(budget) : budget;
+    options.kvEvict = $("kv-evict").value;
+  }
   const message = addMessage("assistant", "");
   message.element.classList.add("pending");
   const bubble = message.element.querySelector(".bubble");

@@ -362,10 +362,15 @@ impl<B: Backend> Engine<B> {
         max_new_tokens: usize,
         stop_tokens: Vec<u32>,
     ) -> Result<SeqId> {
-        let request = Request {
+        self.add(Request {
             stop_tokens,
             ..Request::new(prompt, params, max_new_tokens)
-        };
+        })
+    }
+
+    /// Starts generating after a one-sample request: [`Engine::submit`]
+    /// with a full queue an invalid request.
+    pub fn add(&mut self, request: Request) -> Result<SeqId> {
         match self.submit(request) {
             Ok(ids) => Ok(ids[0]),
             Err(SubmitError::Rejected(e)) => Err(e),
