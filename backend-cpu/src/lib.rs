@@ -13,9 +13,9 @@
 //! Modules, one per kernel family: `rows` (embedding, gather_rows, argmax),
 //! `norm`, `matmul` (with activation quantization and the micro-kernels per
 //! instruction set), `rope`, `kv` (the KV cache, its writes and block
-//! copies), `attention`, `activation` (SwiGLU, GeGLU, scale), `moe` (expert
-//! routing and the weighted combine), `scores` (attention mass per KV
-//! block, for KV eviction). `check` holds the size and
+//! copies), `attention` (and its score variant: attention mass per KV
+//! block, for KV eviction), `activation` (SwiGLU, GeGLU, scale), `moe`
+//! (expert routing and the weighted combine). `check` holds the size and
 //! index checks every kernel runs first, so bad input is an
 //! `Error::Backend`, never a panic.
 
@@ -33,7 +33,6 @@ mod norm;
 pub mod reference;
 mod rope;
 mod rows;
-mod scores;
 #[cfg(not(target_arch = "wasm32"))]
 mod spin_pool;
 mod workers;
@@ -389,7 +388,14 @@ impl Backend for CpuBackend {
             positions: idx.positions.as_slice(),
             block_tables: idx.block_tables.as_slice(),
         };
-        scores::paged_attention_scores(&self.workers, cache, &inputs, p, scores.as_mut_slice())
+        attention::paged_attention_scores(
+            &self.workers,
+            self.isa,
+            cache,
+            &inputs,
+            p,
+            scores.as_mut_slice(),
+        )
     }
 
     fn swiglu(&self, gate: &Tensor, up: &Tensor, len: usize, out: &mut Tensor) -> Result<()> {

@@ -28,8 +28,11 @@ use crate::workers::Workers;
 
 mod lanes;
 mod ops;
+mod scores;
 mod segments;
 mod tile;
+
+pub(crate) use scores::paged_attention_scores;
 
 #[cfg(target_arch = "x86_64")]
 use ops::{Avx2Ops, Avx512Ops};

@@ -3,21 +3,32 @@
 //! over the keys only: one task per (query row, KV head) computes the
 //! logits of the group's heads over the row's visible keys, then adds each
 //! head's normalised weights into the key's table entry. Only the task's
-//! logits row is held, never an attention matrix.
+//! logits row is held, never an attention matrix. A task is compiled per
+//! instruction set, as the attention's are: each key is widened or
+//! dequantized once for the group's heads, and the dot products are summed
+//! in sixteen lanes, so they vectorize.
 
 use tandem_core::backend::AttentionParams;
 use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::Result;
 
-use crate::attention::{check_inputs, AttentionInputs};
+#[cfg(target_arch = "x86_64")]
+use super::ops::{Avx2Ops, Avx512Ops};
+use super::ops::{PortableOps, TileOps};
+use super::{check_inputs, AttentionInputs};
 use crate::check;
+use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
 use crate::workers::Workers;
+
+/// Lanes of the dot products' partial sums.
+const LANES: usize = 16;
 
 /// Adds the attention mass of every (row, KV head) to its `scores` row of
 /// `max_blocks_per_seq` entries (layout: `Backend::paged_attention_scores`).
 pub(crate) fn paged_attention_scores(
     workers: &Workers,
+    isa: Isa,
     cache: &KvCache,
     inputs: &AttentionInputs<'_>,
     p: AttentionParams,
@@ -31,12 +42,50 @@ pub(crate) fn paged_attention_scores(
     let tasks = p.rows * p.kv_heads;
     workers.for_each_chunk(&mut scores[..tasks * width], width, |task, row| {
         let (t, g) = (task / p.kv_heads, task % p.kv_heads);
-        score_task(cache, inputs, p, t, g, row);
+        match isa.kind() {
+            // SAFETY: an `Isa` exists only for instruction sets the CPU has.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx512Vnni => unsafe { score_task_avx512(cache, inputs, p, t, g, row) },
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { score_task_avx2(cache, inputs, p, t, g, row) },
+            _ => score_task::<PortableOps>(cache, inputs, p, t, g, row),
+        }
     });
     Ok(())
 }
 
-fn score_task(
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_task_avx2(
+    cache: &KvCache,
+    inputs: &AttentionInputs<'_>,
+    p: AttentionParams,
+    t: usize,
+    g: usize,
+    out: &mut [f32],
+) {
+    score_task::<Avx2Ops>(cache, inputs, p, t, g, out)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA, F16C and AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn score_task_avx512(
+    cache: &KvCache,
+    inputs: &AttentionInputs<'_>,
+    p: AttentionParams,
+    t: usize,
+    g: usize,
+    out: &mut [f32],
+) {
+    score_task::<Avx512Ops>(cache, inputs, p, t, g, out)
+}
+
+#[inline(always)]
+fn score_task<O: TileOps>(
     cache: &KvCache,
     inputs: &AttentionInputs<'_>,
     p: AttentionParams,
@@ -53,37 +102,63 @@ fn score_task(
     let visible: Vec<usize> = (first..=pos)
         .filter(|&j| table[j / bs] != EVICTED_BLOCK)
         .collect();
-    let mut logits = vec![0f32; group * visible.len()];
+    let queries = &inputs.q[(t * p.heads + g * group) * hd..][..group * hd];
+    // Per head, its logits over the visible keys, then their exponentials.
+    let mut weights = vec![0f32; group * visible.len()];
     let mut key = vec![0f32; hd];
     for (i, &j) in visible.iter().enumerate() {
         let slot = table[j / bs] as usize * bs + j % bs;
-        read_key(cache, slot, g, &mut key);
-        for h in 0..group {
-            let q = &inputs.q[(t * p.heads + g * group + h) * hd..][..hd];
-            let dot: f32 = q.iter().zip(&key).map(|(a, b)| a * b).sum();
-            logits[h * visible.len() + i] = dot * p.scale;
+        let key = read_key::<O>(cache, slot, g, &mut key);
+        for (h, q) in queries.chunks_exact(hd).enumerate() {
+            weights[h * visible.len() + i] = dot(q, key) * p.scale;
         }
     }
-    for head in logits.chunks(visible.len().max(1)) {
+    for head in weights.chunks_mut(visible.len().max(1)) {
         let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let total: f32 = head.iter().map(|s| (s - max).exp()).sum();
-        for (&j, s) in visible.iter().zip(head) {
-            out[j / bs] += (s - max).exp() / total;
+        let mut total = 0.0;
+        for w in head.iter_mut() {
+            *w = (*w - max).exp();
+            total += *w;
+        }
+        for (&j, w) in visible.iter().zip(head.iter()) {
+            out[j / bs] += w / total;
         }
     }
 }
 
-/// Head `g` of the key in `slot`, as f32.
-fn read_key(cache: &KvCache, slot: usize, g: usize, out: &mut [f32]) {
+/// `a · b`, summed in [`LANES`] partial sums.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Head `g` of the key in `slot`, as f32: borrowed from an F32 cache,
+/// otherwise widened or dequantized into `scratch`.
+#[inline(always)]
+fn read_key<'a, O: TileOps>(
+    cache: &'a KvCache,
+    slot: usize,
+    g: usize,
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
     let layout = cache.layout();
     let (hd, width) = (layout.head_dim, layout.row_width());
     match cache.storage() {
-        KvStorage::F32 { keys, .. } => out.copy_from_slice(&keys[slot * width + g * hd..][..hd]),
-        KvStorage::F16 { keys, .. } => {
-            for (o, k) in out.iter_mut().zip(&keys[slot * width + g * hd..][..hd]) {
-                *o = k.to_f32();
-            }
-        }
+        KvStorage::F32 { keys, .. } => return &keys[slot * width + g * hd..][..hd],
+        KvStorage::F16 { keys, .. } => O::widen(&keys[slot * width + g * hd..][..hd], scratch),
         KvStorage::Quant {
             key_blocks: Some(blocks),
             keys,
@@ -91,13 +166,14 @@ fn read_key(cache: &KvCache, slot: usize, g: usize, out: &mut [f32]) {
         } => {
             let words = blocks.block_words();
             let block = &keys[slot / layout.block_size * words..][..words];
-            blocks.dequantize_head(block, slot % layout.block_size, g, out);
+            blocks.dequantize_head(block, slot % layout.block_size, g, scratch);
         }
         KvStorage::Quant { quant, keys, .. } => {
             let words = quant.slot_words();
-            quant.dequantize_head(&keys[slot * words..][..words], g, out);
+            quant.dequantize_head(&keys[slot * words..][..words], g, scratch);
         }
     }
+    scratch
 }
 
 #[cfg(test)]
@@ -119,7 +195,10 @@ mod tests {
     /// cache as it dequantizes, and each row's heads add up to their count.
     #[test]
     fn scores_match_the_reference_and_sum_to_the_heads() {
-        for dtype in KvDtype::ALL {
+        for (isa, dtype) in Isa::available()
+            .into_iter()
+            .flat_map(|isa| KvDtype::ALL.map(|dtype| (isa, dtype)))
+        {
             for window in [None, Some(7)] {
                 let layout = KvCacheLayout {
                     num_blocks: 12,
@@ -152,7 +231,8 @@ mod tests {
                 let mut got = values(3 * 2 * 7, 4);
                 let mut want = got.clone();
                 let backend = CpuBackend::new(2);
-                paged_attention_scores(&backend.workers, &cache, &inputs, p, &mut got).unwrap();
+                paged_attention_scores(&backend.workers, isa, &cache, &inputs, p, &mut got)
+                    .unwrap();
                 reference::paged_attention_scores(
                     inputs.q,
                     &cache.keys_f32(),
@@ -165,7 +245,8 @@ mod tests {
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
                         (g - w).abs() < 1e-5,
-                        "{dtype:?} {window:?}: {got:?} vs {want:?}"
+                        "{} {dtype:?} {window:?}: {got:?} vs {want:?}",
+                        isa.name()
                     );
                 }
                 let base = values(3 * 2 * 7, 4);
