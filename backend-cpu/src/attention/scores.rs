@@ -48,7 +48,9 @@ pub(crate) fn paged_attention_scores(
             IsaKind::Avx512Vnni => unsafe { score_task_avx512(cache, inputs, p, t, g, row) },
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { score_task_avx2(cache, inputs, p, t, g, row) },
-            _ => score_task::<PortableOps>(cache, inputs, p, t, g, row),
+            IsaKind::Portable => score_task::<PortableOps>(cache, inputs, p, t, g, row),
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            IsaKind::Simd128 => score_task::<PortableOps>(cache, inputs, p, t, g, row),
         }
     });
     Ok(())
