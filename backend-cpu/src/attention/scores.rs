@@ -5,8 +5,8 @@
 //! head's normalised weights into the key's table entry. Only the task's
 //! logits row is held, never an attention matrix. A task is compiled per
 //! instruction set, as the attention's are: each key is widened or
-//! dequantized once for the group's heads, and the dot products are summed
-//! in sixteen lanes, so they vectorize.
+//! dequantized once for the group's heads, and the dot products are
+//! `math::dot`'s, which vectorize.
 
 use tandem_core::backend::AttentionParams;
 use tandem_core::kv::EVICTED_BLOCK;
@@ -19,10 +19,10 @@ use super::{check_inputs, AttentionInputs};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::kv::{KvCache, KvStorage};
+#[cfg(target_arch = "x86_64")]
+use crate::math::Fused;
+use crate::math::{dot, MulAdd, Separate};
 use crate::workers::Workers;
-
-/// Lanes of the dot products' partial sums.
-const LANES: usize = 16;
 
 /// Adds the attention mass of every (row, KV head) to its `scores` row of
 /// `max_blocks_per_seq` entries (layout: `Backend::paged_attention_scores`).
@@ -48,9 +48,9 @@ pub(crate) fn paged_attention_scores(
             IsaKind::Avx512Vnni => unsafe { score_task_avx512(cache, inputs, p, t, g, row) },
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { score_task_avx2(cache, inputs, p, t, g, row) },
-            IsaKind::Portable => score_task::<PortableOps>(cache, inputs, p, t, g, row),
+            IsaKind::Portable => score_task::<Separate, PortableOps>(cache, inputs, p, t, g, row),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            IsaKind::Simd128 => score_task::<PortableOps>(cache, inputs, p, t, g, row),
+            IsaKind::Simd128 => score_task::<Separate, PortableOps>(cache, inputs, p, t, g, row),
         }
     });
     Ok(())
@@ -68,7 +68,7 @@ unsafe fn score_task_avx2(
     g: usize,
     out: &mut [f32],
 ) {
-    score_task::<Avx2Ops>(cache, inputs, p, t, g, out)
+    score_task::<Fused, Avx2Ops>(cache, inputs, p, t, g, out)
 }
 
 /// # Safety
@@ -83,11 +83,11 @@ unsafe fn score_task_avx512(
     g: usize,
     out: &mut [f32],
 ) {
-    score_task::<Avx512Ops>(cache, inputs, p, t, g, out)
+    score_task::<Fused, Avx512Ops>(cache, inputs, p, t, g, out)
 }
 
 #[inline(always)]
-fn score_task<O: TileOps>(
+fn score_task<M: MulAdd, O: TileOps>(
     cache: &KvCache,
     inputs: &AttentionInputs<'_>,
     p: AttentionParams,
@@ -112,7 +112,7 @@ fn score_task<O: TileOps>(
         let slot = table[j / bs] as usize * bs + j % bs;
         let key = read_key::<O>(cache, slot, g, &mut key);
         for (h, q) in queries.chunks_exact(hd).enumerate() {
-            weights[h * visible.len() + i] = dot(q, key) * p.scale;
+            weights[h * visible.len() + i] = dot::<M>(q, key) * p.scale;
         }
     }
     for head in weights.chunks_mut(visible.len().max(1)) {
@@ -126,25 +126,6 @@ fn score_task<O: TileOps>(
             out[j / bs] += w / total;
         }
     }
-}
-
-/// `a · b`, summed in [`LANES`] partial sums.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for i in 0..LANES {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// Head `g` of the key in `slot`, as f32: borrowed from an F32 cache,
