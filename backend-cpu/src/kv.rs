@@ -11,6 +11,7 @@ use tandem_core::Result;
 
 use crate::buffers::{zeroed_vec, ZeroBits};
 use crate::check;
+use crate::key_bounds::KeyBounds;
 
 /// K and V of one layer, each `[num_blocks, block_size]` slots of the
 /// layout's element type.
@@ -18,6 +19,8 @@ use crate::check;
 pub struct KvCache {
     layout: KvCacheLayout,
     storage: KvStorage,
+    /// Kept once `track_key_bounds` asked for them (sparse speculation).
+    bounds: Option<KeyBounds>,
 }
 
 /// K and V storage; one variant per element type, so K and V always agree.
@@ -90,7 +93,11 @@ impl KvCache {
                 values: zeroed(len)?,
             }
         };
-        Ok(KvCache { layout, storage })
+        Ok(KvCache {
+            layout,
+            storage,
+            bounds: None,
+        })
     }
 
     pub fn layout(&self) -> KvCacheLayout {
@@ -124,6 +131,23 @@ impl KvCache {
     pub(crate) fn storage(&self) -> &KvStorage {
         &self.storage
     }
+
+    /// Starts keeping key bounds (`Backend::track_key_bounds`).
+    pub(crate) fn track_key_bounds(&mut self) {
+        if self.bounds.is_none() {
+            let l = self.layout;
+            self.bounds = Some(KeyBounds::new(
+                l.num_blocks,
+                l.block_size,
+                l.kv_heads,
+                l.head_dim,
+            ));
+        }
+    }
+
+    pub(crate) fn key_bounds(&self) -> Option<&KeyBounds> {
+        self.bounds.as_ref()
+    }
 }
 
 /// Writes row `t` of `k` and `v` (`[rows, kv_heads * head_dim]`) to slot `slots[t]`.
@@ -142,6 +166,9 @@ pub(crate) fn paged_kv_write(
     check::buffer_len(kernel, "slots", slots.len(), rows)?;
     let slots = &slots[..rows];
     check::indices_below(kernel, "slots", slots, cache.layout.num_slots())?;
+    if let Some(bounds) = &mut cache.bounds {
+        bounds.write_rows(slots, &k[..n]);
+    }
     let rows = slots
         .iter()
         .zip(k.chunks_exact(width))
@@ -218,6 +245,9 @@ pub(crate) fn copy_kv_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Resul
         store.copy_within(src..src + block_units, dst);
     }
     for &pair in pairs {
+        if let Some(bounds) = &mut cache.bounds {
+            bounds.copy(pair);
+        }
         match &mut cache.storage {
             KvStorage::F32 { keys, values } => {
                 copy(keys, key_units, pair);

@@ -25,6 +25,7 @@ mod buffers;
 mod check;
 mod fused;
 mod isa;
+mod key_bounds;
 mod kv;
 mod math;
 mod matmul;
@@ -43,9 +44,9 @@ pub use buffers::{Indices, Tensor, Weight};
 pub use kv::KvCache;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, BackendInfo, Glu, KvCacheLayout, MatmulParams, MatmulTarget,
-    MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams, SplitOut,
-    WeightStorage,
+    AttentionIndices, AttentionParams, BackendInfo, BlockSelectParams, Glu, KvCacheLayout,
+    MatmulParams, MatmulTarget, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams,
+    RopeParams, SplitOut, WeightStorage,
 };
 use tandem_core::model::Bytes;
 use tandem_core::quant::{WeightFormat, WeightView};
@@ -396,6 +397,29 @@ impl Backend for CpuBackend {
             p,
             scores.as_mut_slice(),
         )
+    }
+
+    fn track_key_bounds(&self, cache: &mut KvCache) -> Result<()> {
+        cache.track_key_bounds();
+        Ok(())
+    }
+
+    fn select_kv_blocks(
+        &self,
+        q: &Tensor,
+        cache: &KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut Indices,
+    ) -> Result<()> {
+        let inputs = AttentionInputs {
+            q: q.as_slice(),
+            row_seq: idx.row_seq.as_slice(),
+            positions: idx.positions.as_slice(),
+            block_tables: idx.block_tables.as_slice(),
+        };
+        attention::select_kv_blocks(&self.workers, cache, &inputs, p, select, out.as_mut_slice())
     }
 
     fn swiglu(&self, gate: &Tensor, up: &Tensor, len: usize, out: &mut Tensor) -> Result<()> {

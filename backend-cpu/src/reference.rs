@@ -14,7 +14,8 @@
 
 use half::f16;
 use tandem_core::backend::{
-    AttentionParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams, RopeStyle,
+    AttentionParams, BlockSelectParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams,
+    RopeStyle,
 };
 use tandem_core::kv::quant::KeyBlockLayout;
 use tandem_core::kv::EVICTED_BLOCK;
@@ -245,6 +246,80 @@ pub fn paged_attention_scores(
             let row = &mut scores[(t * p.kv_heads + g) * p.max_blocks_per_seq..];
             for (j, _, w) in attention_weights(q, k_cache, indices, p, t, h) {
                 row[j / p.block_size] += w as f32;
+            }
+        }
+    }
+}
+
+/// Sparse attention's block selection, the obvious way: each block's key
+/// bounds are the minimum and maximum of its first `filled[block]` slots
+/// of `k_cache`, a table entry's bound for KV head `g` is
+/// `Σ_c max(q_c · min_c, q_c · max_c)` summed over the sequence's rows and
+/// the group's heads (float64), and each group's `top_blocks` highest
+/// candidates (ties to the earlier entry) are kept with the sinks and the
+/// recent window. `out` as `Backend::select_kv_blocks` writes it.
+#[allow(clippy::too_many_arguments)]
+pub fn select_kv_blocks(
+    q: &[f32],
+    k_cache: &[f32],
+    filled: &[usize],
+    row_seq: &[u32],
+    positions: &[u32],
+    block_tables: &[u32],
+    p: AttentionParams,
+    s: BlockSelectParams,
+    out: &mut [u32],
+) {
+    let (w, d) = (p.max_blocks_per_seq, p.head_dim);
+    let kv_width = p.kv_heads * d;
+    out[..block_tables.len()].copy_from_slice(block_tables);
+    for (seq, table) in out.chunks_mut(w).enumerate() {
+        let rows: Vec<usize> = (0..p.rows)
+            .filter(|&t| row_seq[t] as usize == seq)
+            .collect();
+        let Some(last) = rows.iter().map(|&t| positions[t] as usize).max() else {
+            continue;
+        };
+        let visible = last / p.block_size + 1;
+        let end = visible.saturating_sub(s.recent_blocks);
+        let candidates: Vec<usize> = (s.sink_blocks.min(end)..end)
+            .filter(|&e| table[e] != EVICTED_BLOCK)
+            .collect();
+        if candidates.len() <= s.top_blocks {
+            continue;
+        }
+        let mut keep = vec![false; w];
+        for g in 0..p.kv_heads {
+            let mut bounds: Vec<(f64, usize)> = candidates
+                .iter()
+                .map(|&e| {
+                    let block = table[e] as usize;
+                    let key = |i: usize, c: usize| {
+                        k_cache[(block * p.block_size + i) * kv_width + g * d + c] as f64
+                    };
+                    let mut bound = 0.0;
+                    for &t in &rows {
+                        for h in (0..p.heads).filter(|h| h / (p.heads / p.kv_heads) == g) {
+                            for c in 0..d {
+                                let x = q[(t * p.heads + h) * d + c] as f64;
+                                let keys = (0..filled[block]).map(|i| key(i, c));
+                                let lo = keys.clone().fold(f64::INFINITY, f64::min);
+                                let hi = keys.fold(f64::NEG_INFINITY, f64::max);
+                                bound += (x * lo).max(x * hi);
+                            }
+                        }
+                    }
+                    (bound, e)
+                })
+                .collect();
+            bounds.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, e) in &bounds[..s.top_blocks] {
+                keep[e] = true;
+            }
+        }
+        for e in candidates {
+            if !keep[e] {
+                table[e] = EVICTED_BLOCK;
             }
         }
     }

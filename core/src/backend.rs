@@ -295,6 +295,17 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
 }
 
+/// Which KV blocks a sparse attention reads ([`Backend::select_kv_blocks`]):
+/// per sequence, its first `sink_blocks` and last `recent_blocks` visible
+/// table entries, and for each KV head the `top_blocks` others whose keys
+/// could score highest against the sequence's queries (Quest's bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSelectParams {
+    pub top_blocks: usize,
+    pub sink_blocks: usize,
+    pub recent_blocks: usize,
+}
+
 /// Routing of a Mixture-of-Experts layer ([`Backend::moe_route`]).
 #[derive(Clone, Copy, Debug)]
 pub struct MoeRouteParams {
@@ -635,6 +646,49 @@ pub trait Backend: 'static {
         let _ = (q, cache, idx, p, scores);
         Err(Error::Unsupported(format!(
             "backend {} has no attention-score kernel (KV eviction by h2o or snapkv)",
+            self.info().name
+        )))
+    }
+
+    /// From now on `cache` keeps, per block and KV head, each key
+    /// channel's minimum and maximum over the block's written slots (a
+    /// block's bounds restart when its first slot is written, and block
+    /// copies carry them), which [`Backend::select_kv_blocks`] reads.
+    /// Blocks written before the call have no bounds until they are filled
+    /// again from their first slot: call it before the cache holds K/V that
+    /// will be read.
+    fn track_key_bounds(&self, cache: &mut Self::KvCache) -> Result<()> {
+        let _ = cache;
+        Err(Error::Unsupported(format!(
+            "backend {} keeps no key bounds (sparse speculation)",
+            self.info().name
+        )))
+    }
+
+    /// Sparse attention's block selection: with the inputs of
+    /// [`Backend::paged_attention`] (a cache that tracks key bounds), writes
+    /// to `out` (`[num_seqs, max_blocks_per_seq]`, like the block tables)
+    /// each sequence's table with the entries it does not select made holes
+    /// ([`crate::kv::EVICTED_BLOCK`]). An entry's bound for KV head `g` is
+    /// the sum, over the sequence's rows and the query heads reading `g`, of
+    /// `Σ_c max(q_c · min_c, q_c · max_c)` over the block's key bounds: no
+    /// key of the block scores higher. Each KV head picks its `top_blocks`
+    /// highest entries (ties to the earlier entry) among the visible ones
+    /// that are neither sinks nor recent; a sequence keeps the union. Only
+    /// the entries up to its last row's position are visible; the rest are
+    /// copied as they are.
+    fn select_kv_blocks(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut Self::Indices,
+    ) -> Result<()> {
+        let _ = (q, cache, idx, p, select, out);
+        Err(Error::Unsupported(format!(
+            "backend {} has no block-selection kernel (sparse speculation)",
             self.info().name
         )))
     }

@@ -4,12 +4,14 @@
 //! backend that records steps like CUDA graphs (`recording_cpu`), and one
 //! that fails chosen calls on purpose (`faulty_cpu`); MoE models in
 //! k-quants and the NumPy MoE reference (`kquant_moe`); and a minimal HTTP
-//! client for the server (`http_client`).
+//! client for the server (`http_client`); the exact-distribution test of
+//! speculative sampling (`exact_sampling`).
 
 pub mod backend_e2e;
 pub mod conformance;
 pub mod decode_mix;
 pub mod dense_reference;
+pub mod exact_sampling;
 pub mod faulty_cpu;
 pub mod http_client;
 pub mod kquant_moe;

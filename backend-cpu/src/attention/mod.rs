@@ -30,9 +30,11 @@ mod lanes;
 mod ops;
 mod scores;
 mod segments;
+mod select;
 mod tile;
 
 pub(crate) use scores::paged_attention_scores;
+pub(crate) use select::select_kv_blocks;
 
 #[cfg(target_arch = "x86_64")]
 use ops::{Avx2Ops, Avx512Ops};

@@ -10,7 +10,7 @@ use super::Engine;
 use crate::backend::Backend;
 use crate::kv::SeqId;
 use crate::sched::Schedule;
-use crate::spec::{verify::try_verify, Draft, DraftRequest, Stopwatch};
+use crate::spec::{verify::try_verify, Draft, DraftRequest, Stopwatch, Target};
 use crate::{Error, Result};
 
 impl<B: Backend> Engine<B> {
@@ -78,7 +78,12 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         let clock = Stopwatch::start();
-        let drafts = spec.proposer.propose(&self.backend, &requests)?;
+        let target = Target {
+            model: &self.model,
+            kv: &mut self.kv,
+            kv_manager: &mut self.kv_manager,
+        };
+        let drafts = spec.proposer.propose(&self.backend, target, &requests)?;
         let secs = clock.seconds();
         let vocab = self.model.config.vocab_size;
         let mut proposed = 0;

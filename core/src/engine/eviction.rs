@@ -12,7 +12,7 @@
 use super::Engine;
 use crate::backend::Backend;
 use crate::kv::{EvictionConfig, EvictionPlan, EvictionPolicy, SeqId};
-use crate::model::forward::ForwardBatch;
+use crate::model::forward::{AttentionExtra, ForwardBatch};
 use crate::sched::Schedule;
 use crate::Result;
 
@@ -89,9 +89,12 @@ impl<B: Backend> Engine<B> {
         let width = batch.max_blocks_per_seq;
         let len = batch.rows() * kv_heads * width;
         let mut scores = self.backend.upload(&vec![0.0; len])?;
-        let logits =
-            self.model
-                .forward_scoring(&self.backend, batch, &mut self.kv, Some(&mut scores))?;
+        let logits = self.model.forward_with(
+            &self.backend,
+            batch,
+            &mut self.kv,
+            AttentionExtra::Scores(&mut scores),
+        )?;
         let scores = self.backend.download(&scores, len)?;
         for r in rows {
             let mut mass = vec![0f32; width];

@@ -241,10 +241,33 @@ impl<B: Backend> Engine<B> {
             ));
         }
         let mut proposer = proposer;
+        if proposer.drafts_with_target() {
+            if self.model.placement().is_some() {
+                return Err(Error::Unsupported(
+                    "sparse speculation on a split model".into(),
+                ));
+            }
+            // Key bounds cover the blocks written from now on: no block
+            // holding K/V may be read again, neither a sequence's nor a
+            // cached prefix.
+            if self.scheduler.sequences().next().is_some() {
+                return Err(Error::InvalidRequest(
+                    "sparse speculation must be set before the engine takes requests".into(),
+                ));
+            }
+            self.kv_manager.clear_prefix_cache();
+            for cache in &mut self.kv {
+                self.backend.track_key_bounds(cache)?;
+            }
+        }
         let mut control = DraftLengthController::new(length);
         if let DraftLength::Adaptive { max } = length {
-            self.measure_step_costs(&mut control, max)?;
-            if let Some(secs) = proposer.measure_cost(&self.backend)? {
+            let decode_step = self.measure_step_costs(&mut control, max)?;
+            let draft_cost = match proposer.drafts_with_target() {
+                true => Some(decode_step),
+                false => proposer.measure_cost(&self.backend)?,
+            };
+            if let Some(secs) = draft_cost {
                 control.observe_drafting(1, secs);
             }
         }
@@ -258,14 +281,16 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Times forward passes of 1 and `max + 1` rows so the draft-length
-    /// controller starts from this device's costs instead of exploring.
+    /// controller starts from this device's costs instead of exploring, and
+    /// returns the one-row pass's seconds.
     fn measure_step_costs(
         &mut self,
         control: &mut DraftLengthController,
         max: usize,
-    ) -> Result<()> {
+    ) -> Result<f64> {
         let rows = (max + 1).min(self.max_context.saturating_sub(1)).max(1);
         let tokens = vec![0; rows];
+        let mut one_row = 0.0;
         for n in [1, rows] {
             // The first pass warms up; the best of the other two counts.
             let mut best = f64::INFINITY;
@@ -275,8 +300,11 @@ impl<B: Backend> Engine<B> {
                 best = best.min(clock.seconds());
             }
             control.observe_step(n, best);
+            if n == 1 {
+                one_row = best;
+            }
         }
-        Ok(())
+        Ok(one_row)
     }
 
     /// Pauses or resumes speculation set by [`Engine::set_speculation`].

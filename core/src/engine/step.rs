@@ -376,6 +376,7 @@ impl<B: Backend> Engine<B> {
             let secs = started.seconds();
             spec.control.observe_step(step_rows, secs);
             if verified {
+                spec.stats.verify_steps += 1;
                 spec.stats.verify_seconds += secs;
             }
         }

@@ -37,14 +37,30 @@ use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
 use super::{Bytes, ModelConfig, ModelFiles};
 use crate::backend::{
-    AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
-    MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut, WeightStorage,
+    AttentionIndices, AttentionParams, Backend, BlockSelectParams, Glu, KvCacheLayout, KvDtype,
+    MatmulParams, MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut, WeightStorage,
 };
 use crate::kv::eviction::scoring_layers;
 use crate::parallel::shard::{shard, ShardView};
 use crate::parallel::{Command, Communicator, Job, PipelinePlan, Placement, TensorParallelPlan};
 use crate::quant::{concat_rows, WeightFormat, WeightView};
 use crate::{Error, Result};
+
+/// What a forward pass's attention does besides attending.
+pub enum AttentionExtra<'a, B: Backend> {
+    None,
+    /// `[rows, kv_heads, max_blocks_per_seq]`: the attention mass per KV
+    /// block of the [`scoring_layers`] is added into it
+    /// (`Backend::paged_attention_scores`, KV eviction by score).
+    Scores(&'a mut B::Tensor),
+    /// Every layer attends only over the blocks `Backend::select_kv_blocks`
+    /// picks, through `tables` (`[num_seqs, max_blocks_per_seq]`, scratch):
+    /// sparse self-speculation's drafting pass.
+    Sparse {
+        select: BlockSelectParams,
+        tables: &'a mut B::Indices,
+    },
+}
 
 /// The host-side description of one batch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -465,31 +481,37 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         kv: &mut [B::KvCache],
     ) -> Result<B::Tensor> {
-        self.forward_scoring(backend, batch, kv, None)
+        self.forward_with(backend, batch, kv, AttentionExtra::None)
     }
 
-    /// [`Model::forward`], and with `scores` (`[rows, kv_heads,
-    /// max_blocks_per_seq]`) the attention mass per KV block of the
-    /// [`scoring_layers`] added into it (`Backend::paged_attention_scores`,
-    /// for KV eviction by score).
-    pub fn forward_scoring(
+    /// [`Model::forward`] with an attention variant (see [`AttentionExtra`]).
+    pub fn forward_with(
         &self,
         backend: &B,
         batch: &ForwardBatch,
         kv: &mut [B::KvCache],
-        scores: Option<&mut B::Tensor>,
+        extra: AttentionExtra<'_, B>,
     ) -> Result<B::Tensor> {
         let shape = self.check_batch(batch, kv)?;
         let Some(place) = &self.placement else {
             let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
             let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
-            self.forward_into(backend, &mut buffers, shape, kv, &mut logits, scores)?;
+            self.forward_into(backend, &mut buffers, shape, kv, &mut logits, extra)?;
             return Ok(logits);
         };
-        if scores.is_some() {
-            return Err(Error::Unsupported(
-                "KV eviction by attention score on a split model (use --kv-evict streaming)".into(),
-            ));
+        match extra {
+            AttentionExtra::None => {}
+            AttentionExtra::Scores(_) => {
+                return Err(Error::Unsupported(
+                    "KV eviction by attention score on a split model (use --kv-evict streaming)"
+                        .into(),
+                ))
+            }
+            AttentionExtra::Sparse { .. } => {
+                return Err(Error::Unsupported(
+                    "sparse speculation on a split model".into(),
+                ))
+            }
         }
         place.announce(&Command::Forward(batch.clone()))?;
         let result = match place.pipeline.stages {
@@ -502,7 +524,8 @@ impl<B: Backend> Model<B> {
                     1
                 };
                 let mut logits = backend.alloc(len)?;
-                self.forward_into(backend, &mut buffers, shape, kv, &mut logits, None)?;
+                let extra = AttentionExtra::None;
+                self.forward_into(backend, &mut buffers, shape, kv, &mut logits, extra)?;
                 Ok(logits)
             }),
             _ => self.forward_pipelined(backend, batch, kv, place),
@@ -605,10 +628,10 @@ impl<B: Backend> Model<B> {
         shape: StepShape,
         kv: &mut [B::KvCache],
         logits: &mut B::Tensor,
-        scores: Option<&mut B::Tensor>,
+        extra: AttentionExtra<'_, B>,
     ) -> Result<()> {
         self.embed_into(backend, buffers, shape.rows)?;
-        let pending = self.layers_into(backend, buffers, shape, kv, scores)?;
+        let pending = self.layers_into(backend, buffers, shape, kv, extra)?;
         if self.placement.as_ref().is_some_and(|p| !p.is_leader()) {
             return Ok(());
         }
@@ -623,7 +646,7 @@ impl<B: Backend> Model<B> {
         buffers: &mut StepBuffers<B>,
         shape: StepShape,
         kv: &mut [B::KvCache],
-        mut scores: Option<&mut B::Tensor>,
+        mut extra: AttentionExtra<'_, B>,
     ) -> Result<bool> {
         let cfg = &self.config;
         let rows = shape.rows;
@@ -747,15 +770,29 @@ impl<B: Backend> Model<B> {
                 block_tables,
             };
             let params = attn_params(layer.sliding_window);
-            if let Some(scores) = scores.as_deref_mut().filter(|_| scoring.contains(&index)) {
-                let idx = AttentionIndices::<B> {
-                    row_seq,
-                    positions,
-                    block_tables,
-                };
-                backend.paged_attention_scores(q, cache, idx, params, scores)?;
+            match &mut extra {
+                AttentionExtra::None => backend.paged_attention(q, cache, idx, params, attn)?,
+                AttentionExtra::Scores(scores) => {
+                    if scoring.contains(&index) {
+                        let idx = AttentionIndices::<B> {
+                            row_seq,
+                            positions,
+                            block_tables,
+                        };
+                        backend.paged_attention_scores(q, cache, idx, params, scores)?;
+                    }
+                    backend.paged_attention(q, cache, idx, params, attn)?;
+                }
+                AttentionExtra::Sparse { select, tables } => {
+                    backend.select_kv_blocks(q, cache, idx, params, *select, tables)?;
+                    let idx = AttentionIndices::<B> {
+                        row_seq,
+                        positions,
+                        block_tables: tables,
+                    };
+                    backend.paged_attention(q, cache, idx, params, attn)?;
+                }
             }
-            backend.paged_attention(q, cache, idx, params, attn)?;
             let branch = Branch {
                 w: &layer.wo,
                 post_norm: &layer.post_attn_norm,

@@ -2,7 +2,7 @@
 //! model, the other ranks follow (`crate::parallel::link`), and pipeline
 //! stages pass the residual stream on.
 
-use super::forward::{ForwardBatch, Model};
+use super::forward::{AttentionExtra, ForwardBatch, Model};
 use super::step_buffers::StepBuffers;
 use crate::backend::Backend;
 use crate::parallel::{receive, Command, Placement, TensorParallelPlan};
@@ -108,7 +108,8 @@ impl<B: Backend> Model<B> {
                 world.recv(&mut hidden, me - tp)?;
                 buffers.residual = backend.upload(&hidden)?;
             }
-            let pending = self.layers_into(backend, &mut buffers, shape, kv, None)?;
+            let pending =
+                self.layers_into(backend, &mut buffers, shape, kv, AttentionExtra::None)?;
             let mut hidden = backend.download(&buffers.residual, len)?;
             if pending {
                 let delta = backend.download(&buffers.delta, len)?;

@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::forward::{ForwardBatch, Model};
+use super::forward::{AttentionExtra, ForwardBatch, Model};
 use super::step_buffers::{StepBuffers, StepShape};
 use crate::backend::{Backend, RecordedStep};
 use crate::{Error, Result};
@@ -158,7 +158,14 @@ impl<B: Backend> DecodeRecorder<B> {
             );
             let vocab = model.config.vocab_size;
             let mut step = |backend: &B| {
-                model.forward_into(backend, &mut r.buffers, shape, kv, logits, None)?;
+                model.forward_into(
+                    backend,
+                    &mut r.buffers,
+                    shape,
+                    kv,
+                    logits,
+                    AttentionExtra::None,
+                )?;
                 backend.argmax(logits, shape.rows, vocab, ids)
             };
             step(backend)?;

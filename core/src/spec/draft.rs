@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::verify::{verify, Distribution};
-use super::{Draft, DraftRequest, NgramProposer, Proposer};
+use super::{Draft, DraftRequest, NgramProposer, Proposer, Target};
 use crate::backend::{Backend, KvDtype};
 use crate::kv::{KvCacheManager, SeqId};
 use crate::model::forward::{ForwardBatch, Model};
@@ -312,7 +312,12 @@ impl<B: Backend> Proposer<B> for DraftModel<B> {
         }
     }
 
-    fn propose(&mut self, backend: &B, requests: &[DraftRequest<'_>]) -> Result<Vec<Draft>> {
+    fn propose(
+        &mut self,
+        backend: &B,
+        _target: Target<'_, B>,
+        requests: &[DraftRequest<'_>],
+    ) -> Result<Vec<Draft>> {
         let mut work = Vec::new();
         for (i, r) in requests.iter().enumerate() {
             if r.k == 0 || r.context.is_empty() {

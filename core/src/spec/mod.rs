@@ -5,8 +5,9 @@
 //! the output is distributed exactly as the target's (greedy: identical).
 //!
 //! Proposers: [`NgramProposer`] (prompt lookup), [`DraftModel`] (a smaller
-//! model, or the target's own first/last layers for self-speculation), and
-//! the cascade of both (n-gram drafts for the draft model). The engine
+//! model, or the target's own first/last layers for self-speculation), the
+//! cascade of both (n-gram drafts for the draft model), and [`SparseDraft`]
+//! (the target itself over a few selected KV blocks). The engine
 //! drives them (`Engine::set_speculation`): drafts enter the scheduler as
 //! provisional tokens, rejected ones are rolled back from the block table,
 //! and [`adaptive`] picks k from the measured acceptance and step costs.
@@ -14,14 +15,17 @@
 pub mod adaptive;
 pub mod draft;
 pub mod ngram;
+pub mod sparse;
 pub mod verify;
 
 pub use adaptive::{DraftLength, DraftLengthController, SequenceAcceptance};
 pub use draft::{choose_self_draft, DraftModel, DraftModelConfig, SelfDraftCandidate};
 pub use ngram::NgramProposer;
+pub use sparse::SparseDraft;
 pub use verify::{Distribution, Verdict};
 
-use crate::kv::SeqId;
+use crate::kv::{KvCacheManager, SeqId};
+use crate::model::forward::Model;
 use crate::sched::SamplingParams;
 use crate::{Backend, Error, Result};
 
@@ -46,12 +50,32 @@ pub struct Draft {
     pub dists: Option<Vec<Distribution>>,
 }
 
+/// The target's model and paged KV, lent to a proposer for one call. Only a
+/// proposer that drafts with the target itself ([`SparseDraft`]) touches
+/// them, and it leaves every block table as it found it.
+pub struct Target<'a, B: Backend> {
+    pub model: &'a Model<B>,
+    pub kv: &'a mut [B::KvCache],
+    pub kv_manager: &'a mut KvCacheManager,
+}
+
 /// Something that proposes draft tokens.
 pub trait Proposer<B: Backend> {
     /// For logs and stats, e.g. "n-gram" or "self-draft (10 of 30 layers)".
     fn describe(&self) -> String;
     /// Drafts for each request, in order (an empty draft where it has none).
-    fn propose(&mut self, backend: &B, requests: &[DraftRequest<'_>]) -> Result<Vec<Draft>>;
+    fn propose(
+        &mut self,
+        backend: &B,
+        target: Target<'_, B>,
+        requests: &[DraftRequest<'_>],
+    ) -> Result<Vec<Draft>>;
+    /// Whether it drafts with the target's own forward pass (sparse
+    /// attention): the target's caches must then track key bounds, and a
+    /// draft token costs about one target decode step.
+    fn drafts_with_target(&self) -> bool {
+        false
+    }
     /// Drops any state kept for `seq` (it was removed from the engine).
     fn forget(&mut self, _seq: SeqId) {}
     /// Seconds it takes to draft one token, measured once up front so the
@@ -67,7 +91,12 @@ impl<B: Backend> Proposer<B> for NgramProposer {
         "n-gram".into()
     }
 
-    fn propose(&mut self, _backend: &B, requests: &[DraftRequest<'_>]) -> Result<Vec<Draft>> {
+    fn propose(
+        &mut self,
+        _backend: &B,
+        _target: Target<'_, B>,
+        requests: &[DraftRequest<'_>],
+    ) -> Result<Vec<Draft>> {
         Ok(requests
             .iter()
             .map(|r| Draft {
@@ -88,7 +117,8 @@ pub struct SpeculationStats {
     /// Tokens emitted by those verifications (accepted drafts plus one each).
     pub emitted_tokens: u64,
     pub draft_seconds: f64,
-    /// Wall time of steps that verified drafts (forward pass and sampling).
+    /// Steps that verified drafts, and their wall time (forward pass and sampling).
+    pub verify_steps: u64,
     pub verify_seconds: f64,
 }
 
@@ -114,11 +144,13 @@ impl SpeculationStats {
     /// One line for logs and stderr.
     pub fn summary(&self) -> String {
         format!(
-            "speculation: acceptance {:.1}% | mean draft {:.2} tokens | mean accepted length {:.2} tokens/step | draft time {:.1}%",
+            "speculation: acceptance {:.1}% | mean draft {:.2} tokens | mean accepted length {:.2} tokens/step | draft time {:.1}% | {:.2} ms per draft token, {:.2} ms per verification step",
             100.0 * self.acceptance_rate(),
             self.mean_draft_length(),
             self.mean_accepted_length(),
             100.0 * self.draft_time_share(),
+            1e3 * self.draft_seconds / self.proposed_tokens.max(1) as f64,
+            1e3 * self.verify_seconds / self.verify_steps.max(1) as f64,
         )
     }
 }

@@ -6,8 +6,8 @@ use clap::Args;
 use tandem_core::engine::Engine;
 use tandem_core::model::ModelFiles;
 use tandem_core::spec::{
-    choose_self_draft, parse_layers, DraftLength, DraftModel, DraftModelConfig, NgramProposer,
-    Proposer,
+    choose_self_draft, parse_layers, sparse::DEFAULT_SPARSE_BLOCKS, DraftLength, DraftModel,
+    DraftModelConfig, NgramProposer, Proposer, SparseDraft,
 };
 use tandem_core::Backend;
 
@@ -28,7 +28,10 @@ pub struct SpeculationArgs {
     /// Speculative decoding: `ngram` (prompt lookup), `draft:MODEL` (a
     /// smaller model with the same tokenizer: a path, a named model such as
     /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]), `self:auto` or `self:LAYERS`
-    /// (this model with only some layers, e.g. `self:0-9,29`).
+    /// (this model with only some layers, e.g. `self:0-9,29`), `sparse` or
+    /// `sparse:BLOCKS` (this model attending only to the BLOCKS KV blocks
+    /// per KV head whose keys could score highest, default 64, plus the
+    /// first block and the last four; CPU backend).
     #[arg(long, value_name = "METHOD")]
     pub speculate: Option<String>,
     /// Draft tokens per step: a number, or `auto` (chosen from the measured
@@ -46,6 +49,14 @@ enum DraftSource {
     File(String),
     SelfAuto,
     SelfLayers(String),
+}
+
+/// What drafts: `--speculate`'s method, or a cascade's second level.
+enum Method {
+    Ngram,
+    Model(DraftSource),
+    /// The target itself over this many selected KV blocks per KV head.
+    Sparse(usize),
 }
 
 impl SpeculationArgs {
@@ -82,20 +93,29 @@ impl SpeculationArgs {
             },
             _ => return Ok(()),
         };
-        let source = match method.split_once(':') {
-            None if method == "ngram" && !cascade => None,
-            Some(("draft", path)) if !path.is_empty() => Some(DraftSource::File(path.into())),
-            Some(("self", "auto")) => Some(DraftSource::SelfAuto),
+        let method = match method.split_once(':') {
+            None if method == "ngram" && !cascade => Method::Ngram,
+            Some(("draft", path)) if !path.is_empty() => Method::Model(DraftSource::File(path.into())),
+            Some(("self", "auto")) => Method::Model(DraftSource::SelfAuto),
             Some(("self", layers)) if !layers.is_empty() => {
-                Some(DraftSource::SelfLayers(layers.into()))
+                Method::Model(DraftSource::SelfLayers(layers.into()))
+            }
+            None if method == "sparse" && !cascade => Method::Sparse(DEFAULT_SPARSE_BLOCKS),
+            Some(("sparse", blocks)) if !cascade => match blocks.parse::<usize>() {
+                Ok(n) if n > 0 => Method::Sparse(n),
+                _ => bail!("sparse:BLOCKS takes a positive number of KV blocks, not `{blocks}`"),
+            },
+            _ if cascade && method.starts_with("sparse") => {
+                bail!("--cascade has no sparse level yet: use --speculate {method}")
             }
             _ => bail!(
-                "unknown speculation method `{method}`: use ngram, draft:PATH, self:auto or self:LAYERS"
+                "unknown speculation method `{method}`: use ngram, draft:PATH, self:auto, self:LAYERS or sparse[:BLOCKS]"
             ),
         };
-        let proposer: Box<dyn Proposer<B>> = match source {
-            None => Box::new(NgramProposer::default()),
-            Some(source) => {
+        let proposer: Box<dyn Proposer<B>> = match method {
+            Method::Ngram => Box::new(NgramProposer::default()),
+            Method::Sparse(blocks) => Box::new(SparseDraft::new(blocks)?),
+            Method::Model(source) => {
                 let config = self.draft_config(engine, cascade);
                 Box::new(self.draft_model(engine, files, source, config, length)?)
             }

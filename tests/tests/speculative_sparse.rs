@@ -1,0 +1,190 @@
+//! Sparse self-speculation (`--speculate sparse:BLOCKS`) on tiny random
+//! models with prompts of many KV blocks: greedy output identical to plain
+//! decoding for several block budgets, KV dtypes and draft lengths (also
+//! with a sliding window, a KV budget and several sequences at once); a
+//! draft that reads every block is the target itself (all drafts
+//! accepted), one that reads a few is not; sampled output distributed
+//! exactly as the target's; and no block leaked.
+
+use std::collections::BTreeMap;
+
+use tandem_core::backend::KvDtype;
+use tandem_core::engine::{Engine, EngineConfig};
+use tandem_core::kv::{EvictionConfig, EvictionPolicy, KvBudget};
+use tandem_core::model::ModelFiles;
+use tandem_core::quant::WeightFormat;
+use tandem_core::sched::{Rng, SamplingParams};
+use tandem_core::spec::{DraftLength, SparseDraft};
+use tandem_cpu::CpuBackend;
+use tandem_tests::exact_sampling::{assert_sampled_as, exact_joint};
+use tandem_tests::{generate, tiny, tiny_gguf};
+
+/// `n` random tokens of the tiny vocabulary.
+fn random_prompt(n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() % 320) as u32).collect()
+}
+
+fn engine(
+    files: &ModelFiles,
+    dtype: KvDtype,
+    eviction: Option<EvictionConfig>,
+) -> Engine<CpuBackend> {
+    engine_of(files, dtype, eviction, 4096)
+}
+
+fn engine_of(
+    files: &ModelFiles,
+    dtype: KvDtype,
+    eviction: Option<EvictionConfig>,
+    tokens: usize,
+) -> Engine<CpuBackend> {
+    let config = EngineConfig {
+        max_batch_tokens: 96,
+        kv_dtype: dtype,
+        kv_eviction: eviction,
+        ..EngineConfig::default()
+    }
+    .with_capacity_tokens(tokens);
+    Engine::new(CpuBackend::new(2), files, config, &mut |_, _| {}).unwrap()
+}
+
+fn sparse(engine: &mut Engine<CpuBackend>, blocks: usize, length: DraftLength) {
+    let draft = SparseDraft::new(blocks).unwrap();
+    engine.set_speculation(Box::new(draft), length).unwrap();
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        random_prompt(301, 1),
+        random_prompt(170, 2),
+        random_prompt(20, 3),
+    ]
+}
+
+#[test]
+fn greedy_output_is_identical_for_every_block_budget() {
+    let greedy = |_: usize| SamplingParams::default();
+    for (preset, dtype) in [
+        ("tiny", KvDtype::F32),
+        ("tiny", KvDtype::F16),
+        ("tiny", KvDtype::Int8),
+        ("tiny-mistral", KvDtype::F32),
+        ("tiny-qwen3", KvDtype::F16),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let model =
+            tandem_core::model::synthetic::SyntheticModel::preset(preset, WeightFormat::Q8_0, 31)
+                .unwrap();
+        let target = tiny_gguf(dir.path(), &model);
+        let want = generate(&mut engine(&target, dtype, None), &prompts(), &greedy, 40);
+        for blocks in [1, 3, 64] {
+            for length in [
+                DraftLength::Fixed(1),
+                DraftLength::Fixed(4),
+                DraftLength::Adaptive { max: 6 },
+            ] {
+                let mut e = engine(&target, dtype, None);
+                sparse(&mut e, blocks, length);
+                let got = generate(&mut e, &prompts(), &greedy, 40);
+                let what = format!("{preset} {dtype:?} sparse:{blocks} {length:?}");
+                assert_eq!(got, want, "{what}");
+                if let DraftLength::Fixed(_) = length {
+                    assert!(
+                        e.stats().speculation.proposed_tokens > 0,
+                        "{what}: no drafts"
+                    );
+                }
+                assert_eq!(e.kv_manager().num_used_blocks(), 0, "{what}: blocks leaked");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_draft_reading_every_block_is_the_target_and_one_reading_few_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 8));
+    let greedy = |_: usize| SamplingParams::default();
+    let prompt = vec![random_prompt(400, 9)];
+    let acceptance = |blocks: usize| {
+        let mut e = engine(&target, KvDtype::F32, None);
+        sparse(&mut e, blocks, DraftLength::Fixed(4));
+        generate(&mut e, &prompt, &greedy, 60);
+        e.stats().speculation.acceptance_rate()
+    };
+    // 400 tokens are 25 blocks: 64 selected is every one of them.
+    assert_eq!(acceptance(64), 1.0);
+    let few = acceptance(1);
+    assert!(few < 1.0, "one block of 20 drafted exactly: {few}");
+}
+
+#[test]
+fn a_kv_budget_and_sparse_drafts_together_keep_the_budgeted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 4));
+    let greedy = |_: usize| SamplingParams::default();
+    let budget = EvictionConfig::new(KvBudget::Tokens(160), EvictionPolicy::H2o);
+    let want = generate(
+        &mut engine(&target, KvDtype::F32, Some(budget)),
+        &prompts(),
+        &greedy,
+        40,
+    );
+    let mut e = engine(&target, KvDtype::F32, Some(budget));
+    sparse(&mut e, 2, DraftLength::Fixed(3));
+    assert_eq!(generate(&mut e, &prompts(), &greedy, 40), want);
+    assert_eq!(e.kv_manager().num_used_blocks(), 0);
+}
+
+#[test]
+fn sampled_output_has_exactly_the_targets_distribution() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 21));
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: 4,
+        ..Default::default()
+    };
+    // 200 tokens: 13 blocks, of which a draft of 2 reads 7.
+    let prompt = random_prompt(200, 5);
+    let n_tokens = 3;
+    let exact = exact_joint(
+        &mut engine(&target, KvDtype::F32, None),
+        &prompt,
+        &params,
+        n_tokens,
+    );
+    let samples = 4000;
+    // Each sequence holds its own last block, beside the shared prompt.
+    let mut e = engine_of(&target, KvDtype::F32, None, 32 * 1024);
+    sparse(&mut e, 2, DraftLength::Fixed(3));
+    let mut counts: BTreeMap<Vec<u32>, f64> = BTreeMap::new();
+    for wave in 0..samples / 500 {
+        let seed = |i: usize| SamplingParams {
+            seed: 1000 + (wave * 500 + i) as u64,
+            ..params.clone()
+        };
+        for mut tokens in generate(&mut e, &vec![prompt.clone(); 500], &seed, n_tokens + 2) {
+            tokens.truncate(n_tokens);
+            *counts.entry(tokens).or_default() += 1.0;
+        }
+    }
+    let stats = e.stats().speculation;
+    assert!(stats.proposed_tokens > 0);
+    let rate = stats.acceptance_rate();
+    assert!(rate > 0.05 && rate < 1.0, "acceptance {rate}");
+    assert_sampled_as(
+        &format!("sparse:2 (acceptance {rate:.2})"),
+        &exact,
+        counts,
+        samples,
+    );
+    assert_eq!(e.kv_manager().num_used_blocks(), 0);
+}
+
+#[test]
+fn a_draft_of_no_blocks_is_refused() {
+    let e = SparseDraft::new(0).err().unwrap().to_string();
+    assert!(e.contains("at least one"), "{e}");
+}
