@@ -26,9 +26,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use tandem_core::backend::{
-    mlp_composed, split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu,
-    KvCacheLayout, KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue,
-    RecordedStep, RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
+    mlp_composed, split_error, AttentionIndices, AttentionParams, Backend, BackendInfo,
+    BlockSelectParams, Glu, KvCacheLayout, KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams,
+    NormPrologue, RecordedStep, RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -102,6 +102,8 @@ pub struct CudaKvCache {
     layout: KvCacheLayout,
     k: CudaSlice<u8>,
     v: CudaSlice<u8>,
+    /// Per-block key bounds (`kernels/kv_key_bounds.cu`), once tracked.
+    bounds: Option<CudaSlice<f32>>,
 }
 
 impl CudaKvCache {
@@ -109,6 +111,9 @@ impl CudaKvCache {
         self.layout
     }
 }
+
+/// Largest head `kernels/select_kv_blocks.cu` sums queries over.
+const SELECT_MAX_HEAD_DIM: usize = 256;
 
 /// The code `kernels/common.cuh` uses for a weight format (`FMT_*`).
 fn format_code(format: WeightFormat) -> i32 {
@@ -484,6 +489,94 @@ impl CudaBackend {
         self.stream
             .synchronize()
             .map_err(|e| backend_error(format!("synchronize: {e}")))
+    }
+
+    /// `paged_kv_write`'s K/V rows (bounds apart).
+    fn write_kv_rows(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        slots: &CudaIndices,
+        rows: usize,
+        cache: &mut CudaKvCache,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        let width = layout.row_width();
+        check_len("paged_kv_write: k", k.len(), rows * width)?;
+        check_len("paged_kv_write: v", v.len(), rows * width)?;
+        check_len("paged_kv_write: slots", slots.len(), rows)?;
+        if rows == 0 || width == 0 {
+            return Ok(());
+        }
+        let rows32 = to_u32(rows, "rows")?;
+        let num_slots = to_u32(layout.num_slots(), "KV slots")?;
+        if let Some(quant) = layout.quant() {
+            let (kv_heads, head_dim, groups_per_head) = (
+                to_u32(quant.kv_heads, "kv_heads")?,
+                to_u32(quant.head_dim, "head_dim")?,
+                to_u32(quant.groups_per_head, "groups per head")?,
+            );
+            let (slot_words, bits) = (
+                to_u32(quant.slot_words(), "slot words")?,
+                to_u32(quant.bits, "bits")?,
+            );
+            let keys = u32::from(layout.key_blocks().is_none());
+            let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
+            sig::paged_kv_write_quant(
+                self,
+                Which::ONE,
+                config(grid, 128, 0),
+                &k.buf,
+                &v.buf,
+                &slots.buf,
+                &rows32,
+                &kv_heads,
+                &head_dim,
+                &groups_per_head,
+                &num_slots,
+                &slot_words,
+                &bits,
+                &keys,
+                &mut cache.k,
+                &mut cache.v,
+            )?;
+            let Some(blocks) = layout.key_blocks() else {
+                return Ok(());
+            };
+            let (channels, block_size) = (
+                to_u32(blocks.channels(), "KV width")?,
+                to_u32(blocks.block_size, "block_size")?,
+            );
+            let words = rows * blocks.words_per_token();
+            let grid = (blocks_for(words, 128, "INT4 key words")?, 1, 1);
+            return sig::paged_kv_write_int4_keys(
+                self,
+                Which::ONE,
+                config(grid, 128, 0),
+                &k.buf,
+                &slots.buf,
+                &rows32,
+                &channels,
+                &block_size,
+                &num_slots,
+                &mut cache.k,
+            );
+        }
+        let width32 = to_u32(width, "KV width")?;
+        let grid = (blocks_for(rows * width, 256, "KV elements")?, 1, 1);
+        sig::paged_kv_write(
+            self,
+            Which::variant(kv_variant(layout.dtype)),
+            config(grid, 256, 0),
+            &k.buf,
+            &v.buf,
+            &slots.buf,
+            &rows32,
+            &width32,
+            &num_slots,
+            &mut cache.k,
+            &mut cache.v,
+        )
     }
 
     fn refuse_while_capturing(&self, what: &str) -> Result<()> {
@@ -1020,6 +1113,7 @@ impl Backend for CudaBackend {
             layout,
             k: self.alloc_raw(bytes(layout.key_block_bytes())?)?,
             v: self.alloc_raw(bytes(layout.value_block_bytes())?)?,
+            bounds: None,
         })
     }
 
@@ -1035,8 +1129,16 @@ impl Backend for CudaBackend {
                 )));
             }
         }
-        for (buf, block_bytes) in [(&mut cache.k, key_bytes), (&mut cache.v, value_bytes)] {
-            let (base, _sync) = buf.device_ptr(&self.stream);
+        let bounds_bytes = 4 * 2 * layout.row_width();
+        let mut stores = vec![
+            (cache.k.device_ptr(&self.stream), key_bytes),
+            (cache.v.device_ptr(&self.stream), value_bytes),
+        ];
+        if let Some(bounds) = &cache.bounds {
+            stores.push((bounds.device_ptr(&self.stream), bounds_bytes));
+        }
+        for ((base, _sync), block_bytes) in &stores {
+            let (base, block_bytes) = (*base, *block_bytes);
             for &(src, dst) in pairs {
                 // SAFETY: both ranges lie inside `buf` (checked above) and the
                 // copy is ordered on the backend's stream.
@@ -1461,82 +1563,113 @@ impl Backend for CudaBackend {
         rows: usize,
         cache: &mut CudaKvCache,
     ) -> Result<()> {
+        self.write_kv_rows(k, v, slots, rows, cache)?;
         let layout = cache.layout;
-        let width = layout.row_width();
-        check_len("paged_kv_write: k", k.len(), rows * width)?;
-        check_len("paged_kv_write: v", v.len(), rows * width)?;
-        check_len("paged_kv_write: slots", slots.len(), rows)?;
-        if rows == 0 || width == 0 {
+        let (Some(bounds), true) = (&mut cache.bounds, rows > 0) else {
+            return Ok(());
+        };
+        let channels = layout.row_width();
+        let grid = (
+            blocks_for(rows * channels, 128, "key bound elements")?,
+            1,
+            1,
+        );
+        sig::kv_key_bounds(
+            self,
+            Which::ONE,
+            config(grid, 128, 0),
+            &k.buf,
+            &slots.buf,
+            &to_u32(rows, "rows")?,
+            &to_u32(channels, "KV width")?,
+            &to_u32(layout.head_dim, "head_dim")?,
+            &to_u32(layout.block_size, "block_size")?,
+            &to_u32(layout.num_slots(), "KV slots")?,
+            bounds,
+        )
+    }
+
+    fn track_key_bounds(&self, cache: &mut CudaKvCache) -> Result<()> {
+        self.refuse_while_capturing("track_key_bounds")?;
+        if cache.bounds.is_none() {
+            let l = cache.layout;
+            cache.bounds = Some(self.alloc_raw(l.num_blocks * 2 * l.row_width())?);
+        }
+        Ok(())
+    }
+
+    fn select_kv_blocks(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut CudaIndices,
+    ) -> Result<()> {
+        let bounds = cache.bounds.as_ref().ok_or_else(|| {
+            backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
+        })?;
+        let layout = cache.layout;
+        if p.kv_heads == 0
+            || !p.heads.is_multiple_of(p.kv_heads)
+            || (p.kv_heads, p.head_dim, p.block_size)
+                != (layout.kv_heads, layout.head_dim, layout.block_size)
+            || p.head_dim > SELECT_MAX_HEAD_DIM
+            || p.max_blocks_per_seq == 0
+            || select.top_blocks == 0
+        {
+            return Err(backend_error(format!(
+                "select_kv_blocks: {} heads over {} KV heads of {} dims in blocks of {}, top {}, \
+                 do not fit a cache of {} KV heads of {} dims in blocks of {} \
+                 (at most {SELECT_MAX_HEAD_DIM} dims, one block)",
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.block_size,
+                select.top_blocks,
+                layout.kv_heads,
+                layout.head_dim,
+                layout.block_size
+            )));
+        }
+        let seqs = idx.block_tables.len() / p.max_blocks_per_seq;
+        check_len(
+            "select_kv_blocks: q",
+            q.len(),
+            p.rows * p.heads * p.head_dim,
+        )?;
+        check_len("select_kv_blocks: row_seq", idx.row_seq.len(), p.rows)?;
+        check_len("select_kv_blocks: positions", idx.positions.len(), p.rows)?;
+        check_len(
+            "select_kv_blocks: out",
+            out.len(),
+            seqs * p.max_blocks_per_seq,
+        )?;
+        if seqs == 0 {
             return Ok(());
         }
-        let rows32 = to_u32(rows, "rows")?;
-        let num_slots = to_u32(layout.num_slots(), "KV slots")?;
-        if let Some(quant) = layout.quant() {
-            let (kv_heads, head_dim, groups_per_head) = (
-                to_u32(quant.kv_heads, "kv_heads")?,
-                to_u32(quant.head_dim, "head_dim")?,
-                to_u32(quant.groups_per_head, "groups per head")?,
-            );
-            let (slot_words, bits) = (
-                to_u32(quant.slot_words(), "slot words")?,
-                to_u32(quant.bits, "bits")?,
-            );
-            let keys = u32::from(layout.key_blocks().is_none());
-            let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
-            sig::paged_kv_write_quant(
-                self,
-                Which::ONE,
-                config(grid, 128, 0),
-                &k.buf,
-                &v.buf,
-                &slots.buf,
-                &rows32,
-                &kv_heads,
-                &head_dim,
-                &groups_per_head,
-                &num_slots,
-                &slot_words,
-                &bits,
-                &keys,
-                &mut cache.k,
-                &mut cache.v,
-            )?;
-            let Some(blocks) = layout.key_blocks() else {
-                return Ok(());
-            };
-            let (channels, block_size) = (
-                to_u32(blocks.channels(), "KV width")?,
-                to_u32(blocks.block_size, "block_size")?,
-            );
-            let words = rows * blocks.words_per_token();
-            let grid = (blocks_for(words, 128, "INT4 key words")?, 1, 1);
-            return sig::paged_kv_write_int4_keys(
-                self,
-                Which::ONE,
-                config(grid, 128, 0),
-                &k.buf,
-                &slots.buf,
-                &rows32,
-                &channels,
-                &block_size,
-                &num_slots,
-                &mut cache.k,
-            );
-        }
-        let width32 = to_u32(width, "KV width")?;
-        let grid = (blocks_for(rows * width, 256, "KV elements")?, 1, 1);
-        sig::paged_kv_write(
+        let mut scratch = self.alloc_raw::<f32>(seqs * p.kv_heads * p.max_blocks_per_seq)?;
+        sig::select_kv_blocks(
             self,
-            Which::variant(kv_variant(layout.dtype)),
-            config(grid, 256, 0),
-            &k.buf,
-            &v.buf,
-            &slots.buf,
-            &rows32,
-            &width32,
-            &num_slots,
-            &mut cache.k,
-            &mut cache.v,
+            Which::ONE,
+            config((to_u32(seqs, "sequences")?, 1, 1), 128, 0),
+            &q.buf,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            bounds,
+            &to_u32(p.rows, "rows")?,
+            &to_u32(p.heads, "heads")?,
+            &to_u32(p.kv_heads, "kv_heads")?,
+            &to_u32(p.head_dim, "head_dim")?,
+            &to_u32(p.block_size, "block_size")?,
+            &to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            &to_u32(select.top_blocks, "top blocks")?,
+            &to_u32(select.sink_blocks, "sink blocks")?,
+            &to_u32(select.recent_blocks, "recent blocks")?,
+            &mut scratch,
+            &mut out.buf,
         )
     }
 

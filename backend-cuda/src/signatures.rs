@@ -394,4 +394,11 @@ signatures! {
         (y: ptr, rows: ptr, ids: ptr, weights: ptr, width: u32, expert: u32, slots: u32, out: ptr);
     argmax / ARGMAX: Whole("argmax"), "argmax"
         (x: ptr, width: u32, out: ptr);
+    kv_key_bounds / KV_KEY_BOUNDS: Whole("kv_key_bounds"), "kv_key_bounds"
+        (k: ptr, slots: ptr, rows: u32, channels: u32, head_dim: u32, block_size: u32,
+         num_slots: u32, bounds: ptr);
+    select_kv_blocks / SELECT_KV_BLOCKS: Whole("select_kv_blocks"), "select_kv_blocks"
+        (q: ptr, row_seq: ptr, positions: ptr, tables: ptr, bounds: ptr, rows: u32, heads: u32,
+         kv_heads: u32, head_dim: u32, block_size: u32, max_blocks: u32, top: u32, sinks: u32,
+         recent: u32, scratch: ptr, out: ptr);
 }

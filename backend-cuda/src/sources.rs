@@ -60,6 +60,8 @@ pub const KERNEL_FILES: &[KernelFile] = kernel_files![
     "paged_kv_write_quant",
     "paged_kv_write_int4_keys",
     "paged_attention_quant",
+    "kv_key_bounds",
+    "select_kv_blocks",
     "swiglu",
     "geglu",
     "scale",

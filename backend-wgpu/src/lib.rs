@@ -30,9 +30,9 @@ pub use adapter::{
 };
 
 use tandem_core::backend::{
-    split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout,
-    KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams,
-    RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
+    split_error, AttentionIndices, AttentionParams, Backend, BackendInfo, BlockSelectParams, Glu,
+    KvCacheLayout, KvDtype, MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue,
+    RmsNormParams, RopeParams, RopeStyle, SplitOut, MAX_SPLIT,
 };
 use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::model::arch::MAX_EXPERTS_PER_TOKEN;
@@ -94,6 +94,8 @@ pub struct WgpuKvCache {
     /// Storage units of one block of keys: `block_size * slot_units`, or
     /// the per-channel INT4 key block.
     key_block_units: usize,
+    /// Per-block key bounds (`shaders/kv_key_bounds.wgsl`), once tracked.
+    bounds: Option<GpuBuffer>,
 }
 
 /// Activation rows up to which `matmul` takes the GEMV path (`wgsl/matmul.wgsl`).
@@ -294,6 +296,76 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 }
 
 impl WgpuBackend {
+    /// `paged_kv_write`'s K/V rows (bounds apart).
+    fn write_kv_rows(
+        &self,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        slots: &WgpuIndices,
+        rows: usize,
+        cache: &mut WgpuKvCache,
+    ) -> Result<()> {
+        let width = cache.layout.row_width();
+        check_len("paged_kv_write k", k.len, rows * width)?;
+        check_len("paged_kv_write v", v.len, rows * width)?;
+        check_len("paged_kv_write slots", slots.len, rows)?;
+        if let Some(quant) = cache.layout.quant() {
+            let params = [
+                u32_of(rows, "rows")?,
+                u32_of(quant.kv_heads, "kv_heads")?,
+                u32_of(quant.head_dim, "head_dim")?,
+                u32_of(quant.groups_per_head, "groups per head")?,
+                u32_of(cache.layout.num_slots(), "slots")?,
+                u32_of(cache.slot_units, "slot width")?,
+                u32_of(quant.bits, "bits")?,
+                u32::from(cache.layout.key_blocks().is_none()),
+            ];
+            self.dispatch(
+                simple("paged_kv_write_quant"),
+                "main",
+                &[READ, READ, READ, WRITE, WRITE],
+                &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
+                &params,
+                (rows * quant.groups()).div_ceil(64),
+            )?;
+            let Some(blocks) = cache.layout.key_blocks() else {
+                return Ok(());
+            };
+            let params = [
+                u32_of(rows, "rows")?,
+                u32_of(blocks.channels(), "KV width")?,
+                u32_of(blocks.block_size, "block_size")?,
+                u32_of(cache.layout.num_slots(), "slots")?,
+            ];
+            return self.dispatch(
+                simple("paged_kv_write_int4_keys"),
+                "main",
+                &[READ, READ, WRITE],
+                &[&k.buf, &slots.buf, &cache.k],
+                &params,
+                (rows * blocks.words_per_token()).div_ceil(64),
+            );
+        }
+        let params = [
+            u32_of(rows, "rows")?,
+            u32_of(width, "width")?,
+            u32_of(cache.layout.num_slots(), "slots")?,
+            u32_of(cache.slot_units, "slot width")?,
+        ];
+        self.dispatch(
+            ShaderVariant {
+                kernel: "paged_kv_write",
+                format: None,
+                kv_f16: cache.layout.dtype == KvDtype::F16,
+            },
+            "main",
+            &[READ, READ, READ, WRITE, WRITE],
+            &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
+            &params,
+            (rows * cache.slot_units).div_ceil(256),
+        )
+    }
+
     /// `paged_attention`, or with `scored` its attention-score variant
     /// (`out` then holds the scores: `Backend::paged_attention_scores`).
     fn attention_kernel(
@@ -645,6 +717,7 @@ impl Backend for WgpuBackend {
             v: self.gpu.dedicated(bytes, "V cache")?,
             slot_units,
             key_block_units,
+            bounds: None,
         })
     }
 
@@ -665,9 +738,16 @@ impl Backend for WgpuBackend {
         }
         // WebGPU forbids copies within one buffer: each block goes through a
         // scratch buffer, pair after pair, so chained pairs copy in order.
-        let scratch = self.gpu.pooled(block_bytes.max(key_block_bytes))?;
+        let bounds_bytes = 4 * (2 * cache.layout.row_width()) as u64;
+        let scratch = self
+            .gpu
+            .pooled(block_bytes.max(key_block_bytes).max(bounds_bytes))?;
+        let mut stores = vec![(&cache.k, key_block_bytes), (&cache.v, block_bytes)];
+        if let Some(bounds) = &cache.bounds {
+            stores.push((bounds, bounds_bytes));
+        }
         for &(src, dst) in pairs {
-            for (buf, bytes) in [(&cache.k, key_block_bytes), (&cache.v, block_bytes)] {
+            for &(buf, bytes) in &stores {
                 self.gpu.copy(buf, src as u64 * bytes, &scratch, 0, bytes);
                 self.gpu.copy(&scratch, 0, buf, dst as u64 * bytes, bytes);
             }
@@ -985,64 +1065,100 @@ impl Backend for WgpuBackend {
         rows: usize,
         cache: &mut WgpuKvCache,
     ) -> Result<()> {
-        let width = cache.layout.row_width();
-        check_len("paged_kv_write k", k.len, rows * width)?;
-        check_len("paged_kv_write v", v.len, rows * width)?;
-        check_len("paged_kv_write slots", slots.len, rows)?;
-        if let Some(quant) = cache.layout.quant() {
-            let params = [
-                u32_of(rows, "rows")?,
-                u32_of(quant.kv_heads, "kv_heads")?,
-                u32_of(quant.head_dim, "head_dim")?,
-                u32_of(quant.groups_per_head, "groups per head")?,
-                u32_of(cache.layout.num_slots(), "slots")?,
-                u32_of(cache.slot_units, "slot width")?,
-                u32_of(quant.bits, "bits")?,
-                u32::from(cache.layout.key_blocks().is_none()),
-            ];
-            self.dispatch(
-                simple("paged_kv_write_quant"),
-                "main",
-                &[READ, READ, READ, WRITE, WRITE],
-                &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
-                &params,
-                (rows * quant.groups()).div_ceil(64),
-            )?;
-            let Some(blocks) = cache.layout.key_blocks() else {
-                return Ok(());
-            };
-            let params = [
-                u32_of(rows, "rows")?,
-                u32_of(blocks.channels(), "KV width")?,
-                u32_of(blocks.block_size, "block_size")?,
-                u32_of(cache.layout.num_slots(), "slots")?,
-            ];
-            return self.dispatch(
-                simple("paged_kv_write_int4_keys"),
-                "main",
-                &[READ, READ, WRITE],
-                &[&k.buf, &slots.buf, &cache.k],
-                &params,
-                (rows * blocks.words_per_token()).div_ceil(64),
-            );
-        }
+        self.write_kv_rows(k, v, slots, rows, cache)?;
+        let Some(bounds) = &cache.bounds else {
+            return Ok(());
+        };
+        let layout = &cache.layout;
         let params = [
             u32_of(rows, "rows")?,
-            u32_of(width, "width")?,
-            u32_of(cache.layout.num_slots(), "slots")?,
-            u32_of(cache.slot_units, "slot width")?,
+            u32_of(layout.row_width(), "KV width")?,
+            u32_of(layout.head_dim, "head_dim")?,
+            u32_of(layout.block_size, "block_size")?,
+            u32_of(layout.num_slots(), "slots")?,
         ];
         self.dispatch(
-            ShaderVariant {
-                kernel: "paged_kv_write",
-                format: None,
-                kv_f16: cache.layout.dtype == KvDtype::F16,
-            },
+            simple("kv_key_bounds"),
             "main",
-            &[READ, READ, READ, WRITE, WRITE],
-            &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
+            &[READ, READ, WRITE],
+            &[&k.buf, &slots.buf, bounds],
             &params,
-            (rows * cache.slot_units).div_ceil(256),
+            (rows * layout.row_width()).div_ceil(64),
+        )
+    }
+
+    fn track_key_bounds(&self, cache: &mut WgpuKvCache) -> Result<()> {
+        if cache.bounds.is_none() {
+            let l = &cache.layout;
+            let bytes = 4 * (l.num_blocks * 2 * l.row_width()) as u64;
+            cache.bounds = Some(self.gpu.dedicated(bytes, "key bounds")?);
+        }
+        Ok(())
+    }
+
+    fn select_kv_blocks(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut WgpuIndices,
+    ) -> Result<()> {
+        let bounds = cache.bounds.as_ref().ok_or_else(|| {
+            backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
+        })?;
+        let layout = &cache.layout;
+        if p.kv_heads == 0
+            || !p.heads.is_multiple_of(p.kv_heads)
+            || (p.kv_heads, p.head_dim, p.block_size)
+                != (layout.kv_heads, layout.head_dim, layout.block_size)
+            || p.head_dim > MAX_HEAD_DIM
+            || p.max_blocks_per_seq == 0
+            || select.top_blocks == 0
+        {
+            return Err(backend_error(format!(
+                "select_kv_blocks: {} heads over {} KV heads of {} dims in blocks of {}, top {}, \
+                 do not fit a cache of {} KV heads of {} dims in blocks of {} (at most {MAX_HEAD_DIM} dims, one block)",
+                p.heads, p.kv_heads, p.head_dim, p.block_size, select.top_blocks,
+                layout.kv_heads, layout.head_dim, layout.block_size
+            )));
+        }
+        let seqs = idx.block_tables.len / p.max_blocks_per_seq;
+        check_len("select_kv_blocks q", q.len, p.rows * p.heads * p.head_dim)?;
+        check_len("select_kv_blocks row_seq", idx.row_seq.len, p.rows)?;
+        check_len("select_kv_blocks positions", idx.positions.len, p.rows)?;
+        check_len("select_kv_blocks out", out.len, seqs * p.max_blocks_per_seq)?;
+        let scratch = self
+            .gpu
+            .pooled(4 * (seqs * p.kv_heads * p.max_blocks_per_seq).max(1) as u64)?;
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.heads, "heads")?,
+            u32_of(p.kv_heads, "kv_heads")?,
+            u32_of(p.head_dim, "head_dim")?,
+            u32_of(p.block_size, "block_size")?,
+            u32_of(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            u32_of(seqs, "sequences")?,
+            u32_of(select.top_blocks, "top blocks")?,
+            u32_of(select.sink_blocks, "sink blocks")?,
+            u32_of(select.recent_blocks, "recent blocks")?,
+        ];
+        self.dispatch(
+            simple("select_kv_blocks"),
+            "main",
+            &[READ, READ, READ, READ, READ, WRITE, WRITE],
+            &[
+                &q.buf,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                bounds,
+                &scratch,
+                &out.buf,
+            ],
+            &params,
+            seqs,
         )
     }
 

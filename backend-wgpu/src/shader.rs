@@ -156,6 +156,14 @@ const SOURCES: &[(&str, &str)] = &[
     ),
     ("argmax", include_str!("../../shaders/argmax.wgsl")),
     (
+        "kv_key_bounds",
+        include_str!("../../shaders/kv_key_bounds.wgsl"),
+    ),
+    (
+        "select_kv_blocks",
+        include_str!("../../shaders/select_kv_blocks.wgsl"),
+    ),
+    (
         "matmul_rms_norm",
         include_str!("../../shaders/matmul_rms_norm.wgsl"),
     ),

@@ -244,6 +244,20 @@ pub const MANIFEST: &[KernelSpec] = &[
         tolerance: 2e-3,
     },
     KernelSpec {
+        name: "kv_key_bounds",
+        method: "paged_kv_write",
+        inputs: "k [rows, kv_heads*head_dim] f32; slots [rows] u32 (a block's rows consecutive); a cache that tracks key bounds (track_key_bounds)",
+        outputs: "key bounds [num_blocks, kv_heads, 2, head_dim] f32: per block and KV head each channel's minimum and maximum, restarted by a write to the block's first slot (sparse speculation)",
+        tolerance: 0.0,
+    },
+    KernelSpec {
+        name: "select_kv_blocks",
+        method: "select_kv_blocks",
+        inputs: "q [rows, heads*head_dim]; key bounds of the cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32; top, sink and recent block counts",
+        outputs: "tables [seqs, max_blocks] u32: entries outside the sinks, the recent window and each KV head's top blocks by Σ_c max(q_c·min_c, q_c·max_c) made EVICTED_BLOCK",
+        tolerance: 0.0,
+    },
+    KernelSpec {
         name: "swiglu",
         method: "swiglu",
         inputs: "gate, up [len] f32",

@@ -267,3 +267,32 @@ pub fn decode_launches_fused_and_unfused<B: Backend>(
     };
     (per_token(false), per_token(true), files.config.num_layers)
 }
+
+/// Sparse self-speculation on the backend under test: the greedy tokens of
+/// its own plain decoding, for prompts of 19 and 11 KV blocks of which a
+/// draft reads 7 (its selection kernel and key bounds on the device), no
+/// block leaked.
+pub fn sparse_speculation_keeps_the_greedy_output<B: Backend>(make_backend: impl Fn() -> B) {
+    use tandem_core::spec::{DraftLength, SparseDraft};
+    let dir = tempfile::tempdir().unwrap();
+    let files = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 17));
+    let prompts: Vec<Vec<u32>> = [301u32, 170]
+        .iter()
+        .map(|&n| (0..n).map(|i| (i * 113 + n) % 317).collect())
+        .collect();
+    let mut plain = engine_on(make_backend(), &files, 2048, 96);
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut plain, p, 24)).collect();
+    let mut sparse = engine_on(make_backend(), &files, 2048, 96);
+    let draft = SparseDraft::new(2).unwrap();
+    sparse
+        .set_speculation(Box::new(draft), DraftLength::Fixed(4))
+        .unwrap();
+    let got: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut sparse, p, 24)).collect();
+    assert_eq!(got, want);
+    let stats = sparse.stats().speculation;
+    assert!(
+        stats.proposed_tokens > 0 && stats.accepted_tokens > 0,
+        "{stats:?}"
+    );
+    assert_eq!(sparse.kv_manager().num_used_blocks(), 0);
+}

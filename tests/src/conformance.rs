@@ -23,6 +23,8 @@ mod fused;
 mod moe;
 #[path = "conformance/scores.rs"]
 mod scores;
+#[path = "conformance/select.rs"]
+mod select;
 
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
@@ -136,6 +138,7 @@ pub fn compare_backends<B: Backend, R: Backend>(backend: &B, reference: &R) -> R
     suite.paged_kv_write();
     suite.paged_attention();
     suite.attention_with_holes();
+    suite.sparse_selection();
     suite.int4_key_blocks();
     suite.swiglu();
     suite.geglu();

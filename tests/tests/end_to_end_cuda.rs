@@ -97,3 +97,13 @@ fn nccl_all_reduce_on_one_rank() {
     cuda.all_reduce_sum(&mut t, 999, &comm).unwrap();
     assert_eq!(cuda.download(&t, 1000).unwrap(), data);
 }
+
+#[test]
+fn sparse_speculation_keeps_the_greedy_output() {
+    if cuda().is_none() {
+        return;
+    }
+    backend_e2e::sparse_speculation_keeps_the_greedy_output(|| {
+        CudaBackend::new(0).expect("CUDA device")
+    });
+}

@@ -74,3 +74,8 @@ fn fused_decode_launches_fewer_kernels_per_layer() {
         );
     }
 }
+
+#[test]
+fn sparse_speculation_keeps_the_greedy_output() {
+    backend_e2e::sparse_speculation_keeps_the_greedy_output(|| backend(WgpuOptions::default()));
+}

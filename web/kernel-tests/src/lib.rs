@@ -28,8 +28,9 @@ use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::prelude::*;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BackendInfo, Glu, KvCacheLayout, MatmulParams,
-    MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams, SplitOut,
+    AttentionIndices, AttentionParams, Backend, BackendInfo, BlockSelectParams, Glu, KvCacheLayout,
+    MatmulParams, MoeCombineParams, MoeRouteParams, NormPrologue, RmsNormParams, RopeParams,
+    SplitOut,
 };
 use tandem_core::quant::{WeightFormat, WeightView};
 use tandem_core::{Error, Result};
@@ -353,6 +354,28 @@ impl Backend for Replay {
         };
         self.gpu
             .paged_attention_scores(q, cache, idx, p, exclusive(scores)?)
+    }
+
+    fn track_key_bounds(&self, cache: &mut Self::KvCache) -> Result<()> {
+        self.gpu.track_key_bounds(cache)
+    }
+
+    fn select_kv_blocks(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut Self::Indices,
+    ) -> Result<()> {
+        let idx = AttentionIndices {
+            row_seq: &**idx.row_seq,
+            positions: &**idx.positions,
+            block_tables: &**idx.block_tables,
+        };
+        self.gpu
+            .select_kv_blocks(q, cache, idx, p, select, exclusive(out)?)
     }
 
     fn swiglu(
