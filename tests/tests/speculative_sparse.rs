@@ -1,7 +1,8 @@
-//! Sparse self-speculation (`--speculate sparse:BLOCKS`) on tiny random
-//! models with prompts of many KV blocks: greedy output identical to plain
-//! decoding for several block budgets, KV dtypes and draft lengths (also
-//! with a sliding window, a KV budget and several sequences at once); a
+//! Sparse self-speculation (`--speculate sparse:BLOCKS`, and with n-gram
+//! drafts for it, `--cascade ngram,sparse`) on tiny random models with
+//! prompts of many KV blocks: greedy output identical to plain decoding for
+//! several block budgets, KV dtypes and draft lengths (also with a sliding
+//! window, a KV budget and several sequences at once); a
 //! draft that reads every block is the target itself (all drafts
 //! accepted), one that reads a few is not; sampled output distributed
 //! exactly as the target's; and no block leaked.
@@ -14,7 +15,7 @@ use tandem_core::kv::{EvictionConfig, EvictionPolicy, KvBudget};
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::{Rng, SamplingParams};
-use tandem_core::spec::{DraftLength, SparseDraft};
+use tandem_core::spec::{DraftLength, NgramProposer, SparseDraft};
 use tandem_cpu::CpuBackend;
 use tandem_tests::exact_sampling::{assert_sampled_as, exact_joint};
 use tandem_tests::{generate, tiny, tiny_gguf};
@@ -54,10 +55,26 @@ fn sparse(engine: &mut Engine<CpuBackend>, blocks: usize, length: DraftLength) {
     engine.set_speculation(Box::new(draft), length).unwrap();
 }
 
+fn sparse_cascade(engine: &mut Engine<CpuBackend>, blocks: usize, length: DraftLength) {
+    let draft = SparseDraft::new(blocks)
+        .unwrap()
+        .with_cascade(NgramProposer::default());
+    engine.set_speculation(Box::new(draft), length).unwrap();
+}
+
+/// Random tokens, the last 40 of which repeat an earlier stretch, so
+/// n-gram lookup has something to propose.
+fn repetitive_prompt(n: usize, seed: u64) -> Vec<u32> {
+    let mut p = random_prompt(n - 40, seed);
+    let stretch = p[n / 3..n / 3 + 40].to_vec();
+    p.extend(stretch);
+    p
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     vec![
         random_prompt(301, 1),
-        random_prompt(170, 2),
+        repetitive_prompt(170, 2),
         random_prompt(20, 3),
     ]
 }
@@ -97,6 +114,11 @@ fn greedy_output_is_identical_for_every_block_budget() {
                 }
                 assert_eq!(e.kv_manager().num_used_blocks(), 0, "{what}: blocks leaked");
             }
+            let mut e = engine(&target, dtype, None);
+            sparse_cascade(&mut e, blocks, DraftLength::Fixed(5));
+            let got = generate(&mut e, &prompts(), &greedy, 40);
+            assert_eq!(got, want, "{preset} {dtype:?} ngram,sparse:{blocks}");
+            assert_eq!(e.kv_manager().num_used_blocks(), 0);
         }
     }
 }
@@ -119,21 +141,49 @@ fn a_draft_reading_every_block_is_the_target_and_one_reading_few_is_not() {
     assert!(few < 1.0, "one block of 20 drafted exactly: {few}");
 }
 
+/// A budget the sequences never reach changes nothing. One that evicts
+/// gives other tokens than plain decoding under it, as any speculation
+/// does: eviction runs after each step, and a verification step adds k+1
+/// tokens before it runs; the tables then keep their holes through drafting
+/// and rollback, and no block leaks.
 #[test]
-fn a_kv_budget_and_sparse_drafts_together_keep_the_budgeted_output() {
+fn sparse_drafts_work_under_a_kv_budget() {
     let dir = tempfile::tempdir().unwrap();
     let target = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 4));
     let greedy = |_: usize| SamplingParams::default();
-    let budget = EvictionConfig::new(KvBudget::Tokens(160), EvictionPolicy::H2o);
+    let roomy = EvictionConfig::new(KvBudget::Tokens(1024), EvictionPolicy::H2o);
     let want = generate(
-        &mut engine(&target, KvDtype::F32, Some(budget)),
+        &mut engine(&target, KvDtype::F32, None),
         &prompts(),
         &greedy,
         40,
     );
-    let mut e = engine(&target, KvDtype::F32, Some(budget));
+    let mut e = engine(&target, KvDtype::F32, Some(roomy));
     sparse(&mut e, 2, DraftLength::Fixed(3));
     assert_eq!(generate(&mut e, &prompts(), &greedy, 40), want);
+    let tight = EvictionConfig::new(KvBudget::Tokens(160), EvictionPolicy::H2o);
+    let mut e = engine(&target, KvDtype::F32, Some(tight));
+    sparse(&mut e, 2, DraftLength::Fixed(3));
+    let ids: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| {
+            e.add_request(p, SamplingParams::default(), 40, vec![])
+                .unwrap()
+        })
+        .collect();
+    while e.has_work() {
+        e.step().unwrap();
+    }
+    let table = e.kv_manager().table(ids[0]).unwrap();
+    assert!(
+        table.has_evicted() && table.live_blocks() <= 11,
+        "{table:?}"
+    );
+    for (id, prompt) in ids.into_iter().zip(prompts()) {
+        assert_eq!(e.tokens(id).unwrap().len(), prompt.len() + 40);
+        e.remove(id);
+    }
+    assert!(e.stats().speculation.accepted_tokens > 0);
     assert_eq!(e.kv_manager().num_used_blocks(), 0);
 }
 
@@ -146,8 +196,9 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         top_k: 4,
         ..Default::default()
     };
-    // 200 tokens: 13 blocks, of which a draft of 2 reads 7.
-    let prompt = random_prompt(200, 5);
+    // 200 tokens: 13 blocks, of which a draft of 2 reads 7; repeats for
+    // the n-gram level.
+    let prompt = repetitive_prompt(200, 5);
     let n_tokens = 3;
     let exact = exact_joint(
         &mut engine(&target, KvDtype::F32, None),
@@ -155,32 +206,38 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         &params,
         n_tokens,
     );
-    let samples = 4000;
-    // Each sequence holds its own last block, beside the shared prompt.
-    let mut e = engine_of(&target, KvDtype::F32, None, 32 * 1024);
-    sparse(&mut e, 2, DraftLength::Fixed(3));
-    let mut counts: BTreeMap<Vec<u32>, f64> = BTreeMap::new();
-    for wave in 0..samples / 500 {
-        let seed = |i: usize| SamplingParams {
-            seed: 1000 + (wave * 500 + i) as u64,
-            ..params.clone()
-        };
-        for mut tokens in generate(&mut e, &vec![prompt.clone(); 500], &seed, n_tokens + 2) {
-            tokens.truncate(n_tokens);
-            *counts.entry(tokens).or_default() += 1.0;
+    for cascade in [false, true] {
+        // Each sequence holds its own last block, beside the shared prompt.
+        let mut e = engine_of(&target, KvDtype::F32, None, 32 * 1024);
+        match cascade {
+            false => sparse(&mut e, 2, DraftLength::Fixed(3)),
+            true => sparse_cascade(&mut e, 2, DraftLength::Fixed(3)),
         }
+        let samples = 4000;
+        let mut counts: BTreeMap<Vec<u32>, f64> = BTreeMap::new();
+        for wave in 0..samples / 500 {
+            let seed = |i: usize| SamplingParams {
+                seed: 1000 + (wave * 500 + i) as u64,
+                ..params.clone()
+            };
+            let prompts = vec![prompt.clone(); 500];
+            for mut tokens in generate(&mut e, &prompts, &seed, n_tokens + 2) {
+                tokens.truncate(n_tokens);
+                *counts.entry(tokens).or_default() += 1.0;
+            }
+        }
+        let stats = e.stats().speculation;
+        let rate = stats.acceptance_rate();
+        assert!(rate > 0.05 && rate < 1.0, "acceptance {rate}");
+        let name = if cascade {
+            "ngram,sparse:2"
+        } else {
+            "sparse:2"
+        };
+        let what = format!("{name} (acceptance {rate:.2})");
+        assert_sampled_as(&what, &exact, counts, samples);
+        assert_eq!(e.kv_manager().num_used_blocks(), 0);
     }
-    let stats = e.stats().speculation;
-    assert!(stats.proposed_tokens > 0);
-    let rate = stats.acceptance_rate();
-    assert!(rate > 0.05 && rate < 1.0, "acceptance {rate}");
-    assert_sampled_as(
-        &format!("sparse:2 (acceptance {rate:.2})"),
-        &exact,
-        counts,
-        samples,
-    );
-    assert_eq!(e.kv_manager().num_used_blocks(), 0);
 }
 
 #[test]

@@ -12,11 +12,14 @@
 //! afterwards, so nothing the draft wrote survives. Below a context of
 //! `sinks + recent + top` blocks the draft is the target itself: the
 //! draft-length controller, which measures the draft's cost, turns it off
-//! there.
+//! there. With a cascade, an n-gram proposer drafts for the sparse draft,
+//! which checks those proposals by the exact rule in the same pass, as a
+//! draft model does.
 
 use std::collections::HashMap;
 
-use super::{Draft, DraftRequest, Proposer, Target};
+use super::verify::verify;
+use super::{Draft, DraftRequest, NgramProposer, Proposer, Target};
 use crate::backend::{Backend, BlockSelectParams};
 use crate::kv::SeqId;
 use crate::model::forward::{AttentionExtra, ForwardBatch};
@@ -35,6 +38,8 @@ pub const DEFAULT_SPARSE_BLOCKS: usize = 64;
 /// See the module documentation.
 pub struct SparseDraft {
     select: BlockSelectParams,
+    /// An n-gram proposer drafting for this draft (a two-level cascade).
+    cascade: Option<NgramProposer>,
     samplers: HashMap<SeqId, Sampler>,
 }
 
@@ -64,35 +69,50 @@ impl SparseDraft {
                 sink_blocks: SPARSE_SINK_BLOCKS,
                 recent_blocks: SPARSE_RECENT_BLOCKS,
             },
+            cascade: None,
             samplers: HashMap::new(),
         })
+    }
+
+    /// Lets `ngram` draft for this draft (`--cascade ngram,sparse`).
+    pub fn with_cascade(mut self, ngram: NgramProposer) -> Self {
+        self.cascade = Some(ngram);
+        self
     }
 
     pub fn select(&self) -> BlockSelectParams {
         self.select
     }
 
-    /// One draft pass: feeds each unfinished sequence's last token at the
-    /// next position and samples a draft token from the logits.
+    /// One draft pass: feeds each unfinished sequence's last token (and
+    /// the cascade's proposals after it) at the next positions, keeps the
+    /// proposals the draft's own distributions accept and samples one
+    /// token more. The table is cut back to the positions whose K/V the
+    /// next pass reads.
     fn draft_step<B: Backend>(
         &mut self,
         backend: &B,
         target: &mut Target<'_, B>,
         work: &mut [Work],
     ) -> Result<()> {
-        let mut fed = Vec::new();
+        let mut fed: Vec<(usize, Vec<u32>)> = Vec::new();
         let mut reservations = Vec::new();
         for (i, w) in work.iter().enumerate() {
-            if w.draft.tokens.len() >= w.k {
+            let left = w.k.saturating_sub(w.draft.tokens.len());
+            if left == 0 {
                 continue;
             }
-            match target.kv_manager.reserve(w.seq, 1) {
+            let mut tokens = vec![*w.history.last().expect("context is never empty")];
+            if let Some(ngram) = &self.cascade {
+                tokens.extend(ngram.propose(&w.history, left - 1));
+            }
+            match target.kv_manager.reserve(w.seq, tokens.len()) {
                 Ok(r) => reservations.push(r),
                 // A full pool ends this sequence's drafts where they are.
                 Err(Error::KvCacheFull(_)) => continue,
                 Err(e) => return Err(e),
             }
-            fed.push(i);
+            fed.push((i, tokens));
         }
         if fed.is_empty() {
             return Ok(());
@@ -107,19 +127,19 @@ impl SparseDraft {
         let bs = target.kv_manager.block_size();
         let tables: Vec<&[u32]> = fed
             .iter()
-            .map(|&i| {
-                let table = target.kv_manager.table(work[i].seq).expect("reserved");
+            .map(|(i, _)| {
+                let table = target.kv_manager.table(work[*i].seq).expect("reserved");
                 table.blocks()
             })
             .collect();
         let width = tables.iter().map(|t| t.len()).max().unwrap_or(1);
         let mut batch = ForwardBatch::new(bs, width);
-        for ((&i, r), table) in fed.iter().zip(&reservations).zip(&tables) {
-            let w = &work[i];
-            let pos = w.computed + w.draft.tokens.len();
-            batch.push_sequence(&w.history[pos..=pos], pos, &r.slots, table);
+        for (((i, tokens), r), table) in fed.iter().zip(&reservations).zip(&tables) {
+            let pos = work[*i].history.len() - 1;
+            batch.push_sequence(tokens, pos, &r.slots, table);
         }
-        batch.logit_rows = (0..fed.len() as u32).collect();
+        let rows = batch.rows();
+        batch.logit_rows = (0..rows as u32).collect();
         let mut scratch = backend.upload_indices(&batch.block_tables)?;
         let extra = AttentionExtra::Sparse {
             select: self.select,
@@ -129,15 +149,38 @@ impl SparseDraft {
             .model
             .forward_with(backend, &batch, target.kv, extra)?;
         let vocab = target.model.config.vocab_size;
-        let logits = backend.download(&logits, fed.len() * vocab)?;
-        for (&i, row) in fed.iter().zip(logits.chunks_exact(vocab)) {
+        let logits = backend.download(&logits, rows * vocab)?;
+        let mut offset = 0;
+        for (i, tokens) in fed {
             let w = &mut work[i];
+            let rows = &logits[offset * vocab..(offset + tokens.len()) * vocab];
+            offset += tokens.len();
             let sampler = self.samplers.get_mut(&w.seq).expect("created in propose");
-            let dist = sampler.distribution(&mut row.to_vec(), &w.history);
-            let token = sampler.draw(&dist);
-            w.draft.tokens.push(token);
-            w.draft.dists.get_or_insert_with(Vec::new).push(dist);
-            w.history.push(token);
+            let shaper = sampler.clone();
+            let history_len = w.history.len();
+            let mut context = w.history.clone();
+            let mut dists = Vec::new();
+            let verdict = verify(sampler, &tokens[1..], None, |r, accepted| {
+                context.truncate(history_len);
+                context.extend_from_slice(accepted);
+                let d =
+                    shaper.distribution(&mut rows[r * vocab..(r + 1) * vocab].to_vec(), &context);
+                dists.push(d.clone());
+                d
+            });
+            let emitted = tokens[1..=verdict.accepted]
+                .iter()
+                .copied()
+                .chain([verdict.next]);
+            for (token, dist) in emitted.zip(dists) {
+                if w.draft.tokens.len() == w.k {
+                    break;
+                }
+                w.draft.tokens.push(token);
+                w.draft.dists.get_or_insert_with(Vec::new).push(dist);
+                w.history.push(token);
+            }
+            target.kv_manager.truncate(w.seq, w.history.len() - 1)?;
         }
         Ok(())
     }
@@ -145,10 +188,14 @@ impl SparseDraft {
 
 impl<B: Backend> Proposer<B> for SparseDraft {
     fn describe(&self) -> String {
-        format!(
+        let label = format!(
             "sparse self-draft ({} blocks per KV head, {} sink and {} recent blocks)",
             self.select.top_blocks, self.select.sink_blocks, self.select.recent_blocks
-        )
+        );
+        match self.cascade {
+            Some(_) => format!("{label} with n-gram cascade"),
+            None => label,
+        }
     }
 
     fn drafts_with_target(&self) -> bool {

@@ -38,8 +38,9 @@ pub struct SpeculationArgs {
     /// acceptance rate and step costs, off when it does not pay).
     #[arg(long, value_name = "K|auto", default_value = "auto")]
     pub draft_k: String,
-    /// Multi-level drafting, cheapest first: `ngram,draft:PATH` or
-    /// `ngram,self:auto|LAYERS` (n-gram drafts for the draft model).
+    /// Multi-level drafting, cheapest first: `ngram,draft:PATH`,
+    /// `ngram,self:auto|LAYERS` or `ngram,sparse[:BLOCKS]` (n-gram drafts
+    /// for the draft model).
     #[arg(long, value_name = "LEVELS", conflicts_with = "speculate")]
     pub cascade: Option<String>,
 }
@@ -88,7 +89,7 @@ impl SpeculationArgs {
             (None, Some(levels)) => match levels.split_once(',') {
                 Some(("ngram", rest)) if !rest.contains(',') => (rest, true),
                 _ => bail!(
-                    "--cascade takes `ngram,draft:PATH` or `ngram,self:auto|LAYERS`, not `{levels}`"
+                    "--cascade takes `ngram,draft:PATH`, `ngram,self:auto|LAYERS` or `ngram,sparse[:BLOCKS]`, not `{levels}`"
                 ),
             },
             _ => return Ok(()),
@@ -100,21 +101,24 @@ impl SpeculationArgs {
             Some(("self", layers)) if !layers.is_empty() => {
                 Method::Model(DraftSource::SelfLayers(layers.into()))
             }
-            None if method == "sparse" && !cascade => Method::Sparse(DEFAULT_SPARSE_BLOCKS),
-            Some(("sparse", blocks)) if !cascade => match blocks.parse::<usize>() {
+            None if method == "sparse" => Method::Sparse(DEFAULT_SPARSE_BLOCKS),
+            Some(("sparse", blocks)) => match blocks.parse::<usize>() {
                 Ok(n) if n > 0 => Method::Sparse(n),
                 _ => bail!("sparse:BLOCKS takes a positive number of KV blocks, not `{blocks}`"),
             },
-            _ if cascade && method.starts_with("sparse") => {
-                bail!("--cascade has no sparse level yet: use --speculate {method}")
-            }
             _ => bail!(
                 "unknown speculation method `{method}`: use ngram, draft:PATH, self:auto, self:LAYERS or sparse[:BLOCKS]"
             ),
         };
         let proposer: Box<dyn Proposer<B>> = match method {
             Method::Ngram => Box::new(NgramProposer::default()),
-            Method::Sparse(blocks) => Box::new(SparseDraft::new(blocks)?),
+            Method::Sparse(blocks) => {
+                let draft = SparseDraft::new(blocks)?;
+                match cascade {
+                    true => Box::new(draft.with_cascade(NgramProposer::default())),
+                    false => Box::new(draft),
+                }
+            }
             Method::Model(source) => {
                 let config = self.draft_config(engine, cascade);
                 Box::new(self.draft_model(engine, files, source, config, length)?)
