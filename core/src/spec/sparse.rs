@@ -32,8 +32,10 @@ const SPARSE_SEED_SALT: u64 = 0x5ba5_d7af;
 pub const SPARSE_SINK_BLOCKS: usize = 1;
 /// Blocks of the recent window every draft reads, the one being filled included.
 pub const SPARSE_RECENT_BLOCKS: usize = 4;
-/// `sparse` without a count: blocks per KV head besides sinks and window.
-pub const DEFAULT_SPARSE_BLOCKS: usize = 64;
+/// `sparse` without a count: blocks per KV head besides sinks and window
+/// (256 tokens per KV head in blocks of 16: the best of 16 and 64 at 7k
+/// tokens on SmolLM2, `scripts/bench-sparse-spec.py`).
+pub const DEFAULT_SPARSE_BLOCKS: usize = 16;
 
 /// See the module documentation.
 pub struct SparseDraft {

@@ -30,7 +30,7 @@ pub struct SpeculationArgs {
     /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]), `self:auto` or `self:LAYERS`
     /// (this model with only some layers, e.g. `self:0-9,29`), `sparse` or
     /// `sparse:BLOCKS` (this model attending only to the BLOCKS KV blocks
-    /// per KV head whose keys could score highest, default 64, plus the
+    /// per KV head whose keys could score highest, default 16, plus the
     /// first block and the last four; CPU backend).
     #[arg(long, value_name = "METHOD")]
     pub speculate: Option<String>,
