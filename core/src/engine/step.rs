@@ -374,7 +374,13 @@ impl<B: Backend> Engine<B> {
         }
         if let Some(spec) = &mut self.speculation {
             let secs = started.seconds();
-            spec.control.observe_step(step_rows, secs);
+            // Only steps whose every row was sampled (decoding and
+            // verification) fit the cost of drafts: a prompt chunk's many
+            // rows would set the slope per row for long after.
+            let sampled_rows: usize = seqs.iter().map(|&(_, n)| n).sum();
+            if sampled_rows == step_rows {
+                spec.control.observe_step(step_rows, secs);
+            }
             if verified {
                 spec.stats.verify_steps += 1;
                 spec.stats.verify_seconds += secs;

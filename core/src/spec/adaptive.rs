@@ -13,7 +13,10 @@
 //! A sequence that stopped speculating probes with one draft now and then
 //! so a change in acceptance is noticed; probes that fail come ever more
 //! rarely, so a hopeless draft costs next to nothing, and a draft too slow
-//! to pay even if it were always right is not probed at all.
+//! to pay even if it were always right is not probed at all. A sequence
+//! that keeps speculating takes one plain step now and then: the fit then
+//! sees one-row steps at today's context, not only those measured up
+//! front, so a context that has grown dearer per row (attention) is noticed.
 
 /// Weight of the newest observation in the running averages.
 const DECAY: f64 = 0.1;
@@ -27,6 +30,8 @@ const PROBE_EVERY: u32 = 32;
 /// by this factor: a marginal draft is not worth its probes.
 const PROBE_MIN_GAIN: f64 = 1.25;
 const MAX_PROBE_EVERY: u32 = 256;
+/// Speculating steps of a sequence between its plain steps (see above).
+const REFRESH_EVERY: u32 = 24;
 
 /// How the draft length is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +99,8 @@ pub struct SequenceAcceptance {
     probe_every: u32,
     /// Whether the last speculation was a probe.
     probing: bool,
+    /// Speculating steps since the last plain one.
+    streak: u32,
 }
 
 impl Default for SequenceAcceptance {
@@ -104,6 +111,7 @@ impl Default for SequenceAcceptance {
             idle: 0,
             probe_every: PROBE_EVERY,
             probing: false,
+            streak: 0,
         }
     }
 }
@@ -197,7 +205,13 @@ impl DraftLengthController {
                     }
                 } else {
                     acc.idle = 0;
-                    best
+                    acc.streak += 1;
+                    if acc.streak >= REFRESH_EVERY {
+                        acc.streak = 0;
+                        0
+                    } else {
+                        best
+                    }
                 }
             }
         };
@@ -339,6 +353,39 @@ mod tests {
             acc.observe(4, 0);
         }
         assert!(acc.rate() < 0.05);
+    }
+
+    /// Measured up front at a short context, where rows are cheap; then
+    /// every row costs 40 ms of attention and a draft token 35 ms (a sparse
+    /// draft at 14k tokens): drafting stops once plain steps show it.
+    /// Where drafting pays it goes on, with one plain step in
+    /// `REFRESH_EVERY`.
+    #[test]
+    fn a_context_that_makes_rows_dear_turns_speculation_off() {
+        let run = |per_row: f64, draft: f64| {
+            let mut c = trained(12e-3, 4e-3, 0.0);
+            c.observe_drafting(1, 12e-3);
+            let mut acc = SequenceAcceptance::default();
+            let mut ks = Vec::new();
+            for _ in 0..200 {
+                let k = c.choose(&mut acc, 1, 100);
+                c.observe_step(k + 1, 24e-3 + per_row * (k + 1) as f64);
+                if k > 0 {
+                    c.observe_drafting(k, draft * k as f64);
+                    acc.observe(k, k);
+                }
+                ks.push(k);
+            }
+            ks
+        };
+        let dear = run(40e-3, 35e-3);
+        assert!(dear[100..].iter().all(|&k| k == 0), "{dear:?}");
+        let cheap = run(4e-3, 2e-3);
+        let plain = cheap[100..].iter().filter(|&&k| k == 0).count();
+        assert!(
+            (1..=100 / REFRESH_EVERY as usize + 1).contains(&plain),
+            "{cheap:?}"
+        );
     }
 
     #[test]
