@@ -359,12 +359,7 @@ impl Backend for CpuBackend {
         p: AttentionParams,
         out: &mut Tensor,
     ) -> Result<()> {
-        let inputs = AttentionInputs {
-            q: q.as_slice(),
-            row_seq: idx.row_seq.as_slice(),
-            positions: idx.positions.as_slice(),
-            block_tables: idx.block_tables.as_slice(),
-        };
+        let inputs = attention_inputs(q, idx);
         attention::paged_attention(
             &self.workers,
             self.isa,
@@ -383,12 +378,7 @@ impl Backend for CpuBackend {
         p: AttentionParams,
         scores: &mut Tensor,
     ) -> Result<()> {
-        let inputs = AttentionInputs {
-            q: q.as_slice(),
-            row_seq: idx.row_seq.as_slice(),
-            positions: idx.positions.as_slice(),
-            block_tables: idx.block_tables.as_slice(),
-        };
+        let inputs = attention_inputs(q, idx);
         attention::paged_attention_scores(
             &self.workers,
             self.isa,
@@ -413,12 +403,7 @@ impl Backend for CpuBackend {
         select: BlockSelectParams,
         out: &mut Indices,
     ) -> Result<()> {
-        let inputs = AttentionInputs {
-            q: q.as_slice(),
-            row_seq: idx.row_seq.as_slice(),
-            positions: idx.positions.as_slice(),
-            block_tables: idx.block_tables.as_slice(),
-        };
+        let inputs = attention_inputs(q, idx);
         attention::select_kv_blocks(&self.workers, cache, &inputs, p, select, out.as_mut_slice())
     }
 
@@ -493,5 +478,18 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Tensor, rows: usize, width: usize, out: &mut Indices) -> Result<()> {
         rows::argmax(&self.workers, x.as_slice(), rows, width, out.as_mut_slice())
+    }
+}
+
+/// The host slices behind one attention call's buffers.
+fn attention_inputs<'a>(
+    q: &'a Tensor,
+    idx: AttentionIndices<'a, CpuBackend>,
+) -> AttentionInputs<'a> {
+    AttentionInputs {
+        q: q.as_slice(),
+        row_seq: idx.row_seq.as_slice(),
+        positions: idx.positions.as_slice(),
+        block_tables: idx.block_tables.as_slice(),
     }
 }
