@@ -29,6 +29,7 @@ const BACKEND_KERNEL_METHODS: &[&str] = &[
     "matmul_glu",
     "matmul_residual",
     "mlp_residual",
+    "select_kv_blocks",
 ];
 
 fn files_with_extension(dir: &str, ext: &str) -> BTreeSet<String> {

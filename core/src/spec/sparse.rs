@@ -3,18 +3,18 @@
 //! MagicDec draft), and verifies them with full attention.
 //!
 //! A draft pass is the target's own forward pass over its own paged cache,
-//! one token per sequence, where every layer attends through
-//! `Backend::select_kv_blocks`: the sinks, the recent window, and per KV
-//! head the blocks whose key bounds could score highest against the
-//! query. The drafted tokens' K/V go into the slots that the verification
-//! pass then overwrites with full attention's (it feeds the same tokens at
-//! the same positions), and the table is cut back to the accepted tokens
-//! afterwards, so nothing the draft wrote survives. Below a context of
-//! `sinks + recent + top` blocks the draft is the target itself: the
-//! draft-length controller, which measures the draft's cost, turns it off
-//! there. With a cascade, an n-gram proposer drafts for the sparse draft,
-//! which checks those proposals by the exact rule in the same pass, as a
-//! draft model does.
+//! one token per sequence (more with a cascade), where every layer
+//! attends through `Backend::select_kv_blocks`: the sinks, the recent
+//! window, and per KV head the blocks whose key bounds could score highest
+//! against the query. The drafted tokens' K/V go into the slots that the
+//! verification pass then overwrites with full attention's (it feeds the
+//! same tokens at the same positions), and the table is cut back to the
+//! accepted tokens afterwards, so nothing the draft wrote survives. Below
+//! a context of `sinks + recent + top` blocks the draft is the target
+//! itself: the draft-length controller, which measures the draft's cost,
+//! turns it off there. With a cascade, an n-gram proposer drafts for the
+//! sparse draft, which checks those proposals by the exact rule in the
+//! same pass, as a draft model does.
 
 use std::collections::HashMap;
 
@@ -80,10 +80,6 @@ impl SparseDraft {
     pub fn with_cascade(mut self, ngram: NgramProposer) -> Self {
         self.cascade = Some(ngram);
         self
-    }
-
-    pub fn select(&self) -> BlockSelectParams {
-        self.select
     }
 
     /// One draft pass: feeds each unfinished sequence's last token (and
