@@ -1649,7 +1649,9 @@ impl Backend for CudaBackend {
         if seqs == 0 {
             return Ok(());
         }
-        let mut scratch = self.alloc_raw::<f32>(seqs * p.kv_heads * p.max_blocks_per_seq)?;
+        let mut scratch =
+            self.partials(seqs * p.kv_heads * p.max_blocks_per_seq, "block bounds")?;
+        let scratch = scratch.slice()?;
         sig::select_kv_blocks(
             self,
             Which::ONE,
@@ -1668,7 +1670,7 @@ impl Backend for CudaBackend {
             &to_u32(select.top_blocks, "top blocks")?,
             &to_u32(select.sink_blocks, "sink blocks")?,
             &to_u32(select.recent_blocks, "recent blocks")?,
-            &mut scratch,
+            scratch,
             &mut out.buf,
         )
     }

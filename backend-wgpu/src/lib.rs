@@ -284,6 +284,36 @@ fn u32_of(n: usize, what: &str) -> Result<u32> {
     })
 }
 
+/// `kernel`'s heads, head size and block size fit the cache and the
+/// attention kernels' largest head.
+fn check_attention_shape(kernel: &str, p: AttentionParams, layout: &KvCacheLayout) -> Result<()> {
+    if p.kv_heads == 0
+        || !p.heads.is_multiple_of(p.kv_heads)
+        || p.kv_heads != layout.kv_heads
+        || p.head_dim != layout.head_dim
+        || p.block_size != layout.block_size
+    {
+        return Err(backend_error(format!(
+            "{kernel}: {} heads over {} KV heads of {} dims in blocks of {} do not \
+             fit a cache of {} KV heads of {} dims in blocks of {}",
+            p.heads,
+            p.kv_heads,
+            p.head_dim,
+            p.block_size,
+            layout.kv_heads,
+            layout.head_dim,
+            layout.block_size
+        )));
+    }
+    if p.head_dim > MAX_HEAD_DIM {
+        return Err(backend_error(format!(
+            "{kernel}: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
+            p.head_dim
+        )));
+    }
+    Ok(())
+}
+
 /// `have >= need` elements, or an error naming the operand.
 fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     if have < need {
@@ -378,30 +408,7 @@ impl WgpuBackend {
         scored: bool,
     ) -> Result<()> {
         let layout = &cache.layout;
-        if p.kv_heads == 0
-            || !p.heads.is_multiple_of(p.kv_heads)
-            || p.kv_heads != layout.kv_heads
-            || p.head_dim != layout.head_dim
-            || p.block_size != layout.block_size
-        {
-            return Err(backend_error(format!(
-                "paged_attention: {} heads over {} KV heads of {} dims in blocks of {} do not \
-                 fit a cache of {} KV heads of {} dims in blocks of {}",
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-                p.block_size,
-                layout.kv_heads,
-                layout.head_dim,
-                layout.block_size
-            )));
-        }
-        if p.head_dim > MAX_HEAD_DIM {
-            return Err(backend_error(format!(
-                "paged_attention: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
-                p.head_dim
-            )));
-        }
+        check_attention_shape("paged_attention", p, layout)?;
         let window = match p.sliding_window {
             None => 0,
             Some(0) => {
@@ -1108,20 +1115,11 @@ impl Backend for WgpuBackend {
         let bounds = cache.bounds.as_ref().ok_or_else(|| {
             backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
         })?;
-        let layout = &cache.layout;
-        if p.kv_heads == 0
-            || !p.heads.is_multiple_of(p.kv_heads)
-            || (p.kv_heads, p.head_dim, p.block_size)
-                != (layout.kv_heads, layout.head_dim, layout.block_size)
-            || p.head_dim > MAX_HEAD_DIM
-            || p.max_blocks_per_seq == 0
-            || select.top_blocks == 0
-        {
+        check_attention_shape("select_kv_blocks", p, &cache.layout)?;
+        if p.max_blocks_per_seq == 0 || select.top_blocks == 0 {
             return Err(backend_error(format!(
-                "select_kv_blocks: {} heads over {} KV heads of {} dims in blocks of {}, top {}, \
-                 do not fit a cache of {} KV heads of {} dims in blocks of {} (at most {MAX_HEAD_DIM} dims, one block)",
-                p.heads, p.kv_heads, p.head_dim, p.block_size, select.top_blocks,
-                layout.kv_heads, layout.head_dim, layout.block_size
+                "select_kv_blocks: {} table columns and {} top blocks: both must be positive",
+                p.max_blocks_per_seq, select.top_blocks
             )));
         }
         let seqs = idx.block_tables.len / p.max_blocks_per_seq;
