@@ -22,28 +22,34 @@
 struct QuantAttentionShape {
     u32 rows, heads, kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
+    // The values' bits and words per slot.
     u32 groups_per_head, bits, slot_words;
-    // INT4: kv_heads * head_dim, keys in per-channel blocks; 0: keys in slots.
-    u32 key_channels;
+    // INT4, INT2: kv_heads * head_dim, keys in per-channel blocks; 0: keys in
+    // slots. Either way at their own bits (and words per slot).
+    u32 key_channels, key_bits, key_slot_words;
 };
 
-// Element e (of the kv_heads * head_dim row) of the slot starting at `slot`.
-__device__ __forceinline__ float dequantize(const u32* __restrict__ slot, const QuantAttentionShape& s, u32 e) {
+// Element e (of the kv_heads * head_dim row) of the slot starting at `slot`,
+// `bits` per code.
+__device__ __forceinline__ float dequantize(const u32* __restrict__ slot, const QuantAttentionShape& s, u32 bits,
+                                            u32 e) {
     const u32 head = e / s.head_dim, d = e % s.head_dim;
     const u32 g = head * s.groups_per_head + d / KV_GROUP, i = d % KV_GROUP;
-    const u32 per_word = 32u / s.bits;
-    const u32 q = (__ldg(slot + g * s.bits + i / per_word) >> ((i % per_word) * s.bits)) & ((1u << s.bits) - 1u);
+    const u32 per_word = 32u / bits;
+    const u32 q = (__ldg(slot + g * bits + i / per_word) >> ((i % per_word) * bits)) & ((1u << bits) - 1u);
     float scale, zero;
-    half2_to_f32<FMT_F16>(__ldg(slot + s.kv_heads * s.groups_per_head * s.bits + g), scale, zero);
+    half2_to_f32<FMT_F16>(__ldg(slot + s.kv_heads * s.groups_per_head * bits + g), scale, zero);
     return fmaf((float)q, scale, zero);
 }
 
-// Channel e of the token in `slot` of an INT4 key block.
+// Channel e of the token in `slot` of an INT4 or INT2 key block.
 __device__ __forceinline__ float dequantize_key_block(const u32* __restrict__ k_cache, const QuantAttentionShape& s,
                                                       u64 slot, u32 e) {
-    const u32 per_token = (s.key_channels + 7u) / 8u;
+    const u32 per_word = 32u / s.key_bits;
+    const u32 per_token = (s.key_channels + per_word - 1u) / per_word;
     const u32* block = k_cache + slot / s.block_size * (u64)(s.block_size * per_token + s.key_channels);
-    const u32 q = (__ldg(block + slot % s.block_size * per_token + e / 8u) >> (e % 8u * 4u)) & 15u;
+    const u32 q = (__ldg(block + slot % s.block_size * per_token + e / per_word) >> (e % per_word * s.key_bits)) &
+                  ((1u << s.key_bits) - 1u);
     float scale, zero;
     half2_to_f32<FMT_F16>(__ldg(block + s.block_size * per_token + e), scale, zero);
     return fmaf((float)q, scale, zero);
@@ -70,8 +76,9 @@ __device__ __forceinline__ float key_score(const float* qs, const u32* __restric
         for (u32 d = 0; d < s.head_dim; ++d)
             score = fmaf(qs[d], dequantize_key_block(k_cache, s, (u64)slot, kv_base + d), score);
     } else {
-        const u32* key = k_cache + (u64)slot * s.slot_words;
-        for (u32 d = 0; d < s.head_dim; ++d) score = fmaf(qs[d], dequantize(key, s, kv_base + d), score);
+        const u32* key = k_cache + (u64)slot * s.key_slot_words;
+        for (u32 d = 0; d < s.head_dim; ++d)
+            score = fmaf(qs[d], dequantize(key, s, s.key_bits, kv_base + d), score);
     }
     return score;
 }
@@ -120,7 +127,7 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
 #pragma unroll
             for (int c = 0; c < DIMS_PER_LANE; ++c) {
                 const u32 d = lane + WARP * c;
-                if (d < hd) acc[c] = fmaf(pj, dequantize(value, s, kv_base + d), acc[c]);
+                if (d < hd) acc[c] = fmaf(pj, dequantize(value, s, s.bits, kv_base + d), acc[c]);
             }
         }
     }

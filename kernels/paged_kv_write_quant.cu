@@ -1,5 +1,6 @@
 // paged_kv_write_quant: row t of k and v ([rows, kv_heads * head_dim] f32) is
-// quantized (INT8 or INT4, `bits`) into slot slots[t] of the layer's caches.
+// quantized (INT8, INT4 or INT2; K at `key_bits`, V at `value_bits`) into
+// slot slots[t] of the layer's caches.
 // Slot layout (tandem_core::kv::quant): `slot_words` u32 words per slot; group
 // g = head * groups_per_head + i (32 elements, a head's last group possibly
 // shorter) keeps its codes in words [g * bits, (g + 1) * bits), 32 / bits
@@ -41,8 +42,9 @@ __device__ __forceinline__ void quantize_group(const float* __restrict__ x, u32 
 
 extern "C" __global__ void paged_kv_write_quant(const float* __restrict__ k, const float* __restrict__ v,
                                                 const u32* __restrict__ slots, u32 rows, u32 kv_heads, u32 head_dim,
-                                                u32 groups_per_head, u32 num_slots, u32 slot_words, u32 bits,
-                                                u32 keys, u32* __restrict__ k_cache, u32* __restrict__ v_cache) {
+                                                u32 groups_per_head, u32 num_slots, u32 key_slot_words,
+                                                u32 key_bits, u32 value_slot_words, u32 value_bits, u32 keys,
+                                                u32* __restrict__ k_cache, u32* __restrict__ v_cache) {
     const u32 groups = kv_heads * groups_per_head;
     const u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i >= (u64)rows * groups) return;
@@ -52,7 +54,6 @@ extern "C" __global__ void paged_kv_write_quant(const float* __restrict__ k, con
     const u32 head = g / groups_per_head, first = (g % groups_per_head) * KV_GROUP;
     const u32 len = min((u32)KV_GROUP, head_dim - first);
     const u64 src = ((u64)t * kv_heads + head) * head_dim + first;
-    const u64 dst = (u64)slot * slot_words;
-    if (keys) quantize_group(k + src, len, k_cache + dst, g, groups, bits);
-    quantize_group(v + src, len, v_cache + dst, g, groups, bits);
+    if (keys) quantize_group(k + src, len, k_cache + (u64)slot * key_slot_words, g, groups, key_bits);
+    quantize_group(v + src, len, v_cache + (u64)slot * value_slot_words, g, groups, value_bits);
 }

@@ -1,7 +1,7 @@
-// Quantized paged KV write (INT8, INT4): row t of K and V ([rows, width],
-// width = kv_heads * head_dim) is quantized into slot SLOTS[t] of the
-// layer's caches. Slot layout (tandem_core::kv::quant): `slot_words` u32
-// words per slot; group g (head * groups_per_head + i, 32 elements, the
+// Quantized paged KV write (INT8, INT4, INT2): row t of K and V ([rows,
+// width], width = kv_heads * head_dim) is quantized into slot SLOTS[t] of the
+// layer's caches, K and V each at its own bits. Slot layout
+// (tandem_core::kv::quant): `slot_words` u32 words per slot; group g (head * groups_per_head + i, 32 elements, the
 // last of a head possibly shorter) keeps its codes in words
 // [g * bits, (g + 1) * bits), `32 / bits` codes per word from the low bits
 // up, and its f16 scale (low half) and f16 min (high half) in word
@@ -18,8 +18,10 @@ struct Params {
     head_dim: u32,
     groups_per_head: u32,
     num_slots: u32,
-    slot_words: u32,
-    bits: u32,
+    key_slot_words: u32,
+    key_bits: u32,
+    value_slot_words: u32,
+    value_bits: u32,
     // 1: K is written here too; 0: V only (INT4, whose keys are per block).
     keys: u32,
 }
@@ -51,10 +53,11 @@ fn store(which: u32, i: u32, word: u32) {
     }
 }
 
-// Quantizes `len` inputs from `src` as group g of the slot starting at word `base`.
-fn quantize_group(which: u32, src: u32, len: u32, base: u32, g: u32) {
-    let max_code = (1u << P.bits) - 1u;
-    let per_word = 32u / P.bits;
+// Quantizes `len` inputs from `src` as group g of the slot starting at word
+// `base`, at `bits` bits per code.
+fn quantize_group(which: u32, src: u32, len: u32, base: u32, g: u32, bits: u32) {
+    let max_code = (1u << bits) - 1u;
+    let per_word = 32u / bits;
     var lo = 3.0e38;
     var hi = -3.0e38;
     for (var e = 0u; e < len; e++) {
@@ -73,18 +76,18 @@ fn quantize_group(which: u32, src: u32, len: u32, base: u32, g: u32) {
     if scale > 0.0 {
         inv = 1.0 / scale;
     }
-    for (var w = 0u; w < P.bits; w++) {
+    for (var w = 0u; w < bits; w++) {
         var word = 0u;
         for (var k = 0u; k < per_word; k++) {
             let e = w * per_word + k;
             if e < len {
                 let q = clamp(floor((load(which, src + e) - zero) * inv + 0.5), 0.0, f32(max_code));
-                word |= u32(q) << (k * P.bits);
+                word |= u32(q) << (k * bits);
             }
         }
-        store(which, base + g * P.bits + w, word);
+        store(which, base + g * bits + w, word);
     }
-    store(which, base + P.kv_heads * P.groups_per_head * P.bits + g, params);
+    store(which, base + P.kv_heads * P.groups_per_head * bits + g, params);
 }
 
 @compute @workgroup_size(WG)
@@ -104,9 +107,8 @@ fn main(ids: Ids, group: Group) {
     let first = (g % P.groups_per_head) * GROUP;
     let len = min(GROUP, P.head_dim - first);
     let src = t * P.kv_heads * P.head_dim + head * P.head_dim + first;
-    let base = slot * P.slot_words;
     if P.keys != 0u {
-        quantize_group(0u, src, len, base, g);
+        quantize_group(0u, src, len, slot * P.key_slot_words, g, P.key_bits);
     }
-    quantize_group(1u, src, len, base, g);
+    quantize_group(1u, src, len, slot * P.value_slot_words, g, P.value_bits);
 }

@@ -23,7 +23,8 @@ pub struct KvCache {
     bounds: Option<KeyBounds>,
 }
 
-/// K and V storage; one variant per element type, so K and V always agree.
+/// K and V storage; one variant per element type: float K and V agree,
+/// quantized ones may differ in bits.
 #[derive(Clone, Debug)]
 pub(crate) enum KvStorage {
     F32 {
@@ -34,10 +35,12 @@ pub(crate) enum KvStorage {
         keys: Vec<f16>,
         values: Vec<f16>,
     },
-    /// Values (and INT8 keys): `slot_words` words per slot. INT4 keys:
+    /// Values, and INT8 or INT2 keys: `slot_words` words per slot of
+    /// their own layout (keys and values may differ in bits). INT4 keys:
     /// `block_words` words per block (`key_blocks`).
     Quant {
-        quant: KvQuantLayout,
+        key_quant: KvQuantLayout,
+        value_quant: KvQuantLayout,
         key_blocks: Option<KeyBlockLayout>,
         keys: Vec<u32>,
         values: Vec<u32>,
@@ -69,20 +72,25 @@ impl KvCache {
                 layout.head_dim,
             ],
         )?;
-        let storage = if let Some(quant) = layout.quant() {
-            let words = check::product(kernel, &[layout.num_slots(), quant.slot_words()])?;
+        layout.check()?;
+        let quant = |dtype| KvQuantLayout::new(dtype, layout.kv_heads, layout.head_dim);
+        let storage = if let (Some(key_quant), Some(value_quant)) =
+            (quant(layout.keys), quant(layout.values))
+        {
+            let words = check::product(kernel, &[layout.num_slots(), value_quant.slot_words()])?;
             let key_blocks = layout.key_blocks();
             let key_words = match key_blocks {
                 Some(blocks) => check::product(kernel, &[layout.num_blocks, blocks.block_words()])?,
-                None => words,
+                None => check::product(kernel, &[layout.num_slots(), key_quant.slot_words()])?,
             };
             KvStorage::Quant {
-                quant,
+                key_quant,
+                value_quant,
                 key_blocks,
                 keys: zeroed(key_words)?,
                 values: zeroed(words)?,
             }
-        } else if layout.dtype == KvDtype::F16 {
+        } else if layout.keys == KvDtype::F16 {
             KvStorage::F16 {
                 keys: zeroed(len)?,
                 values: zeroed(len)?,
@@ -115,7 +123,9 @@ impl KvCache {
                 keys,
                 ..
             } => dequantize_key_blocks(blocks, keys),
-            KvStorage::Quant { quant, keys, .. } => dequantize_all(quant, keys),
+            KvStorage::Quant {
+                key_quant, keys, ..
+            } => dequantize_all(key_quant, keys),
         }
     }
 
@@ -124,7 +134,11 @@ impl KvCache {
         match &self.storage {
             KvStorage::F32 { values, .. } => values.clone(),
             KvStorage::F16 { values, .. } => values.to_f32_vec(),
-            KvStorage::Quant { quant, values, .. } => dequantize_all(quant, values),
+            KvStorage::Quant {
+                value_quant,
+                values,
+                ..
+            } => dequantize_all(value_quant, values),
         }
     }
 
@@ -189,7 +203,8 @@ pub(crate) fn paged_kv_write(
             }
         }
         KvStorage::Quant {
-            quant,
+            key_quant,
+            value_quant,
             key_blocks,
             keys,
             values,
@@ -198,13 +213,14 @@ pub(crate) fn paged_kv_write(
                 Some(blocks) => key_runs(blocks.block_size, slots)?,
                 None => Vec::new(),
             };
-            let words = quant.slot_words();
+            let (key_words, value_words) = (key_quant.slot_words(), value_quant.slot_words());
             for ((&slot, k), v) in rows {
-                let at = slot as usize * words;
                 if key_blocks.is_none() {
-                    quant.quantize_row(k, &mut keys[at..at + words]);
+                    let at = slot as usize * key_words;
+                    key_quant.quantize_row(k, &mut keys[at..at + key_words]);
                 }
-                quant.quantize_row(v, &mut values[at..at + words]);
+                let at = slot as usize * value_words;
+                value_quant.quantize_row(v, &mut values[at..at + value_words]);
             }
             if let Some(blocks) = key_blocks {
                 write_key_runs(blocks, &runs, k, keys);
@@ -230,10 +246,13 @@ pub(crate) fn copy_kv_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Resul
     let block_size = cache.layout.block_size;
     let (key_units, value_units) = match &cache.storage {
         KvStorage::Quant {
-            quant, key_blocks, ..
+            key_quant,
+            value_quant,
+            key_blocks,
+            ..
         } => (
-            key_blocks.map_or(block_size * quant.slot_words(), |b| b.block_words()),
-            block_size * quant.slot_words(),
+            key_blocks.map_or(block_size * key_quant.slot_words(), |b| b.block_words()),
+            block_size * value_quant.slot_words(),
         ),
         KvStorage::F32 { .. } | KvStorage::F16 { .. } => {
             let units = block_size * cache.layout.row_width();

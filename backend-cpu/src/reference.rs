@@ -17,7 +17,7 @@ use tandem_core::backend::{
     AttentionParams, BlockSelectParams, KvCacheLayout, KvDtype, RmsNormParams, RopeParams,
     RopeStyle,
 };
-use tandem_core::kv::quant::KeyBlockLayout;
+use tandem_core::kv::quant::{KeyBlockLayout, KvQuantLayout};
 use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::quant::{dequantize_row, quantize_activation_row_i8, WeightFormat, WeightView};
 
@@ -126,7 +126,10 @@ pub fn paged_kv_write(
     v_cache: &mut [f32],
 ) {
     let row_width = layout.row_width();
-    let round = |row: &[f32], out: &mut [f32]| match (layout.dtype, layout.quant()) {
+    let round = |dtype, row: &[f32], out: &mut [f32]| match (
+        dtype,
+        KvQuantLayout::new(dtype, layout.kv_heads, layout.head_dim),
+    ) {
         (_, Some(quant)) => {
             let mut slot = vec![0; quant.slot_words()];
             quant.quantize_row(row, &mut slot);
@@ -143,9 +146,9 @@ pub fn paged_kv_write(
         let dst = slot as usize * row_width..(slot as usize + 1) * row_width;
         let src = t * row_width..(t + 1) * row_width;
         if layout.key_blocks().is_none() {
-            round(&k[src.clone()], &mut k_cache[dst.clone()]);
+            round(layout.keys, &k[src.clone()], &mut k_cache[dst.clone()]);
         }
-        round(&v[src], &mut v_cache[dst]);
+        round(layout.values, &v[src], &mut v_cache[dst]);
     }
     if let Some(blocks) = layout.key_blocks() {
         write_key_blocks(&blocks, k, slots, k_cache);

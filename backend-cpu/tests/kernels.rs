@@ -529,7 +529,8 @@ impl AttentionCase {
             block_size: 4,
             kv_heads: 3,
             head_dim: 16,
-            dtype,
+            keys: dtype,
+            values: dtype,
         };
         let max_blocks_per_seq = 5;
         #[rustfmt::skip]
@@ -580,6 +581,14 @@ impl AttentionCase {
     }
 }
 
+/// Every uniform dtype, and keys and values of different bits.
+fn kv_pairs() -> impl Iterator<Item = (KvDtype, KvDtype)> {
+    KvDtype::ALL
+        .map(|d| (d, d))
+        .into_iter()
+        .chain(tandem_core::kv::plan::MIXED_KV_PAIRS)
+}
+
 /// Fills the cache of `case` through `paged_kv_write`, checking it against
 /// the reference write, then returns the filled cache.
 fn fill_cache(backend: &CpuBackend, case: &AttentionCase, rng: &mut Rng) -> tandem_cpu::KvCache {
@@ -613,8 +622,9 @@ fn fill_cache(backend: &CpuBackend, case: &AttentionCase, rng: &mut Rng) -> tand
 fn paged_attention_matches_reference_across_sequences_blocks_and_gqa() {
     let mut rng = Rng::new(9);
     for backend in backends() {
-        for dtype in KvDtype::ALL {
-            let case = AttentionCase::mixed(dtype);
+        for (keys, values) in kv_pairs() {
+            let mut case = AttentionCase::mixed(keys);
+            case.layout.values = values;
             let cache = fill_cache(&backend, &case, &mut rng);
             for (heads, window) in [(9, None), (3, None), (9, Some(5)), (6, Some(1))] {
                 let p = case.params(heads, window);
@@ -693,8 +703,9 @@ fn paged_attention_is_stable_with_large_scores() {
 fn copy_kv_blocks_copies_whole_blocks_in_order() {
     let mut rng = Rng::new(11);
     let backend = CpuBackend::new(1);
-    for dtype in KvDtype::ALL {
-        let case = AttentionCase::mixed(dtype);
+    for (keys, values) in kv_pairs() {
+        let mut case = AttentionCase::mixed(keys);
+        case.layout.values = values;
         let mut cache = fill_cache(&backend, &case, &mut rng);
         let (mut want_k, mut want_v) = (cache.keys_f32(), cache.values_f32());
         let pairs = [(7, 5), (5, 6), (2, 2)];
@@ -806,7 +817,8 @@ fn too_short_buffers_and_bad_indices_are_errors() {
         block_size: 4,
         kv_heads: 1,
         head_dim: 8,
-        dtype: KvDtype::F16,
+        keys: KvDtype::F16,
+        values: KvDtype::F16,
     };
     let mut cache = b.alloc_kv_cache(layout).unwrap();
     assert_backend_error(
@@ -822,7 +834,8 @@ fn too_short_buffers_and_bad_indices_are_errors() {
     // INT4 keys: the rows of one block must be consecutive, at consecutive offsets.
     let mut int4 = b
         .alloc_kv_cache(KvCacheLayout {
-            dtype: KvDtype::Int4,
+            keys: KvDtype::Int4,
+            values: KvDtype::Int4,
             ..layout
         })
         .unwrap();
@@ -956,7 +969,8 @@ fn malformed_weights_and_caches_are_errors() {
         block_size: 4,
         kv_heads: 1,
         head_dim: 8,
-        dtype: KvDtype::F32,
+        keys: KvDtype::F32,
+        values: KvDtype::F32,
     };
     assert_backend_error(b.alloc_kv_cache(layout), "overflows");
     assert_backend_error(
@@ -975,4 +989,13 @@ fn info_names_the_backend_and_its_threads() {
     assert_eq!(info.name, "cpu");
     assert!(info.device.starts_with("2 threads"), "{}", info.device);
     assert!(CpuBackend::default().threads() >= 1);
+}
+
+#[test]
+fn float_keys_with_quantized_values_are_refused() {
+    let backend = CpuBackend::new(1);
+    let mut case = AttentionCase::mixed(KvDtype::F16);
+    case.layout.values = KvDtype::Int8;
+    let err = backend.alloc_kv_cache(case.layout).unwrap_err().to_string();
+    assert!(err.contains("KV keys f16 with values int8"), "{err}");
 }

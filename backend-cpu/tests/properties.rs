@@ -73,7 +73,7 @@ proptest! {
         let dtype = if f16_cache { KvDtype::F16 } else { KvDtype::F32 };
         let max_blocks_per_seq = 40usize.div_ceil(block_size);
         let num_blocks = seq_lens.len() * max_blocks_per_seq;
-        let layout = KvCacheLayout { num_blocks, block_size, kv_heads, head_dim, dtype };
+        let layout = KvCacheLayout { num_blocks, block_size, kv_heads, head_dim, keys: dtype, values: dtype };
         let width = layout.row_width();
         // Each sequence gets its blocks from a shuffled pool.
         let mut pool: Vec<u32> = (0..num_blocks as u32).collect();

@@ -229,18 +229,26 @@ fn attention_shape(
     }))
 }
 
-/// The quantized attention kernels' shape: `shape` and the cache's layout.
+/// The quantized attention kernels' shape: `shape` and the cache's layout
+/// (`quant`: the values' slots).
 fn quant_shape(
     layout: &KvCacheLayout,
     quant: tandem_core::kv::quant::KvQuantLayout,
     shape: AttentionShape,
 ) -> Result<QuantAttentionShape> {
+    let (slots, blocks) = (layout.key_quant(), layout.key_blocks());
+    let key_bits = slots
+        .map(|k| k.bits)
+        .or(blocks.map(|b| b.bits))
+        .unwrap_or(0);
     Ok(QuantAttentionShape {
         shape,
         groups_per_head: to_u32(quant.groups_per_head, "groups per head")?,
         bits: to_u32(quant.bits, "bits")?,
         slot_words: to_u32(quant.slot_words(), "slot words")?,
-        key_channels: to_u32(layout.key_blocks().map_or(0, |b| b.channels()), "KV width")?,
+        key_channels: to_u32(blocks.map_or(0, |b| b.channels()), "KV width")?,
+        key_bits: to_u32(key_bits, "key bits")?,
+        key_slot_words: to_u32(slots.map_or(0, |k| k.slot_words()), "key slot words")?,
     })
 }
 
@@ -254,6 +262,8 @@ pub(crate) struct QuantAttentionShape {
     slot_words: u32,
     /// INT4: `kv_heads * head_dim`, keys in per-channel blocks; 0: keys in slots.
     key_channels: u32,
+    key_bits: u32,
+    key_slot_words: u32,
 }
 
 // SAFETY: plain `#[repr(C)]` data with the kernel's field order and types
@@ -510,7 +520,7 @@ impl CudaBackend {
         }
         let rows32 = to_u32(rows, "rows")?;
         let num_slots = to_u32(layout.num_slots(), "KV slots")?;
-        if let Some(quant) = layout.quant() {
+        if let Some(quant) = layout.value_quant() {
             let (kv_heads, head_dim, groups_per_head) = (
                 to_u32(quant.kv_heads, "kv_heads")?,
                 to_u32(quant.head_dim, "head_dim")?,
@@ -519,6 +529,11 @@ impl CudaBackend {
             let (slot_words, bits) = (
                 to_u32(quant.slot_words(), "slot words")?,
                 to_u32(quant.bits, "bits")?,
+            );
+            let key_quant = layout.key_quant();
+            let (key_slot_words, key_bits) = (
+                to_u32(key_quant.map_or(0, |k| k.slot_words()), "key slot words")?,
+                to_u32(key_quant.map_or(0, |k| k.bits), "key bits")?,
             );
             let keys = u32::from(layout.key_blocks().is_none());
             let grid = (blocks_for(rows * quant.groups(), 128, "KV groups")?, 1, 1);
@@ -534,6 +549,8 @@ impl CudaBackend {
                 &head_dim,
                 &groups_per_head,
                 &num_slots,
+                &key_slot_words,
+                &key_bits,
                 &slot_words,
                 &bits,
                 &keys,
@@ -543,9 +560,10 @@ impl CudaBackend {
             let Some(blocks) = layout.key_blocks() else {
                 return Ok(());
             };
-            let (channels, block_size) = (
+            let (channels, block_size, key_bits) = (
                 to_u32(blocks.channels(), "KV width")?,
                 to_u32(blocks.block_size, "block_size")?,
+                to_u32(blocks.bits, "key bits")?,
             );
             let words = rows * blocks.words_per_token();
             let grid = (blocks_for(words, 128, "INT4 key words")?, 1, 1);
@@ -559,6 +577,7 @@ impl CudaBackend {
                 &channels,
                 &block_size,
                 &num_slots,
+                &key_bits,
                 &mut cache.k,
             );
         }
@@ -566,7 +585,7 @@ impl CudaBackend {
         let grid = (blocks_for(rows * width, 256, "KV elements")?, 1, 1);
         sig::paged_kv_write(
             self,
-            Which::variant(kv_variant(layout.dtype)),
+            Which::variant(kv_variant(layout.values)),
             config(grid, 256, 0),
             &k.buf,
             &v.buf,
@@ -921,7 +940,7 @@ pub(crate) fn mlp_variant(
 pub(crate) fn kv_variant(dtype: KvDtype) -> &'static str {
     match dtype {
         KvDtype::F16 => "f16",
-        KvDtype::F32 | KvDtype::Int8 | KvDtype::Int4 => "f32",
+        KvDtype::F32 | KvDtype::Int8 | KvDtype::Int4 | KvDtype::Int2 => "f32",
     }
 }
 
@@ -1103,6 +1122,7 @@ impl Backend for CudaBackend {
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<CudaKvCache> {
         self.refuse_while_capturing("alloc_kv_cache")?;
+        layout.check()?;
         let bytes = |block_bytes: usize| {
             layout
                 .num_blocks
@@ -1688,7 +1708,7 @@ impl Backend for CudaBackend {
         let Some(shape) = attention_shape(&layout, &idx, p, q.len(), out_len)? else {
             return Ok(());
         };
-        if let Some(quant) = layout.quant() {
+        if let Some(quant) = layout.value_quant() {
             let shape = quant_shape(&layout, quant, shape)?;
             let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
             return sig::paged_attention_quant(
@@ -1705,7 +1725,7 @@ impl Backend for CudaBackend {
                 &mut out.buf,
             );
         }
-        let suffix = kv_variant(layout.dtype);
+        let suffix = kv_variant(layout.values);
         match self.config.attention {
             AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
                 let max_context = p.max_blocks_per_seq * p.block_size;
@@ -1746,7 +1766,7 @@ impl Backend for CudaBackend {
         // One warp per (KV head, row).
         let grid = (to_u32(p.kv_heads, "kv_heads")?, grid_yz(p.rows, "rows")?, 1);
         let cfg = config(grid, WARP_THREADS, 0);
-        match layout.quant() {
+        match layout.value_quant() {
             Some(quant) => sig::paged_attention_quant_scores(
                 self,
                 Which::ONE,
@@ -1761,7 +1781,7 @@ impl Backend for CudaBackend {
             ),
             None => sig::paged_attention_scores(
                 self,
-                Which::variant(kv_variant(layout.dtype)),
+                Which::variant(kv_variant(layout.values)),
                 cfg,
                 &q.buf,
                 &cache.k,

@@ -346,10 +346,11 @@ signatures! {
     paged_kv_write_quant / PAGED_KV_WRITE_QUANT:
         Whole("paged_kv_write_quant"), "paged_kv_write_quant"
         (k: ptr, v: ptr, slots: ptr, rows: u32, kv_heads: u32, head_dim: u32, groups_per_head: u32,
-         num_slots: u32, slot_words: u32, bits: u32, keys: u32, k_cache: ptr, v_cache: ptr);
+         num_slots: u32, key_slot_words: u32, key_bits: u32, value_slot_words: u32, value_bits: u32,
+         keys: u32, k_cache: ptr, v_cache: ptr);
     paged_kv_write_int4_keys / PAGED_KV_WRITE_INT4_KEYS:
         Whole("paged_kv_write_int4_keys"), "paged_kv_write_int4_keys"
-        (k: ptr, slots: ptr, rows: u32, channels: u32, block_size: u32, num_slots: u32,
+        (k: ptr, slots: ptr, rows: u32, channels: u32, block_size: u32, num_slots: u32, bits: u32,
          k_cache: ptr);
 
     /// `{variant}` from `kv_variant`.

@@ -83,14 +83,25 @@ impl WgpuWeight {
     }
 }
 
+/// Bits per code of quantized keys, in slots or per-channel blocks.
+fn key_bits(layout: &KvCacheLayout) -> usize {
+    match (layout.key_quant(), layout.key_blocks()) {
+        (Some(slots), _) => slots.bits,
+        (None, Some(blocks)) => blocks.bits,
+        (None, None) => 0,
+    }
+}
+
 /// One layer's paged K and V storage (layouts: `shaders/paged_kv_write.wgsl`).
 pub struct WgpuKvCache {
     layout: KvCacheLayout,
     k: GpuBuffer,
     v: GpuBuffer,
     /// Storage units (f32 values, or u32 words holding two halves or
-    /// quantized codes and scales) per slot.
+    /// quantized codes and scales) per value slot.
     slot_units: usize,
+    /// Words per key slot of quantized keys in slots (INT8, INT2).
+    key_slot_words: usize,
     /// Storage units of one block of keys: `block_size * slot_units`, or
     /// the per-channel INT4 key block.
     key_block_units: usize,
@@ -339,13 +350,16 @@ impl WgpuBackend {
         check_len("paged_kv_write k", k.len, rows * width)?;
         check_len("paged_kv_write v", v.len, rows * width)?;
         check_len("paged_kv_write slots", slots.len, rows)?;
-        if let Some(quant) = cache.layout.quant() {
+        if let Some(quant) = cache.layout.value_quant() {
+            let key_bits = cache.layout.key_quant().map_or(0, |k| k.bits);
             let params = [
                 u32_of(rows, "rows")?,
                 u32_of(quant.kv_heads, "kv_heads")?,
                 u32_of(quant.head_dim, "head_dim")?,
                 u32_of(quant.groups_per_head, "groups per head")?,
                 u32_of(cache.layout.num_slots(), "slots")?,
+                u32_of(cache.key_slot_words, "key slot width")?,
+                u32_of(key_bits, "key bits")?,
                 u32_of(cache.slot_units, "slot width")?,
                 u32_of(quant.bits, "bits")?,
                 u32::from(cache.layout.key_blocks().is_none()),
@@ -366,6 +380,7 @@ impl WgpuBackend {
                 u32_of(blocks.channels(), "KV width")?,
                 u32_of(blocks.block_size, "block_size")?,
                 u32_of(cache.layout.num_slots(), "slots")?,
+                u32_of(blocks.bits, "key bits")?,
             ];
             return self.dispatch(
                 simple("paged_kv_write_int4_keys"),
@@ -386,7 +401,7 @@ impl WgpuBackend {
             ShaderVariant {
                 kernel: "paged_kv_write",
                 format: None,
-                kv_f16: cache.layout.dtype == KvDtype::F16,
+                kv_f16: cache.layout.values == KvDtype::F16,
             },
             "main",
             &[READ, READ, READ, WRITE, WRITE],
@@ -450,11 +465,13 @@ impl WgpuBackend {
             &idx.block_tables.buf,
             &out.buf,
         ];
-        if let Some(quant) = layout.quant() {
+        if let Some(quant) = layout.value_quant() {
             params.push(u32_of(quant.groups_per_head, "groups per head")?);
             params.push(u32_of(quant.bits, "bits")?);
             let key_channels = layout.key_blocks().map_or(0, |b| b.channels());
             params.push(u32_of(key_channels, "KV width")?);
+            params.push(u32_of(cache.key_slot_words, "key slot width")?);
+            params.push(u32_of(key_bits(layout), "key bits")?);
             return self.dispatch(
                 simple(if scored {
                     "paged_attention_quant_scores"
@@ -476,7 +493,7 @@ impl WgpuBackend {
                     "paged_attention"
                 },
                 format: None,
-                kv_f16: layout.dtype == KvDtype::F16,
+                kv_f16: layout.values == KvDtype::F16,
             },
             "main",
             &[READ, READ, READ, READ, READ, READ, WRITE],
@@ -708,14 +725,16 @@ impl Backend for WgpuBackend {
     }
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<WgpuKvCache> {
-        let slot_units = match layout.quant() {
+        layout.check()?;
+        let slot_units = match layout.value_quant() {
             Some(quant) => quant.slot_words(),
-            None if layout.dtype == KvDtype::F16 => layout.row_width().div_ceil(2),
+            None if layout.values == KvDtype::F16 => layout.row_width().div_ceil(2),
             None => layout.row_width(),
         };
+        let key_slot_words = layout.key_quant().map_or(slot_units, |k| k.slot_words());
         let key_block_units = layout
             .key_blocks()
-            .map_or(layout.block_size * slot_units, |b| b.block_words());
+            .map_or(layout.block_size * key_slot_words, |b| b.block_words());
         let bytes = 4 * (layout.num_slots() * slot_units) as u64;
         let key_bytes = 4 * (layout.num_blocks * key_block_units) as u64;
         Ok(WgpuKvCache {
@@ -723,6 +742,7 @@ impl Backend for WgpuBackend {
             k: self.gpu.dedicated(key_bytes, "K cache")?,
             v: self.gpu.dedicated(bytes, "V cache")?,
             slot_units,
+            key_slot_words,
             key_block_units,
             bounds: None,
         })

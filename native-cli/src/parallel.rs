@@ -17,8 +17,7 @@ use std::sync::{Arc, Mutex};
 #[cfg(not(feature = "mpi"))]
 use anyhow::bail;
 use anyhow::{Context, Result};
-use tandem_core::backend::KvDtype;
-use tandem_core::kv::DEFAULT_BLOCK_SIZE;
+use tandem_core::kv::{KvPlan, DEFAULT_BLOCK_SIZE};
 use tandem_core::model::forward::{LoadOptions, Model};
 use tandem_core::model::ModelFiles;
 #[cfg(feature = "mpi")]
@@ -127,14 +126,11 @@ pub fn finish() {
 /// `rank R of N: layers .., query heads .., KV heads .., FFN features ..;
 /// weights B bytes, KV B bytes per token, RSS B bytes` (RSS where /proc
 /// has it).
-pub fn describe_rank<B: Backend>(model: &Model<B>, kv_dtype: KvDtype) -> String {
+pub fn describe_rank<B: Backend>(model: &Model<B>, kv: usize) -> String {
     let Some(place) = model.placement() else {
         return String::new();
     };
     let plan = &place.plan;
-    let c = &model.config;
-    let kv =
-        c.num_layers * kv_dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE);
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -198,7 +194,11 @@ impl WithBackend for Follow<'_> {
                         .with_context(|| {
                             format!("rank {rank}: loading {}", files.path.display())
                         })?;
-                    eprint_line!("{}", describe_rank(&model, self.args.kv_dtype));
+                    // A split model's caches are uniform (a plan is refused).
+                    let dtype = self.args.kv_dtype.uniform().unwrap_or_default();
+                    let kv = KvPlan::uniform(dtype, model.config.num_layers)
+                        .bytes_per_token(model.kv_shape(DEFAULT_BLOCK_SIZE));
+                    eprint_line!("{}", describe_rank(&model, kv));
                     model
                         .follow(&backend)
                         .with_context(|| format!("rank {rank}"))?;

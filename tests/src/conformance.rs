@@ -38,8 +38,10 @@ use tandem_cpu::CpuBackend;
 /// for a cache dtype: quantized caches have entries of their own.
 fn kv_kernel(method: &'static str, dtype: KvDtype) -> &'static str {
     match (method, dtype) {
-        ("paged_kv_write", KvDtype::Int8 | KvDtype::Int4) => "paged_kv_write_quant",
-        ("paged_attention", KvDtype::Int8 | KvDtype::Int4) => "paged_attention_quant",
+        ("paged_kv_write", KvDtype::Int8 | KvDtype::Int4 | KvDtype::Int2) => "paged_kv_write_quant",
+        ("paged_attention", KvDtype::Int8 | KvDtype::Int4 | KvDtype::Int2) => {
+            "paged_attention_quant"
+        }
         _ => method,
     }
 }
@@ -573,20 +575,26 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     /// its own position, so the output is the written values themselves,
     /// through scattered slots and a copied block.
     fn paged_kv_write(&mut self) {
-        for (dtype, head_dim) in [
-            (KvDtype::F32, 7),
-            (KvDtype::F16, 7),
-            (KvDtype::Int8, 7),
-            (KvDtype::Int8, 40),
-            (KvDtype::Int4, 7),
-            (KvDtype::Int4, 72),
+        use KvDtype::*;
+        for (keys, values, head_dim) in [
+            (F32, F32, 7),
+            (F16, F16, 7),
+            (Int8, Int8, 7),
+            (Int8, Int8, 40),
+            (Int4, Int4, 7),
+            (Int4, Int4, 72),
+            (Int2, Int2, 40),
+            (Int8, Int2, 40),
+            (Int4, Int8, 7),
+            (Int2, Int4, 72),
         ] {
             let layout = KvCacheLayout {
                 num_blocks: 9,
                 block_size: 5,
                 kv_heads: 3,
                 head_dim,
-                dtype,
+                keys,
+                values,
             };
             let rows = 6;
             let max_blocks = 3;
@@ -628,8 +636,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let got = attention(self.backend, &case);
             let want = attention(self.reference, &case);
             self.check(
-                kv_kernel("paged_kv_write", dtype),
-                format!("{dtype:?} cache, head_dim {head_dim}, {rows} scattered rows"),
+                kv_kernel("paged_kv_write", values),
+                format!("{keys}/{values} cache, head_dim {head_dim}, {rows} scattered rows"),
                 got,
                 want,
             );
@@ -637,15 +645,20 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     }
 
     fn paged_attention(&mut self) {
-        for (dtype, head_dim, window) in [
-            (KvDtype::F32, 16, None),
-            (KvDtype::F16, 16, None),
-            (KvDtype::F32, 24, Some(4)),
-            (KvDtype::F32, 72, None),
-            (KvDtype::Int8, 16, None),
-            (KvDtype::Int8, 72, Some(4)),
-            (KvDtype::Int4, 40, None),
-            (KvDtype::Int4, 64, Some(4)),
+        use KvDtype::*;
+        for (keys, values, head_dim, window) in [
+            (F32, F32, 16, None),
+            (F16, F16, 16, None),
+            (F32, F32, 24, Some(4)),
+            (F32, F32, 72, None),
+            (Int8, Int8, 16, None),
+            (Int8, Int8, 72, Some(4)),
+            (Int4, Int4, 40, None),
+            (Int4, Int4, 64, Some(4)),
+            (Int2, Int2, 40, None),
+            (Int8, Int2, 16, None),
+            (Int4, Int2, 72, Some(4)),
+            (Int2, Int8, 40, None),
         ] {
             // Sequence 0: 6 tokens cached, a prefill chunk of 5 (positions
             // 6..11, last block partly filled). Sequence 1: 6 cached, one
@@ -656,7 +669,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
                 block_size: 4,
                 kv_heads: 3,
                 head_dim,
-                dtype,
+                keys,
+                values,
             };
             let heads = 9;
             let lengths: [(usize, usize); 4] = [(6, 5), (6, 1), (0, 1), (70, 1)];
@@ -690,7 +704,7 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             }
             // Interleaved, except for INT4, whose key blocks take a
             // sequence's rows consecutively (as the engine batches them).
-            if dtype != KvDtype::Int4 {
+            if layout.key_blocks().is_none() {
                 rows.swap(0, 5);
                 rows.swap(2, 7);
             }
@@ -718,15 +732,15 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             let want = attention(self.reference, &case);
             let window = window.map_or(String::new(), |w| format!(", window {w}"));
             self.check(
-                kv_kernel("paged_attention", dtype),
-                format!("{dtype:?} cache, {heads}/3 heads of {head_dim}, {n} rows of 4 sequences{window}"),
+                kv_kernel("paged_attention", values),
+                format!("{keys}/{values} cache, {heads}/3 heads of {head_dim}, {n} rows of 4 sequences{window}"),
                 got,
                 want,
             );
         }
     }
 
-    /// INT4 keys, quantized per channel over each block, through an
+    /// INT4 and INT2 keys, quantized per channel over each block, through an
     /// engine's life: one prefill call for two sequences, decode steps one
     /// token per sequence, a rollback rewriting three positions (stale tokens
     /// past the first), a fork whose copied block holds the parent's later
@@ -734,13 +748,21 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     /// filled blocks. Awkward widths (21 and 120 channels: a last code word
     /// half used) and blocks of 5 and 16.
     fn int4_key_blocks(&mut self) {
-        for (head_dim, block_size) in [(7, 5), (40, 5), (9, 16)] {
+        use KvDtype::{Int2, Int4, Int8};
+        for (keys, values, head_dim, block_size) in [
+            (Int4, Int4, 7, 5),
+            (Int4, Int4, 40, 5),
+            (Int4, Int4, 9, 16),
+            (Int2, Int2, 7, 5),
+            (Int2, Int8, 40, 16),
+        ] {
             let layout = KvCacheLayout {
                 num_blocks: 12,
                 block_size,
                 kv_heads: 3,
                 head_dim,
-                dtype: KvDtype::Int4,
+                keys,
+                values,
             };
             let width = layout.row_width();
             let max_blocks = 4;
@@ -804,8 +826,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             self.check(
                 "paged_kv_write_int4_keys",
                 format!(
-                    "3 KV heads of {head_dim} in blocks of {block_size}: prefill, decode, \
-                     rollback, fork"
+                    "{keys}/{values}, 3 KV heads of {head_dim} in blocks of {block_size}: \
+                     prefill, decode, rollback, fork"
                 ),
                 got,
                 want,

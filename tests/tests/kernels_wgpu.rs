@@ -214,7 +214,8 @@ fn bad_input_is_an_error() {
             block_size: 4,
             kv_heads: 1,
             head_dim: 8,
-            dtype: KvDtype::F16,
+            keys: KvDtype::F16,
+            values: KvDtype::F16,
         })
         .unwrap();
     let err = b.copy_kv_blocks(&mut cache, &[(0, 2)]).unwrap_err();

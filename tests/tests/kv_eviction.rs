@@ -42,7 +42,7 @@ fn engine<B: Backend>(
         block_size: BLOCK,
         num_blocks: blocks,
         max_batch_tokens: 16,
-        kv_dtype: dtype,
+        kv_precision: dtype.into(),
         kv_eviction,
         ..EngineConfig::default()
     };
@@ -185,7 +185,8 @@ fn h2o_keeps_the_attended_blocks<B: Backend>(be: &B) {
         block_size: BLOCK,
         kv_heads,
         head_dim: hd,
-        dtype: KvDtype::F32,
+        keys: KvDtype::F32,
+        values: KvDtype::F32,
     };
     let len = blocks * BLOCK - 2;
     let mut manager = KvCacheManager::new(16, BLOCK);
@@ -279,7 +280,8 @@ fn cpu_attention_over_evicted_blocks_matches_the_reference() {
         block_size: 3,
         kv_heads: 2,
         head_dim: 24,
-        dtype: KvDtype::F32,
+        keys: KvDtype::F32,
+        values: KvDtype::F32,
     };
     let n_slots = layout.num_slots();
     let noise = |i: usize, s: usize| (((i * 7919 + s) % 1000) as f32 / 500.0) - 1.0;

@@ -100,7 +100,7 @@ fn engine_with_kv(
     max_batch_tokens: usize,
 ) -> Engine<CpuBackend> {
     let config = EngineConfig {
-        kv_dtype,
+        kv_precision: kv_dtype.into(),
         max_batch_tokens,
         ..EngineConfig::default()
     }

@@ -49,7 +49,7 @@ const PROMPTS: [&str; 3] = [
 
 fn greedy(files: &ModelFiles, kv_dtype: KvDtype, prompt: &[u32], n: usize) -> Vec<u32> {
     let config = EngineConfig {
-        kv_dtype,
+        kv_precision: kv_dtype.into(),
         ..EngineConfig::default()
     }
     .with_capacity_tokens(512);

@@ -42,7 +42,7 @@ fn engine_of(
 ) -> Engine<CpuBackend> {
     let config = EngineConfig {
         max_batch_tokens: 96,
-        kv_dtype: dtype,
+        kv_precision: dtype.into(),
         kv_eviction: eviction,
         ..EngineConfig::default()
     }

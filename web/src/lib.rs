@@ -130,10 +130,10 @@ export interface LoadOptions {
   cache?: boolean | string;
   /**
    * How the KV cache stores keys and values: "f32" (default), "f16", "int8"
-   * (per token, groups of 32) or "int4" (keys per channel over each KV
-   * block, values per token), as `--kv-dtype` natively.
+   * (per token, groups of 32), "int4" or "int2" (keys per channel over each
+   * KV block, values per token), as `--kv-dtype` natively.
    */
-  kvDtype?: "f32" | "f16" | "int8" | "int4";
+  kvDtype?: "f32" | "f16" | "int8" | "int4" | "int2";
   /**
    * Threads of the CPU backend, its own included (default: one per core,
    * navigator.hardwareConcurrency). More than one needs the threaded
@@ -183,7 +183,7 @@ export interface TandemInfo {
   adapter: string;
   features: { shaderF16: boolean; subgroups: boolean; usesF16: boolean; usesSubgroups: boolean };
   fallbackReason: string | null;
-  kvDtype: "f32" | "f16" | "int8" | "int4";
+  kvDtype: "f32" | "f16" | "int8" | "int4" | "int2";
   /** KV-cache bytes per token of context, all layers. */
   kvBytesPerToken: number;
   /** Tokens per sequence, prompt and output together (what a kvBudget percentage is of). */
@@ -313,7 +313,7 @@ impl Tandem {
         let context = CONTEXT_TOKENS.min(files.config.max_context);
         let config = EngineConfig {
             max_context: Some(context),
-            kv_dtype,
+            kv_precision: kv_dtype.into(),
             ..EngineConfig::default()
         }
         .with_capacity_tokens(context);

@@ -76,25 +76,28 @@ pub(crate) fn paged_attention(
             attend_all(workers, isa, &inputs, &keys[..], &values[..], p, chunk, out)
         }
         KvStorage::Quant {
-            quant,
+            value_quant,
             key_blocks: Some(blocks),
             keys,
             values,
+            ..
         } => {
             let keys = KeyBlockRows {
                 blocks,
                 words: keys,
             };
-            let values = QuantRows::new(quant, values);
+            let values = QuantRows::new(value_quant, values);
             attend_all(workers, isa, &inputs, keys, values, p, chunk, out)
         }
         KvStorage::Quant {
-            quant,
+            key_quant,
+            value_quant,
             key_blocks: None,
             keys,
             values,
         } => {
-            let (keys, values) = (QuantRows::new(quant, keys), QuantRows::new(quant, values));
+            let keys = QuantRows::new(key_quant, keys);
+            let values = QuantRows::new(value_quant, values);
             attend_all(workers, isa, &inputs, keys, values, p, chunk, out)
         }
     }
@@ -372,6 +375,7 @@ impl KvRows for KeyBlockRows<'_> {
 mod tests {
     use tandem_core::backend::{KvCacheLayout, KvDtype};
     use tandem_core::kernels::spec;
+    use tandem_core::kv::plan::MIXED_KV_PAIRS;
 
     use super::*;
     use crate::{kv, reference};
@@ -461,13 +465,18 @@ mod tests {
         };
         let block_tables = [5, 1, 7, 2, 0, 3, 6, 4];
         let (row_seq, positions) = ([0, 1, 1, 1], [9, 5, 6, 7]);
-        for dtype in KvDtype::ALL {
+        let pairs = KvDtype::ALL
+            .map(|d| (d, d))
+            .into_iter()
+            .chain(MIXED_KV_PAIRS);
+        for (key_dtype, value_dtype) in pairs {
             let layout = KvCacheLayout {
                 num_blocks: 8,
                 block_size: 3,
                 kv_heads: 2,
                 head_dim: 12,
-                dtype,
+                keys: key_dtype,
+                values: value_dtype,
             };
             let cache = filled_cache(layout, &mut values);
             let q = values(p.rows * p.heads * p.head_dim);
@@ -497,7 +506,7 @@ mod tests {
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (g - w).abs() / (1.0 + w.abs()) <= tolerance,
-                            "{} [{i}]: got {g}, want {w}",
+                            "{} {key_dtype}/{value_dtype} [{i}]: got {g}, want {w}",
                             isa.name()
                         );
                     }
@@ -522,7 +531,8 @@ mod tests {
                 block_size,
                 kv_heads,
                 head_dim,
-                dtype,
+                keys: dtype,
+                values: dtype,
             };
             let cache = filled_cache(layout, &mut values);
             let q = values(tokens * heads * head_dim);
@@ -583,7 +593,8 @@ mod tests {
                 block_size,
                 kv_heads,
                 head_dim,
-                dtype,
+                keys: dtype,
+                values: dtype,
             };
             let cache = filled_cache(layout, &mut values);
             let q = values(rows * row_len);

@@ -151,9 +151,11 @@ fn read_key<'a, O: TileOps>(
             let block = &keys[slot / layout.block_size * words..][..words];
             blocks.dequantize_head(block, slot % layout.block_size, g, scratch);
         }
-        KvStorage::Quant { quant, keys, .. } => {
-            let words = quant.slot_words();
-            quant.dequantize_head(&keys[slot * words..][..words], g, scratch);
+        KvStorage::Quant {
+            key_quant, keys, ..
+        } => {
+            let words = key_quant.slot_words();
+            key_quant.dequantize_head(&keys[slot * words..][..words], g, scratch);
         }
     }
     scratch
@@ -188,7 +190,8 @@ mod tests {
                     block_size: 3,
                     kv_heads: 2,
                     head_dim: 40,
-                    dtype,
+                    keys: dtype,
+                    values: dtype,
                 };
                 let p = AttentionParams {
                     rows: 3,

@@ -162,7 +162,8 @@ mod tests {
                 block_size: 5,
                 kv_heads: 2,
                 head_dim: 40,
-                dtype,
+                keys: dtype,
+                values: dtype,
             };
             let mut cache = kv::KvCache::new(layout).unwrap();
             cache.track_key_bounds();
@@ -258,7 +259,8 @@ mod tests {
             block_size: 5,
             kv_heads: 2,
             head_dim: 40,
-            dtype: KvDtype::F16,
+            keys: KvDtype::F16,
+            values: KvDtype::F16,
         };
         let width = layout.row_width();
         let q = values(&mut rng, 6 * 40);
@@ -303,7 +305,8 @@ mod tests {
             block_size: 5,
             kv_heads: 2,
             head_dim: 40,
-            dtype: KvDtype::F32,
+            keys: KvDtype::F32,
+            values: KvDtype::F32,
         };
         let cache = kv::KvCache::new(layout).unwrap();
         let inputs = AttentionInputs {

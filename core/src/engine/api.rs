@@ -2,7 +2,7 @@
 //! tokens it produces, how a failed step is reported and the statistics it
 //! reports.
 
-use crate::backend::KvDtype;
+use crate::kv::KvPrecision;
 use crate::kv::{EvictionConfig, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::model::recorded::RecordingStats;
 use crate::parallel::Job;
@@ -22,7 +22,9 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// Most tokens one step feeds through the model (long prompts are chunked).
     pub max_batch_tokens: usize,
-    pub kv_dtype: KvDtype,
+    /// How each layer's keys and values are stored: one dtype, a plan, or
+    /// a plan calibrated once the model is loaded (`--kv-dtype auto`).
+    pub kv_precision: KvPrecision,
     /// Longest sequence accepted; defaults to the model's trained context.
     pub max_context: Option<usize>,
     /// Most sequences running at once.
@@ -51,7 +53,7 @@ impl Default for EngineConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             num_blocks: 256,
             max_batch_tokens: 512,
-            kv_dtype: KvDtype::F32,
+            kv_precision: KvPrecision::default(),
             max_context: None,
             max_running: 256,
             max_waiting: 1024,

@@ -44,8 +44,10 @@ pub use step::{PendingStep, ReadValues, Readback};
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, SeqId};
+use crate::kv::plan::choose_plan;
+use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, KvPlan, KvPrecision, SeqId};
 use crate::model::forward::{ForwardBatch, LoadOptions, Model, Progress};
+use crate::model::kv_calibration::calibrate_kv;
 use crate::model::recorded::DecodeRecorder;
 use crate::model::ModelFiles;
 use crate::sched::{
@@ -125,6 +127,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     model: Model<B>,
     kv: Vec<B::KvCache>,
+    /// The dtypes of `kv`, layer by layer.
+    kv_plan: KvPlan,
     kv_manager: KvCacheManager,
     config: EngineConfig,
     max_context: usize,
@@ -142,6 +146,30 @@ pub struct Engine<B: Backend> {
     recording: bool,
     /// The KV budget of requests that set none.
     eviction: Option<EvictionPlan>,
+}
+
+/// The plan `config.kv_precision` asks for: a uniform one, the one given
+/// (checked against the model when its caches are allocated), or one
+/// calibrated on the model now.
+fn resolve_kv_plan<B: Backend>(
+    model: &Model<B>,
+    backend: &B,
+    config: &EngineConfig,
+) -> Result<KvPlan> {
+    let layers = model.config.num_layers;
+    match &config.kv_precision {
+        KvPrecision::Uniform(dtype) => Ok(KvPlan::uniform(*dtype, layers)),
+        KvPrecision::Plan(plan) => Ok(plan.clone()),
+        KvPrecision::Auto(auto) => {
+            let tokens = &auto.calibration[..auto.calibration.len().min(config.max_batch_tokens)];
+            let sensitivity = calibrate_kv(model, backend, tokens, config.block_size)?;
+            choose_plan(
+                &sensitivity,
+                model.kv_shape(config.block_size),
+                auto.bits_per_element,
+            )
+        }
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -168,11 +196,12 @@ impl<B: Backend> Engine<B> {
         };
         let model = Model::load_with(&backend, files, options, progress)?;
         let cfg = &model.config;
-        let kv = model.alloc_kv_caches(
+        let kv_plan = resolve_kv_plan(&model, &backend, &config)?;
+        let kv = model.alloc_planned_kv_caches(
             &backend,
             config.num_blocks,
             config.block_size,
-            config.kv_dtype,
+            &kv_plan,
         )?;
         let max_context = config
             .max_context
@@ -187,6 +216,7 @@ impl<B: Backend> Engine<B> {
             kv_manager: KvCacheManager::new(config.num_blocks, config.block_size),
             model,
             kv,
+            kv_plan,
             config,
             max_context,
             scheduler,
@@ -341,13 +371,13 @@ impl<B: Backend> Engine<B> {
 
     /// KV bytes per token over all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
-        let c = &self.model.config;
-        c.num_layers
-            * self.config.kv_dtype.bytes_per_token(
-                c.num_kv_heads,
-                c.head_dim,
-                self.config.block_size,
-            )
+        self.kv_plan
+            .bytes_per_token(self.model.kv_shape(self.config.block_size))
+    }
+
+    /// Each layer's KV dtypes, as configured or calibrated.
+    pub fn kv_plan(&self) -> &KvPlan {
+        &self.kv_plan
     }
 
     pub fn stats(&self) -> EngineStats {

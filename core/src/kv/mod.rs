@@ -19,6 +19,7 @@ mod allocator;
 mod block_table;
 pub mod eviction;
 mod manager;
+pub mod plan;
 #[cfg(test)]
 mod props;
 pub mod quant;
@@ -27,6 +28,7 @@ pub use allocator::{BlockHash, BlockKey, ContentId, KvBlockAllocator};
 pub use block_table::BlockTable;
 pub use eviction::{EvictionConfig, EvictionPlan, EvictionPolicy, KvBudget, EVICTED_BLOCK};
 pub use manager::{BlockHasher, KvCacheManager, SeqId, SlotReservation};
+pub use plan::{KvPlan, KvPrecision, KvShape, LayerKvDtypes};
 
 /// Tokens per KV block unless configured otherwise (vLLM's default too).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

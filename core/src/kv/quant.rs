@@ -1,4 +1,4 @@
-//! Quantized KV cache rows (INT8 and INT4): the block layout every backend
+//! Quantized KV cache rows (INT8, INT4, INT2): the block layout every backend
 //! stores, and the reference quantize/dequantize the CPU backend runs and
 //! the GPU kernels reproduce.
 //!
@@ -6,7 +6,8 @@
 //!
 //! A cache is `[num_blocks, block_size]` slots, as for F32/F16; one slot holds
 //! one token's K (or V) for all KV heads as `slot_words` little-endian u32
-//! words (INT8 K and V, INT4 V; INT4 keys are per block, see below). Each head's `head_dim` elements are cut into groups of
+//! words (INT8 K and V, INT4 and INT2 V; INT4 and INT2 keys are per block,
+//! see below). Each head's `head_dim` elements are cut into groups of
 //! [`KV_GROUP`] (32) consecutive elements (the last group of a head may be
 //! shorter; its codes are padded with zeros). With `G = kv_heads *
 //! ceil(head_dim / 32)` groups per slot and `b` bits per code:
@@ -16,25 +17,28 @@
 //! | `[g * b, (g + 1) * b)` for group `g = head * groups_per_head + i` | the group's 32 codes, `32 / b` per word, element `e` in bits `b * (e % (32 / b))` of word `e / (32 / b)` |
 //! | `G * b + g` | the group's parameters: f16 `scale` (low half), f16 `min` (high half) |
 //!
-//! so `slot_words = G * (b + 1)`: 9 bits per element for INT8, 5 for INT4.
+//! so `slot_words = G * (b + 1)`: 9 bits per element for INT8, 5 for INT4,
+//! 3 for INT2. A layer's keys and values may have different bits (the
+//! plans of `--kv-dtype auto`, [`crate::kv::plan`]); each has its own slots.
 //! Scales and zero points live in the slot itself, so copying a block
 //! (copy-on-write) or truncating a sequence needs nothing beyond the codes'
 //! own bookkeeping.
 //!
-//! # INT4 keys
+//! # INT4 and INT2 keys
 //!
-//! INT4 keys are quantized per channel over each KV block instead (KIVI):
+//! INT4 and INT2 keys are quantized per channel over each KV block instead (KIVI):
 //! key channels of SmolLM2-like models have very different ranges, so a
 //! per-token group of 32 spends its 16 levels on the widest channel, while a
 //! channel's range over a block's tokens is narrow (on SmolLM2-135M,
-//! +11.4% perplexity per token against +1.4% per channel). INT4 values keep the
+//! +11.4% perplexity per token against +1.4% per channel). Values keep the
 //! per-token slots above. A key block of `block_size` tokens, `C = kv_heads *
-//! head_dim` channels (`channel = head * head_dim + d`) and `W = ceil(C / 8)`
-//! code words per token is `block_size * W + C` u32 words:
+//! head_dim` channels (`channel = head * head_dim + d`), `b` bits per code,
+//! `n = 32 / b` codes per word (8 or 16) and `W = ceil(C / n)` code words per
+//! token is `block_size * W + C` u32 words:
 //!
 //! | words of a block | content |
 //! |---|---|
-//! | `[t * W, (t + 1) * W)` for offset `t` | token `t`'s codes: channel `c` in bits `4 * (c % 8)` of word `c / 8` (unused high codes of the last word are 0) |
+//! | `[t * W, (t + 1) * W)` for offset `t` | token `t`'s codes: channel `c` in bits `b * (c % n)` of word `c / n` (unused high codes of the last word are 0) |
 //! | `block_size * W + c` | channel `c`'s parameters over the block's valid tokens: f16 `scale` (low half), f16 `min` (high half) |
 //!
 //! The valid tokens of a block are offsets `0..n` (tokens are appended in
@@ -68,7 +72,7 @@ const F16_MAX: f32 = 65504.0;
 /// Where a quantized slot keeps each group's codes and parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvQuantLayout {
-    /// Bits per code: 8 or 4.
+    /// Bits per code: 8, 4 or 2.
     pub bits: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -79,11 +83,7 @@ pub struct KvQuantLayout {
 impl KvQuantLayout {
     /// The layout of a quantized dtype; `None` for F32 and F16.
     pub fn new(dtype: KvDtype, kv_heads: usize, head_dim: usize) -> Option<Self> {
-        let bits = match dtype {
-            KvDtype::Int8 => 8,
-            KvDtype::Int4 => 4,
-            KvDtype::F32 | KvDtype::F16 => return None,
-        };
+        let bits = dtype.code_bits()?;
         Some(KvQuantLayout {
             bits,
             kv_heads,
@@ -143,6 +143,7 @@ impl KvQuantLayout {
             let (scale, min) = unpack_params(params[g]);
             let words = &slot[g * self.bits..][..self.bits];
             match self.bits {
+                2 => decode_codes::<2>(words, scale, min, out),
                 4 => decode_codes::<4>(words, scale, min, out),
                 8 => decode_codes::<8>(words, scale, min, out),
                 bits => {
@@ -164,16 +165,12 @@ impl KvQuantLayout {
     }
 }
 
-/// Four-bit codes per u32 word of an INT4 key token.
-const KEY_CODES_PER_WORD: usize = 8;
-
-/// Largest INT4 code.
-const KEY_MAX_CODE: u32 = 15;
-
-/// Where an INT4 key block keeps its codes and per-channel parameters
-/// (layout table: module docs, "INT4 keys").
+/// Where an INT4 or INT2 key block keeps its codes and per-channel
+/// parameters (layout table: module docs, "INT4 and INT2 keys").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyBlockLayout {
+    /// Bits per code: 4 or 2.
+    pub bits: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     /// Tokens per KV block.
@@ -181,15 +178,21 @@ pub struct KeyBlockLayout {
 }
 
 impl KeyBlockLayout {
-    /// The key layout of INT4 caches; `None` for the others (whose keys
-    /// are per-token slots like their values).
+    /// The key layout of INT4 and INT2 caches; `None` for the others
+    /// (whose keys are per-token slots like their values).
     pub fn new(
         dtype: KvDtype,
         kv_heads: usize,
         head_dim: usize,
         block_size: usize,
     ) -> Option<Self> {
-        (dtype == KvDtype::Int4).then_some(KeyBlockLayout {
+        let bits = match dtype {
+            KvDtype::Int4 => 4,
+            KvDtype::Int2 => 2,
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Int8 => return None,
+        };
+        Some(KeyBlockLayout {
+            bits,
             kv_heads,
             head_dim,
             block_size,
@@ -202,10 +205,21 @@ impl KeyBlockLayout {
         self.kv_heads * self.head_dim
     }
 
-    /// Code words of one token: `ceil(channels / 8)`.
+    /// Codes per u32 word: 8 or 16.
+    #[inline]
+    pub fn codes_per_word(&self) -> usize {
+        32 / self.bits
+    }
+
+    #[inline]
+    fn max_code(&self) -> u32 {
+        (1 << self.bits) - 1
+    }
+
+    /// Code words of one token: `ceil(channels / codes_per_word)`.
     #[inline]
     pub fn words_per_token(&self) -> usize {
-        self.channels().div_ceil(KEY_CODES_PER_WORD)
+        self.channels().div_ceil(self.codes_per_word())
     }
 
     /// u32 words of one block: the tokens' codes, then one parameter word
@@ -239,18 +253,19 @@ impl KeyBlockLayout {
     pub fn quantize_block(&self, tokens: &[f32], block: &mut [u32]) {
         let channels = self.channels();
         let per_token = self.words_per_token();
+        let per_word = self.codes_per_word();
         let (codes, params) = block[..self.block_words()].split_at_mut(self.block_size * per_token);
         codes.fill(0);
         for (c, param) in params.iter_mut().enumerate() {
             let column = || tokens.iter().skip(c).step_by(channels).copied();
-            let (scale, min) = range_params(column(), KEY_MAX_CODE);
+            let (scale, min) = range_params(column(), self.max_code());
             *param = pack_params(scale, min);
             let (scale, min) = unpack_params(*param);
             let inv = inverse(scale);
-            let shift = 4 * (c % KEY_CODES_PER_WORD);
+            let shift = self.bits * (c % per_word);
             for (offset, x) in column().enumerate() {
-                codes[offset * per_token + c / KEY_CODES_PER_WORD] |=
-                    code(x, min, inv, KEY_MAX_CODE) << shift;
+                codes[offset * per_token + c / per_word] |=
+                    code(x, min, inv, self.max_code()) << shift;
             }
         }
     }
@@ -266,11 +281,12 @@ impl KeyBlockLayout {
         let first = head * self.head_dim;
         let params = &block[self.block_size * per_token + first..][..self.head_dim];
         let out = &mut out[..self.head_dim];
-        if first.is_multiple_of(KEY_CODES_PER_WORD) {
+        const WORD: usize = 8;
+        if self.bits == 4 && first.is_multiple_of(WORD) {
             // The head starts a word: sixteen channels at a time as loops
             // of fixed length (vector code), then word by word.
-            const RUN: usize = 2 * KEY_CODES_PER_WORD;
-            let words = &codes[first / KEY_CODES_PER_WORD..];
+            const RUN: usize = 2 * WORD;
+            let words = &codes[first / WORD..];
             let whole = self.head_dim / RUN * RUN;
             let runs = out[..whole]
                 .chunks_exact_mut(RUN)
@@ -283,20 +299,20 @@ impl KeyBlockLayout {
                 }
             }
             let runs = out[whole..]
-                .chunks_mut(KEY_CODES_PER_WORD)
-                .zip(params[whole..].chunks(KEY_CODES_PER_WORD));
-            for (&word, (out, params)) in words[whole / KEY_CODES_PER_WORD..].iter().zip(runs) {
+                .chunks_mut(WORD)
+                .zip(params[whole..].chunks(WORD));
+            for (&word, (out, params)) in words[whole / WORD..].iter().zip(runs) {
                 for (k, (o, &p)) in out.iter_mut().zip(params).enumerate() {
                     let (scale, min) = unpack_params(p);
-                    *o = min + ((word >> (4 * k)) & KEY_MAX_CODE) as f32 * scale;
+                    *o = min + ((word >> (4 * k)) & 15) as f32 * scale;
                 }
             }
         } else {
+            let (per_word, mask) = (self.codes_per_word(), self.max_code());
             for (d, (o, &p)) in out.iter_mut().zip(params).enumerate() {
                 let c = first + d;
                 let (scale, min) = unpack_params(p);
-                let q = (codes[c / KEY_CODES_PER_WORD] >> (4 * (c % KEY_CODES_PER_WORD)))
-                    & KEY_MAX_CODE;
+                let q = (codes[c / per_word] >> (self.bits * (c % per_word))) & mask;
                 *o = min + q as f32 * scale;
             }
         }
@@ -554,6 +570,40 @@ mod tests {
 
     fn key_layout(kv_heads: usize, head_dim: usize, block_size: usize) -> KeyBlockLayout {
         KeyBlockLayout::new(KvDtype::Int4, kv_heads, head_dim, block_size).unwrap()
+    }
+
+    /// INT2 key blocks: 16 codes per word, each key back within half of its
+    /// channel's step (range / 3), over runs written one after another.
+    #[test]
+    fn int2_key_blocks_keep_each_channel_within_half_a_step() {
+        let keys = KeyBlockLayout::new(KvDtype::Int2, 3, 20, 5).unwrap();
+        assert_eq!(keys.words_per_token(), 4);
+        assert_eq!(keys.block_words(), 5 * 4 + 60);
+        let mut rng = 7u32;
+        let mut next = || {
+            rng = rng.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (rng >> 8) as f32 / (1 << 24) as f32 * 4.0 - 2.0
+        };
+        let tokens: Vec<f32> = (0..5 * 60).map(|_| next()).collect();
+        let mut block = vec![u32::MAX; keys.block_words()];
+        keys.write_run(&mut block, 0, &tokens[..2 * 60]);
+        keys.write_run(&mut block, 2, &tokens[2 * 60..]);
+        let got = dequantize_keys(&keys, &block, 5);
+        // The first two tokens went through one re-quantization: a step more.
+        let c = keys.channels();
+        for ch in 0..c {
+            let column: Vec<f32> = tokens.iter().skip(ch).step_by(c).copied().collect();
+            let lo = column.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = column.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for (t, &x) in column.iter().enumerate() {
+                let steps = if t < 2 { 1.5 } else { 0.5 };
+                let bound = steps * (hi - lo) / 3.0 + 4e-3;
+                assert!(
+                    (x - got[t * c + ch]).abs() <= bound,
+                    "token {t} channel {ch}"
+                );
+            }
+        }
     }
 
     #[test]

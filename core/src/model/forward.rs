@@ -37,10 +37,11 @@ use super::moe_layer::MoeLayer;
 use super::step_buffers::{StepBuffers, StepShape};
 use super::{Bytes, ModelConfig, ModelFiles};
 use crate::backend::{
-    AttentionIndices, AttentionParams, Backend, BlockSelectParams, Glu, KvCacheLayout, KvDtype,
-    MatmulParams, MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut, WeightStorage,
+    AttentionIndices, AttentionParams, Backend, BlockSelectParams, Glu, KvDtype, MatmulParams,
+    MatmulTarget, NormPrologue, RmsNormParams, RopeParams, SplitOut, WeightStorage,
 };
 use crate::kv::eviction::scoring_layers;
+use crate::kv::{KvPlan, KvShape};
 use crate::parallel::shard::{shard, ShardView};
 use crate::parallel::{Command, Communicator, Job, PipelinePlan, Placement, TensorParallelPlan};
 use crate::quant::{concat_rows, WeightFormat, WeightView};
@@ -455,21 +456,46 @@ impl<B: Backend> Model<B> {
         block_size: usize,
         dtype: KvDtype,
     ) -> Result<Vec<B::KvCache>> {
-        self.announce(Command::AllocKv {
-            num_blocks,
-            block_size,
-            dtype,
-        })?;
-        let layout = KvCacheLayout {
-            num_blocks,
-            block_size,
+        let plan = KvPlan::uniform(dtype, self.config.num_layers);
+        self.alloc_planned_kv_caches(backend, num_blocks, block_size, &plan)
+    }
+
+    /// One cache per layer, each layer's keys and values at the plan's
+    /// dtypes (`--kv-dtype auto`). A split model takes uniform dtypes only.
+    pub fn alloc_planned_kv_caches(
+        &self,
+        backend: &B,
+        num_blocks: usize,
+        block_size: usize,
+        plan: &KvPlan,
+    ) -> Result<Vec<B::KvCache>> {
+        plan.check_layers(self.config.num_layers)?;
+        match plan.uniform_dtype() {
+            Some(dtype) => self.announce(Command::AllocKv {
+                num_blocks,
+                block_size,
+                dtype,
+            })?,
+            None if self.placement.is_some() => {
+                return Err(Error::Unsupported(
+                    "a per-layer KV plan (--kv-dtype auto or plan:) on a split model".into(),
+                ))
+            }
+            None => {}
+        }
+        let shape = self.kv_shape(block_size);
+        (0..self.config.num_layers)
+            .map(|layer| backend.alloc_kv_cache(plan.layout(layer, shape, num_blocks)))
+            .collect()
+    }
+
+    /// The shape every layer's KV cache shares.
+    pub fn kv_shape(&self, block_size: usize) -> KvShape {
+        KvShape {
             kv_heads: self.config.num_kv_heads,
             head_dim: self.config.head_dim,
-            dtype,
-        };
-        (0..self.config.num_layers)
-            .map(|_| backend.alloc_kv_cache(layout))
-            .collect()
+            block_size,
+        }
     }
 
     /// Runs `batch` through the model, writing its K/V into `kv` (one cache

@@ -19,6 +19,7 @@ pub mod config;
 pub mod experts;
 pub mod forward;
 pub mod gguf;
+pub mod kv_calibration;
 mod moe_layer;
 mod placement;
 pub mod recorded;

@@ -370,7 +370,8 @@ impl BenchArgs {
                 "weight_bytes": weight_bytes,
                 "parameters": total_params,
                 "active_parameters": active_params,
-                "kv_dtype": self.model.kv_dtype.name(),
+                "kv_dtype": self.model.kv_dtype.to_string(),
+                "kv_plan": engine.kv_plan().to_string(),
                 "kv_bytes_per_token": engine.kv_bytes_per_token(),
                 "kv_eviction": self.kv_eviction.describe(),
                 "unfused": self.model.unfused,
@@ -399,9 +400,9 @@ impl BenchArgs {
                 total_params as f64 / 1e6
             );
             println!(
-                "KV:      {}, {} bytes per token, eviction {}",
+                "KV:      {} = {}, eviction {}",
                 self.model.kv_dtype,
-                engine.kv_bytes_per_token(),
+                super::describe_kv_plan(engine),
                 self.kv_eviction.describe()
             );
             println!(

@@ -146,7 +146,7 @@ impl WithBackend for BenchServeArgs {
             max_context: Some(ctx),
             max_running: self.max_running,
             max_waiting: self.requests,
-            kv_dtype: self.model.kv_dtype,
+            kv_precision: self.model.kv_precision(&files)?,
             max_recorded_batch: self.model.graph_batch,
             unfused: self.model.unfused,
             parallel: crate::parallel::job(),

@@ -5,11 +5,15 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
-use tandem_core::kv::DEFAULT_BLOCK_SIZE;
+use tandem_core::kv::plan::choose_plan;
+use tandem_core::kv::{KvPlan, KvPrecision, KvShape, DEFAULT_BLOCK_SIZE};
+use tandem_core::model::forward::Model;
+use tandem_core::model::kv_calibration::calibrate_kv;
+use tandem_core::model::ModelFiles;
 use tandem_core::parallel::JobShape;
 use tandem_quantize::dense::{linear_name, LINEARS};
 
-use super::ModelArgs;
+use super::{KvCalibrationArgs, KvDtypeArg, ModelArgs};
 use crate::backend_select::BackendChoice;
 use crate::model_path::{self, named};
 
@@ -27,9 +31,13 @@ pub struct InspectArgs {
     /// List the named models (`--model NAME`): size, cached or not, licence.
     #[arg(long)]
     pub models: bool,
-    /// KV cache element type whose size per token to report.
-    #[arg(long, default_value = "f32", value_parser = super::parse_kv_dtype)]
-    pub kv_dtype: KvDtype,
+    /// KV cache element type whose size per token to report; `auto[:BITS]`
+    /// calibrates a per-layer plan on the CPU and prints it with each
+    /// layer's measured losses.
+    #[arg(long, default_value = "f32", value_parser = super::kv_precision::parse_kv_dtype)]
+    pub kv_dtype: KvDtypeArg,
+    #[command(flatten)]
+    pub kv_calibration: KvCalibrationArgs,
     /// Show how `--tp N` would split the model: each rank's heads and FFN features.
     #[arg(long, value_name = "N")]
     pub tp: Option<usize>,
@@ -53,7 +61,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
         backend: BackendChoice::Cpu,
         threads: 0,
         ctx: None,
-        kv_dtype: args.kv_dtype,
+        kv_dtype: args.kv_dtype.clone(),
+        kv_calibration: args.kv_calibration.clone(),
         graph_batch: 0,
         unfused: false,
         tp: 1,
@@ -114,17 +123,33 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("qkv bias:       yes");
     }
     println!("block:          {:?}", c.block);
-    let kv_bytes = |dtype: KvDtype| {
-        c.num_layers * dtype.bytes_per_token(c.num_kv_heads, c.head_dim, DEFAULT_BLOCK_SIZE)
+    let shape = KvShape {
+        kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        block_size: DEFAULT_BLOCK_SIZE,
+    };
+    let kv_bytes = |dtype: KvDtype| KvPlan::uniform(dtype, c.num_layers).bytes_per_token(shape);
+    let chosen = match &args.kv_dtype {
+        KvDtypeArg::Uniform(d) => KvPlan::uniform(*d, c.num_layers),
+        KvDtypeArg::Plan(plan) => {
+            plan.check_layers(c.num_layers)?;
+            plan.clone()
+        }
+        KvDtypeArg::Auto { bits_per_element } => {
+            calibrated_plan(&model_args, &files, *bits_per_element)?
+        }
     };
     println!(
-        "KV per token:   {} bytes ({}, blocks of {DEFAULT_BLOCK_SIZE} tokens)",
-        kv_bytes(args.kv_dtype),
-        args.kv_dtype
+        "KV per token:   {} bytes ({}, {:.2} bits per element, blocks of {DEFAULT_BLOCK_SIZE} tokens)",
+        chosen.bytes_per_token(shape),
+        chosen
+            .uniform_dtype()
+            .map_or_else(|| format!("plan:{chosen}"), |d| d.to_string()),
+        chosen.bits_per_element(shape),
     );
     let others: Vec<String> = KvDtype::ALL
         .into_iter()
-        .filter(|&d| d != args.kv_dtype)
+        .filter(|&d| Some(d) != chosen.uniform_dtype())
         .map(|d| format!("{d} {}", kv_bytes(d)))
         .collect();
     println!("                (other KV dtypes: {})", others.join(", "));
@@ -307,4 +332,32 @@ fn device_lines() -> Vec<String> {
         Err(e) => lines.push(format!("cuda: {e}")),
     }
     lines
+}
+
+/// `--kv-dtype auto`: calibrates on the CPU, prints every layer's losses
+/// and choice, and returns the plan.
+fn calibrated_plan(args: &ModelArgs, files: &ModelFiles, bits: f64) -> Result<KvPlan> {
+    let KvPrecision::Auto(auto) = args.kv_precision(files)? else {
+        anyhow::bail!("--kv-dtype {} is not a calibrated plan", args.kv_dtype);
+    };
+    let cpu = tandem_cpu::CpuBackend::new(args.threads);
+    let model = Model::load(&cpu, files, &mut |_, _| {})?;
+    let started = std::time::Instant::now();
+    let sensitivity = calibrate_kv(&model, &cpu, &auto.calibration, DEFAULT_BLOCK_SIZE)?;
+    let shape = model.kv_shape(DEFAULT_BLOCK_SIZE);
+    let plan = choose_plan(&sensitivity, shape, bits)?;
+    println!(
+        "KV calibration: {} tokens, {:.1} s; mean KL (nats) of the output from the f16 cache's, \
+         each layer's keys or values alone at int4 / int2, every other at int8:",
+        auto.calibration.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (layer, dtypes) in plan.layers().iter().enumerate() {
+        let (k, v) = (sensitivity.keys[layer], sensitivity.values[layer]);
+        println!(
+            "  layer {layer:>3}: keys {:.5} / {:.5}, values {:.5} / {:.5} -> {}/{}",
+            k[1], k[2], v[1], v[2], dtypes.keys, dtypes.values
+        );
+    }
+    Ok(plan)
 }

@@ -8,6 +8,7 @@ pub mod chat;
 pub mod distill;
 pub mod inspect;
 pub mod kv_eviction;
+pub mod kv_precision;
 pub mod perplexity;
 pub mod quantize;
 pub mod run;
@@ -19,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tandem_core::backend::KvDtype;
 use tandem_core::engine::{Engine, EngineConfig, TokenEvent, DEFAULT_MAX_RECORDED_BATCH};
-use tandem_core::kv::SeqId;
+use tandem_core::kv::{KvPrecision, SeqId};
 use tandem_core::model::ModelFiles;
 use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
@@ -31,6 +31,7 @@ use crate::backend_select::{BackendChoice, Target};
 use crate::model_path;
 use crate::progress::LoadProgress;
 pub use kv_eviction::KvEvictionArgs;
+pub use kv_precision::{KvCalibrationArgs, KvDtypeArg};
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -46,10 +47,16 @@ pub struct ModelArgs {
     /// Context length (tokens per sequence); defaults to the model's, at most 4096.
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Element type of the KV cache: f32, f16, int8 or int4 (quantized per
-    /// token, head and group of 32 with a scale and zero point).
-    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
-    pub kv_dtype: KvDtype,
+    /// Element type of the KV cache: f32, f16, int8, int4 or int2
+    /// (quantized per token, head and group of 32 with a scale and zero
+    /// point; int4 keys per channel over each block); `auto[:BITS]`: each
+    /// layer's keys and values chosen apart by a calibration pass, within
+    /// BITS per element (default 4.5); `plan:KEYS/VALUES,...`: a plan as
+    /// `inspect --kv-dtype auto` prints it.
+    #[arg(long, default_value = "f32", value_parser = kv_precision::parse_kv_dtype)]
+    pub kv_dtype: KvDtypeArg,
+    #[command(flatten)]
+    pub kv_calibration: KvCalibrationArgs,
     /// CUDA: decode batches of up to N sequences are captured once per shape
     /// as CUDA graphs and replayed (0: launch every kernel every step).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_RECORDED_BATCH)]
@@ -80,13 +87,6 @@ pub struct ModelArgs {
     pub device: Option<usize>,
 }
 
-pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtype, String> {
-    text.parse().map_err(|e: tandem_core::Error| match e {
-        tandem_core::Error::InvalidRequest(reason) => reason,
-        other => other.to_string(),
-    })
-}
-
 impl ModelArgs {
     /// The backend, threads and device the command runs on.
     pub fn target(&self) -> Target {
@@ -100,6 +100,12 @@ impl ModelArgs {
     pub fn load_files(&self) -> Result<ModelFiles> {
         let path = model_path::resolve(self.model.as_deref())?;
         tandem_core::model::load(&path).map_err(anyhow::Error::from)
+    }
+
+    /// The engine's KV precision for `files` (`auto` tokenizes its
+    /// calibration text here).
+    pub fn kv_precision(&self, files: &ModelFiles) -> Result<tandem_core::kv::KvPrecision> {
+        self.kv_dtype.precision(&self.kv_calibration, files)
     }
 }
 
@@ -180,7 +186,7 @@ pub fn build_engine<B: Backend>(
 ) -> Result<Engine<B>> {
     let config = EngineConfig {
         max_context: Some(ctx),
-        kv_dtype: args.kv_dtype,
+        kv_precision: args.kv_precision(files)?,
         max_recorded_batch: args.graph_batch,
         unfused: args.unfused,
         kv_eviction: eviction.config()?,
@@ -198,9 +204,17 @@ pub fn build_engine_with<B: Backend>(
 ) -> Result<Engine<B>> {
     config.parallel = config.parallel.or_else(crate::parallel::job);
     let mut progress = LoadProgress::new(files.path.display().to_string());
-    let kv_dtype = config.kv_dtype;
+    let calibrated = matches!(config.kv_precision, KvPrecision::Auto(_));
+    let started = Instant::now();
     let engine = Engine::new(backend, files, config, &mut |d, t| progress.update(d, t))
         .with_context(|| format!("loading {}", files.path.display()))?;
+    if calibrated {
+        eprintln!(
+            "KV plan (calibrated, {:.1} s with the load): {}",
+            started.elapsed().as_secs_f64(),
+            describe_kv_plan(&engine)
+        );
+    }
     // The loader's and tokenizer builder's temporaries are freed by now, but
     // glibc keeps freed heap pages resident until asked to return them.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -211,10 +225,21 @@ pub fn build_engine_with<B: Backend>(
     if engine.model().placement().is_some() {
         eprint_line!(
             "{}",
-            crate::parallel::describe_rank(engine.model(), kv_dtype)
+            crate::parallel::describe_rank(engine.model(), engine.kv_bytes_per_token())
         );
     }
     Ok(engine)
+}
+
+/// The engine's KV plan as `--kv-dtype plan:` takes it, with its cost.
+pub fn describe_kv_plan<B: Backend>(engine: &Engine<B>) -> String {
+    let shape = engine.model().kv_shape(engine.config().block_size);
+    let plan = engine.kv_plan();
+    format!(
+        "plan:{plan} ({} bytes per token, {:.2} bits per element)",
+        engine.kv_bytes_per_token(),
+        plan.bits_per_element(shape)
+    )
 }
 
 /// Timings of one generation.

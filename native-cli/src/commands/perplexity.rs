@@ -104,7 +104,7 @@ impl WithBackend for PerplexityArgs {
         }
         let config = EngineConfig {
             max_context: Some(n + 1),
-            kv_dtype: self.model.kv_dtype,
+            kv_precision: self.model.kv_precision(&files)?,
             max_recorded_batch: self.model.graph_batch,
             unfused: self.model.unfused,
             max_batch_tokens: self.batch as usize,
@@ -119,8 +119,9 @@ impl WithBackend for PerplexityArgs {
             .bos_token()
             .filter(|_| tokens.first() == files.tokenizer.bos_token().as_ref());
         eprint_line!(
-            "perplexity: {} tokens, {windows} windows of {n}, KV eviction {}",
+            "perplexity: {} tokens, {windows} windows of {n}, KV {}, KV eviction {}",
             tokens.len(),
+            super::describe_kv_plan(&engine),
             self.kv_eviction.describe()
         );
         let first = n / 2;

@@ -37,12 +37,9 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     fn config(&self, files: &ModelFiles, ctx: usize, model: &ModelArgs) -> Result<EngineConfig> {
-        let kv_dtype = model.kv_dtype;
         let base = EngineConfig::default();
-        let c = &files.config;
-        let bytes_per_block = c.num_layers
-            * (kv_dtype.key_block_bytes(c.num_kv_heads, c.head_dim, base.block_size)
-                + kv_dtype.value_block_bytes(c.num_kv_heads, c.head_dim, base.block_size));
+        // A calibrated plan costs at most its budget per element.
+        let bytes_per_block = model.kv_dtype.max_bytes_per_block(files, base.block_size);
         let num_blocks = match self.kv_blocks {
             Some(n) => n,
             None => parse_bytes(&self.kv_memory)? / bytes_per_block.max(1),
@@ -56,7 +53,7 @@ impl EngineArgs {
             max_context: Some(ctx),
             max_running: self.max_running,
             max_waiting: self.max_queue,
-            kv_dtype,
+            kv_precision: model.kv_precision(files)?,
             max_recorded_batch: model.graph_batch,
             unfused: model.unfused,
             parallel: crate::parallel::job(),

@@ -138,7 +138,9 @@ impl SpeculationArgs {
         DraftModelConfig {
             block_size: kv.block_size(),
             capacity_tokens: kv.num_blocks() * kv.block_size(),
-            kv_dtype: engine.config().kv_dtype,
+            // A draft of other depth cannot take the target's per-layer
+            // plan: a plan's drafts store INT8.
+            kv_dtype: engine.config().kv_precision.representative_dtype(),
             max_batch_tokens: engine.config().max_batch_tokens,
             cascade: cascade.then(NgramProposer::default),
         }

@@ -66,7 +66,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             block_size: 5,
             kv_heads: 3,
             head_dim,
-            dtype,
+            keys: dtype,
+            values: dtype,
         };
         let heads = 9;
         let max_blocks = 29;

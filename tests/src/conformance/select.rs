@@ -86,7 +86,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
             block_size: 5,
             kv_heads: 3,
             head_dim,
-            dtype,
+            keys: dtype,
+            values: dtype,
         };
         let (heads, max_blocks, bs) = (9, 29, layout.block_size);
         let width = layout.row_width();

@@ -67,7 +67,7 @@ pub fn bench<B: Backend>(engine: &mut Engine<B>, args: &BenchArgs, rng: &mut Rng
             "prompt_tokens": args.prompt_tokens.max(1),
             "gen_tokens": args.gen_tokens,
             "repetitions": args.repetitions,
-            "kv_dtype": args.model.kv_dtype.name(),
+            "kv_dtype": args.model.kv_dtype.to_string(),
             "batches": batches,
         });
         println!("{obj}");
