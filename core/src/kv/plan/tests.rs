@@ -108,7 +108,7 @@ fn a_budget_below_the_cheapest_plan_is_refused() {
         values: vec![[0.0, 1.0, 2.0]; 2],
     };
     let err = choose_plan(&s, SHAPE, 1.0).unwrap_err().to_string();
-    assert!(err.contains("below the cheapest plan's 3.00"), "{err}");
+    assert!(err.contains("below the cheapest plan's 3.50"), "{err}");
     for bad in [0.0, -1.0, f64::NAN] {
         assert!(choose_plan(&s, SHAPE, bad).is_err());
     }
