@@ -6,9 +6,10 @@
 
 use tandem_core::backend::{Backend, KvDtype};
 use tandem_core::engine::{Engine, EngineConfig};
-use tandem_core::kv::plan::AutoKvPlan;
+use tandem_core::kv::plan::{choose_plan, AutoKvPlan};
 use tandem_core::kv::{KvPlan, KvPrecision};
 use tandem_core::model::forward::{ForwardBatch, Model};
+use tandem_core::model::kv_calibration::calibrate_kv;
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
@@ -130,9 +131,10 @@ fn a_mixed_plan_gives_the_same_tokens_on_cpu_and_wgpu() {
 fn a_calibrated_plan_stays_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
     let files = tiny_gguf(dir.path(), &three_layers());
-    let shape = Model::load(&CpuBackend::new(1), &files, &mut |_, _| {})
-        .unwrap()
-        .kv_shape(4);
+    let cpu = CpuBackend::new(1);
+    let model = Model::load(&cpu, &files, &mut |_, _| {}).unwrap();
+    let shape = model.kv_shape(4);
+    let sensitivity = calibrate_kv(&model, &cpu, &prompt(48), 4).unwrap();
     let uniform = |d| KvPlan::uniform(d, 3).bits_per_element(shape);
     let (int2, int4, int8) = (
         uniform(KvDtype::Int2),
@@ -149,10 +151,8 @@ fn a_calibrated_plan_stays_within_its_budget() {
         assert!(plan.bits_per_element(shape) <= bits, "{plan} over {bits}");
         assert_eq!(plan.num_layers(), 3);
         assert_eq!(greedy(&mut e, &prompt(9), 6).len(), 6);
-        // INT8's bytes buy INT8 everywhere, the calibration's baseline.
-        if bits >= int8 {
-            assert_eq!(plan.uniform_dtype(), Some(KvDtype::Int8), "{plan}");
-        }
+        // The engine stores what the planner picks from the measured losses.
+        assert_eq!(plan, choose_plan(&sensitivity, shape, bits).unwrap());
     }
 }
 

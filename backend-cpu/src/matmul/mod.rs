@@ -29,9 +29,9 @@
 //! 3. Inside a task, a micro-kernel computes tiles of `R` weight rows × `T`
 //!    tokens: each weight block is decoded once per `T` tokens and each
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
-//!    instruction set ([`MicroKernels`]): AVX2, AVX-512 (runs in pairs,
-//!    `avx512` says how; with two tokens or more a row tile's codes are
-//!    unpacked once into scratch for all of them), wasm SIMD128 (the
+//!    instruction set ([`MicroKernels`]): AVX2 and AVX-512 (runs in pairs,
+//!    `avx512` says how; on both, with two tokens or more a row tile's codes
+//!    are unpacked once into scratch for all of them), wasm SIMD128 (the
 //!    integer block formats; `simd128`), and portable Rust. Within one
 //!    instruction set every output element is computed with the same
 //!    arithmetic in the same order whatever tile it falls in, so results do

@@ -12,7 +12,8 @@
 //!
 //! - AVX2 works on 256-bit vectors: the codes are two vectors of sixteen
 //!   i16, multiplied with the activation block's two halves by two
-//!   `vpmaddwd` and added into eight i32 lanes.
+//!   `vpmaddwd` and added into eight i32 lanes. With two tokens or more a
+//!   row tile's codes are widened once into scratch for all of them.
 //! - AVX-512 has its own block kernel (`avx512`): runs taken two at a
 //!   time in a pair layout that sums four products per i32 lane, one
 //!   conversion and one multiply-add per 64 elements. The AVX2 kernel's
@@ -136,7 +137,15 @@ macro_rules! delegate_micro_kernels {
     };
 }
 
-delegate_micro_kernels!(Avx2, block_tile);
+delegate_micro_kernels!(
+    Avx2,
+    block_tile,
+    const REPACKS_CODES: bool = true;,
+    #[inline(always)]
+    unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
+        widen_codes::<F>(row, runs, codes)
+    }
+);
 delegate_micro_kernels!(
     Vnni,
     block_tile_512,
@@ -169,18 +178,47 @@ fn check_block_tile<F: BlockFormat, const R: usize, const T: usize>(
 /// The AVX2 block kernel. `vpmaddwd` sums each pair of products in i32: no
 /// sum can overflow, weights being at most 128 and activations 32767 in
 /// magnitude, so a lane of four products sums to at most
-/// 4 * 128 * 32767 < 2^24.
+/// 4 * 128 * 32767 < 2^24. With several tokens the row tile's codes come
+/// widened already ([`widen_codes`], once per row tile instead of once per
+/// token tile: the widening of a 5-bit run costs more than its products).
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA.
+/// The CPU supports AVX2 and FMA; `w_codes`, where not empty, are `w`'s
+/// codes as [`widen_codes`] wrote them.
 #[inline(always)]
 unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
-    _w_codes: [&[BlockQuants]; R],
+    w_codes: [&[BlockQuants]; R],
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
     let blocks = check_block_tile::<F, R, T>(&w, &w_heads, &x);
+    if w_codes.iter().all(|c| c.len() >= blocks) {
+        block_tile_from::<F, R, T>(w_heads, x, blocks, |r, b| {
+            // SAFETY: row `r` holds `blocks` widened runs, 64-byte aligned.
+            let codes: *const __m256i = w_codes[r].as_ptr().add(b).cast();
+            [_mm256_load_si256(codes), _mm256_load_si256(codes.add(1))]
+        })
+    } else {
+        block_tile_from::<F, R, T>(w_heads, x, blocks, |r, b| {
+            widen_run::<F>(w[r].as_ptr().add(F::block_at(b)), b % F::RUNS)
+        })
+    }
+}
+
+/// [`block_tile`] over `blocks` runs whose codes `run_codes(row, run)`
+/// gives widened to i16.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; the slices hold `blocks` runs, as
+/// [`check_block_tile`] checks.
+#[inline(always)]
+unsafe fn block_tile_from<F: BlockFormat, const R: usize, const T: usize>(
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+    blocks: usize,
+    run_codes: impl Fn(usize, usize) -> [__m256i; 2],
+) -> [[f32; T]; R] {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..blocks {
         // SAFETY (all loads below): `check_block_tile` checked that every
@@ -189,8 +227,7 @@ unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         let x_scales: [__m256; T] =
             std::array::from_fn(|t| _mm256_broadcast_ss(x[t].stats.get_unchecked(2 * b)));
         for r in 0..R {
-            let block = w[r].as_ptr().add(F::block_at(b));
-            let [w_low, w_high] = widen_run::<F>(block, b % F::RUNS);
+            let [w_low, w_high] = run_codes(r, b);
             let heads = w_heads[r].as_ptr().add(F::HEAD_FLOATS * b);
             for t in 0..T {
                 let quants: *const __m256i = x[t].quants.as_ptr().add(b).cast();
@@ -210,6 +247,23 @@ unsafe fn block_tile<F: BlockFormat, const R: usize, const T: usize>(
         }
     }
     finish_block_tile::<F, R, T>(acc, w_heads, x, blocks)
+}
+
+/// Every run of `row` (`runs` runs of format `F`) widened to i16 as
+/// [`widen_run`] gives it, one [`BlockQuants`] per run.
+///
+/// # Safety
+/// `row` holds `runs` runs and `codes` at least `runs` entries; the CPU
+/// supports AVX2.
+#[inline(always)]
+unsafe fn widen_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
+    assert!(row.len() >= F::row_bytes(runs) && codes.len() >= runs);
+    for b in 0..runs {
+        let [low, high] = widen_run::<F>(row.as_ptr().add(F::block_at(b)), b % F::RUNS);
+        let at: *mut __m256i = codes.as_mut_ptr().add(b).cast();
+        _mm256_store_si256(at, low);
+        _mm256_store_si256(at.add(1), high);
+    }
 }
 
 /// Adds the offset terms to a block tile's accumulators (with
@@ -269,33 +323,31 @@ unsafe fn widen_run<F: BlockFormat>(block: *const u8, j: usize) -> [__m256i; 2] 
         }
         Codes::Nibbles => nibbles(block.add(F::QUANTS_AT + QK / 2 * j)),
         Codes::Nibbles5 => {
-            let [low, high] = nibbles(block.add(F::QUANTS_AT));
-            let qh = block.add(F::QUANTS_AT - 4).cast::<u32>().read_unaligned();
-            let lane_bits = _mm256_setr_epi16(
-                1,
-                2,
-                4,
-                8,
-                16,
-                32,
-                64,
-                128,
-                256,
-                512,
-                1024,
-                2048,
-                4096,
-                8192,
-                16384,
-                i16::MIN,
+            // In bytes before widening: byte `i` of the fifth bits takes
+            // byte `i / 8` of `qh` and keeps bit `i % 8` of it.
+            let packed = _mm_loadu_si128(block.add(F::QUANTS_AT).cast());
+            let low_nibbles = _mm_set1_epi8(0x0f);
+            let qh = block.add(F::QUANTS_AT - 4).cast::<i32>().read_unaligned();
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh),
+                _mm256_setr_epi64x(
+                    0,
+                    0x0101_0101_0101_0101,
+                    0x0202_0202_0202_0202,
+                    0x0303_0303_0303_0303,
+                ),
             );
-            let fifth = |word: u32| {
-                let bits = _mm256_and_si256(_mm256_set1_epi16(word as u16 as i16), lane_bits);
-                _mm256_and_si256(_mm256_cmpeq_epi16(bits, lane_bits), _mm256_set1_epi16(16))
-            };
+            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let fifth = mask(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits), 16);
             [
-                _mm256_or_si256(low, fifth(qh)),
-                _mm256_or_si256(high, fifth(qh >> 16)),
+                _mm256_cvtepu8_epi16(_mm_or_si128(
+                    _mm_and_si128(packed, low_nibbles),
+                    _mm256_castsi256_si128(fifth),
+                )),
+                _mm256_cvtepu8_epi16(_mm_or_si128(
+                    _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles),
+                    _mm256_extracti128_si256::<1>(fifth),
+                )),
             ]
         }
         Codes::NonLinear => {

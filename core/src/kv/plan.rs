@@ -10,10 +10,12 @@
 //! (`int8/int4,int4/int2*3,...`: keys/values per layer, `*N` repeating), so
 //! a calibrated plan can be passed back with `--kv-dtype plan:...`.
 //!
-//! The candidates are INT8, INT4 and INT2 for keys and values alike: INT8
-//! matches F16 on the models measured (−0.03% perplexity on SmolLM2), so a
-//! float layer would only cost bytes, and a layer's keys and values are
-//! either one float dtype or both quantized ([`KvCacheLayout::check`]).
+//! Each layer takes one of the quantized pairs (INT8, INT4 or INT2 for its
+//! keys and for its values, chosen apart) or stays in floats: a layer's
+//! keys and values are one float dtype or both quantized
+//! ([`KvCacheLayout::check`]), so a float layer is F16 on both sides. INT8
+//! matches F16 on SmolLM2 (+0.03% perplexity) but not on Qwen2.5 (+1.7%),
+//! where a budget above INT8's buys its most sensitive layers back.
 
 use std::fmt;
 
@@ -65,8 +67,12 @@ pub struct AutoKvPlan {
 /// INT2 values (4.5 on SmolLM2's shape) and uniform INT4 (5.5).
 pub const DEFAULT_AUTO_BITS: f64 = 4.5;
 
-/// The dtypes a plan chooses from, cheapest last.
+/// The quantized dtypes a plan chooses from, keys and values apart,
+/// cheapest last; the first is the calibration's reference.
 pub const PLAN_CANDIDATES: [KvDtype; 3] = [KvDtype::Int8, KvDtype::Int4, KvDtype::Int2];
+
+/// The dtype of a layer a plan keeps in floats, keys and values alike.
+pub const PLAN_FLOAT: KvDtype = KvDtype::F16;
 
 /// Key/value pairs of different dtypes, one of each kind of mix (slots of
 /// other bits, INT4's key blocks with other values): what the kernel tests
@@ -77,14 +83,33 @@ pub const MIXED_KV_PAIRS: [(KvDtype, KvDtype); 3] = [
     (KvDtype::Int2, KvDtype::Int4),
 ];
 
-/// How much the model's output moves when one layer's keys or values are
-/// stored at a candidate dtype, every other layer at the reference
-/// (INT8): `keys[layer][c]` and `values[layer][c]` for
-/// `c` in [`PLAN_CANDIDATES`] (the reference's own entry is 0).
+/// How much the model's output moves when one layer's cache is stored
+/// other than at the reference (INT8 everywhere): `keys[layer][c]` and
+/// `values[layer][c]` with that layer's keys or values at
+/// `PLAN_CANDIDATES[c]` (the reference's own entry is 0), and
+/// `float[layer]` with both at [`PLAN_FLOAT`]; negative where the change
+/// pays.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSensitivity {
     pub keys: Vec<[f64; 3]>,
     pub values: Vec<[f64; 3]>,
+    pub float: Vec<f64>,
+}
+
+impl KvSensitivity {
+    /// Layer `layer`'s choices with their losses, taken as additive over
+    /// its keys and values: every quantized pair, then the float layer.
+    pub fn options(&self, layer: usize) -> Vec<(LayerKvDtypes, f64)> {
+        let mut options = Vec::with_capacity(PLAN_CANDIDATES.len().pow(2) + 1);
+        for (k, &keys) in PLAN_CANDIDATES.iter().enumerate() {
+            for (v, &values) in PLAN_CANDIDATES.iter().enumerate() {
+                let loss = self.keys[layer][k] + self.values[layer][v];
+                options.push((LayerKvDtypes { keys, values }, loss));
+            }
+        }
+        options.push((LayerKvDtypes::uniform(PLAN_FLOAT), self.float[layer]));
+        options
+    }
 }
 
 impl From<KvDtype> for KvPrecision {
@@ -268,19 +293,19 @@ impl std::str::FromStr for KvPlan {
     }
 }
 
-/// The plan of least total sensitivity among the candidates whose storage
-/// is at most `bits_per_element` (as [`KvPlan::bits_per_element`] counts):
-/// a multiple-choice knapsack, solved exactly by dynamic programming over
-/// the bytes of one block, the losses taken as additive over layers.
+/// The plan of least total sensitivity among the layers' options whose
+/// storage is at most `bits_per_element` (as [`KvPlan::bits_per_element`]
+/// counts): a multiple-choice knapsack, one item per layer, solved exactly
+/// by dynamic programming over the bytes of one block.
 pub fn choose_plan(
     sensitivity: &KvSensitivity,
     shape: KvShape,
     bits_per_element: f64,
 ) -> Result<KvPlan> {
     let layers = sensitivity.keys.len();
-    if sensitivity.values.len() != layers || layers == 0 {
+    if sensitivity.values.len() != layers || sensitivity.float.len() != layers || layers == 0 {
         return Err(Error::InvalidRequest(
-            "KV sensitivity must name the keys and values of every layer".into(),
+            "KV sensitivity must name the keys, values and floats of every layer".into(),
         ));
     }
     if !(bits_per_element.is_finite() && bits_per_element > 0.0) {
@@ -288,68 +313,62 @@ pub fn choose_plan(
             "KV bits per element must be a positive number, not {bits_per_element}"
         )));
     }
-    let probe = |d| KvCacheLayout::uniform(1, shape.block_size, shape.kv_heads, shape.head_dim, d);
-    let key_cost = PLAN_CANDIDATES.map(|d| probe(d).key_block_bytes());
-    let value_cost = PLAN_CANDIDATES.map(|d| probe(d).value_block_bytes());
-    let unit = key_cost
-        .iter()
-        .chain(&value_cost)
-        .fold(0, |g, &c| gcd(g, c))
-        .max(1);
+    let block_bytes = |d: LayerKvDtypes| {
+        let l = KvPlan { layers: vec![d] }.layout(0, shape, 1);
+        l.key_block_bytes() + l.value_block_bytes()
+    };
+    // Per layer: (dtypes, bytes of one block, loss) of each option.
+    let items: Vec<Vec<(LayerKvDtypes, usize, f64)>> = (0..layers)
+        .map(|l| {
+            sensitivity
+                .options(l)
+                .into_iter()
+                .map(|(d, loss)| (d, block_bytes(d), loss))
+                .collect()
+        })
+        .collect();
+    let unit = items.iter().flatten().fold(0, |g, o| gcd(g, o.1)).max(1);
+    let cost = |o: &(LayerKvDtypes, usize, f64)| o.1 / unit;
     let elements = 2 * layers * shape.kv_heads * shape.head_dim * shape.block_size;
     // The tolerance keeps a budget computed from a plan's own bits in reach.
     let budget = (bits_per_element * elements as f64 / 8.0 + 1e-6).floor() as usize / unit;
-    // Items: every layer's keys, then its values; each takes one candidate.
-    let items: Vec<([usize; 3], [f64; 3])> = (0..layers)
-        .flat_map(|l| {
-            [
-                (key_cost.map(|c| c / unit), sensitivity.keys[l]),
-                (value_cost.map(|c| c / unit), sensitivity.values[l]),
-            ]
-        })
-        .collect();
-    let cheapest: usize = items.iter().map(|(c, _)| c.iter().min().unwrap()).sum();
-    if cheapest > budget {
+    let extreme = |pick: fn(usize, usize) -> usize| -> usize {
+        items
+            .iter()
+            .map(|options| options.iter().map(cost).reduce(pick).unwrap())
+            .sum()
+    };
+    if extreme(usize::min) > budget {
         let floor = KvPlan::uniform(KvDtype::Int2, layers).bits_per_element(shape);
         return Err(Error::InvalidRequest(format!(
             "a KV budget of {bits_per_element} bits per element is below the cheapest plan's {floor:.2}"
         )));
     }
-    let budget = budget.min(items.iter().map(|(c, _)| c.iter().max().unwrap()).sum());
-    // best[b]: least loss of the items so far within b units; choice per item.
+    let budget = budget.min(extreme(usize::max));
+    // best[b]: least loss of the layers so far within b units; choice per layer.
     let mut best = vec![0.0f64; budget + 1];
-    let mut choice = vec![vec![0u8; budget + 1]; items.len()];
-    for (i, (cost, loss)) in items.iter().enumerate() {
+    let mut choice = vec![vec![0u8; budget + 1]; layers];
+    for (layer, options) in items.iter().enumerate() {
         let mut next = vec![f64::INFINITY; budget + 1];
         for b in 0..=budget {
-            for c in 0..PLAN_CANDIDATES.len() {
-                if cost[c] <= b {
-                    let total = best[b - cost[c]] + loss[c].max(0.0);
-                    if total < next[b] {
-                        next[b] = total;
-                        choice[i][b] = c as u8;
-                    }
+            for (o, option) in options.iter().enumerate() {
+                let c = cost(option);
+                if c <= b && best[b - c] + option.2 < next[b] {
+                    next[b] = best[b - c] + option.2;
+                    choice[layer][b] = o as u8;
                 }
             }
         }
         best = next;
     }
     let mut b = budget;
-    let mut picked = vec![0usize; items.len()];
-    for i in (0..items.len()).rev() {
-        let c = choice[i][b] as usize;
-        picked[i] = c;
-        b -= items[i].0[c];
+    let mut picked = vec![LayerKvDtypes::uniform(PLAN_FLOAT); layers];
+    for layer in (0..layers).rev() {
+        let option = &items[layer][choice[layer][b] as usize];
+        picked[layer] = option.0;
+        b -= cost(option);
     }
-    KvPlan::new(
-        picked
-            .chunks_exact(2)
-            .map(|kv| LayerKvDtypes {
-                keys: PLAN_CANDIDATES[kv[0]],
-                values: PLAN_CANDIDATES[kv[1]],
-            })
-            .collect(),
-    )
+    KvPlan::new(picked)
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -5,20 +5,31 @@
 //! The calibration text runs as one prompt: once with every layer at F16
 //! (the reference distribution), once at INT8 everywhere (the plan's
 //! baseline), then once per layer, side (keys or values) and cheaper
-//! candidate with only that one changed. A candidate's loss is the mean KL
+//! candidate with only that one changed, and once per layer with that
+//! layer back at F16. A candidate's loss is the mean KL
 //! divergence of the reference from its distribution over the prompt's
 //! positions, less the baseline's: the whole model's output measures what a
 //! layer's error costs after every later layer has amplified or damped it,
-//! which a layer's own attention error cannot say.
+//! which a layer's own attention error cannot say. A loss can be negative:
+//! INT4 and INT2 keys are quantized per channel, INT8's per token, and on
+//! a layer whose keys have outlier channels (Qwen2.5's first) the cheaper
+//! layout is the better one.
 
 use super::forward::{ForwardBatch, Model};
 use crate::backend::{Backend, KvCacheLayout, KvDtype};
-use crate::kv::plan::{KvSensitivity, PLAN_CANDIDATES};
+use crate::kv::plan::{KvSensitivity, PLAN_CANDIDATES, PLAN_FLOAT};
 use crate::{Error, Result};
 
 /// Fewest calibration tokens: a few KV blocks, so INT4 keys' per-block
 /// ranges are those of real blocks.
 pub const MIN_CALIBRATION_TOKENS: usize = 32;
+
+/// Forward passes [`calibrate_kv`] runs over the text for a model of
+/// `layers` layers: the reference, the baseline, four per layer (keys and
+/// values at two candidates) and one with the layer at F16.
+pub fn calibration_passes(layers: usize) -> usize {
+    2 + (2 * (PLAN_CANDIDATES.len() - 1) + 1) * layers
+}
 
 /// Which side of a layer's cache a calibration pass changes.
 #[derive(Clone, Copy)]
@@ -28,7 +39,7 @@ enum Side {
 }
 
 /// Calibrates on `tokens`, all in one forward pass (so callers cut them to
-/// a few hundred): `2 + 4 * layers` passes.
+/// a few hundred), in [`calibration_passes`] passes.
 pub fn calibrate_kv<B: Backend>(
     model: &Model<B>,
     backend: &B,
@@ -75,9 +86,20 @@ pub fn calibrate_kv<B: Backend>(
     let mut kv = alloc(baseline_dtype, baseline_dtype)?;
     let baseline = mean_kl(&reference, &run(&mut kv)?, vocab);
 
+    // The loss with layer `layer` alone stored at `keys`/`values`.
+    let mut loss_of = |layer: usize, keys, values| -> Result<f64> {
+        let kept = std::mem::replace(
+            &mut kv[layer],
+            backend.alloc_kv_cache(layout(keys, values))?,
+        );
+        let logits = run(&mut kv);
+        kv[layer] = kept;
+        Ok(mean_kl(&reference, &logits?, vocab) - baseline)
+    };
     let mut sensitivity = KvSensitivity {
         keys: vec![[0.0; 3]; layers],
         values: vec![[0.0; 3]; layers],
+        float: vec![0.0; layers],
     };
     for layer in 0..layers {
         for side in [Side::Keys, Side::Values] {
@@ -86,19 +108,14 @@ pub fn calibrate_kv<B: Backend>(
                     Side::Keys => (dtype, baseline_dtype),
                     Side::Values => (baseline_dtype, dtype),
                 };
-                let kept = std::mem::replace(
-                    &mut kv[layer],
-                    backend.alloc_kv_cache(layout(keys, values))?,
-                );
-                let logits = run(&mut kv);
-                kv[layer] = kept;
-                let loss = (mean_kl(&reference, &logits?, vocab) - baseline).max(0.0);
+                let loss = loss_of(layer, keys, values)?;
                 match side {
                     Side::Keys => sensitivity.keys[layer][c] = loss,
                     Side::Values => sensitivity.values[layer][c] = loss,
                 }
             }
         }
+        sensitivity.float[layer] = loss_of(layer, PLAN_FLOAT, PLAN_FLOAT)?;
     }
     Ok(sensitivity)
 }

@@ -348,15 +348,16 @@ fn calibrated_plan(args: &ModelArgs, files: &ModelFiles, bits: f64) -> Result<Kv
     let plan = choose_plan(&sensitivity, shape, bits)?;
     println!(
         "KV calibration: {} tokens, {:.1} s; mean KL (nats) of the output from the f16 cache's, \
-         each layer's keys or values alone at int4 / int2, every other at int8:",
+         each layer's keys or values alone at int4 / int2, and the whole layer at f16 \
+         (below 0 where it helps), every other at int8:",
         auto.calibration.len(),
         started.elapsed().as_secs_f64()
     );
     for (layer, dtypes) in plan.layers().iter().enumerate() {
         let (k, v) = (sensitivity.keys[layer], sensitivity.values[layer]);
         println!(
-            "  layer {layer:>3}: keys {:.5} / {:.5}, values {:.5} / {:.5} -> {}/{}",
-            k[1], k[2], v[1], v[2], dtypes.keys, dtypes.values
+            "  layer {layer:>3}: keys {:.5} / {:.5}, values {:.5} / {:.5}, f16 {:+.5} -> {}/{}",
+            k[1], k[2], v[1], v[2], sensitivity.float[layer], dtypes.keys, dtypes.values
         );
     }
     Ok(plan)

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::plan::{AutoKvPlan, DEFAULT_AUTO_BITS};
 use tandem_core::kv::{KvPlan, KvPrecision};
+use tandem_core::model::kv_calibration::calibration_passes;
 use tandem_core::model::ModelFiles;
 
 /// The built-in calibration text: a passage of the second part of Newton's
@@ -75,7 +76,7 @@ pub struct KvCalibrationArgs {
     #[arg(long, value_name = "FILE")]
     pub kv_calibration: Option<PathBuf>,
     /// Tokens of it each calibration pass reads (one pass per layer, side
-    /// and dtype: 4 × layers + 2 passes).
+    /// and dtype, and one per layer at f16: 5 × layers + 2 passes).
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub kv_calibration_tokens: usize,
 }
@@ -101,7 +102,7 @@ impl KvDtypeArg {
                 tokens.truncate(calibration.kv_calibration_tokens);
                 eprintln!(
                     "calibrating KV precision for {bits_per_element} bits per element: {} passes over {} tokens",
-                    4 * files.config.num_layers + 2,
+                    calibration_passes(files.config.num_layers),
                     tokens.len()
                 );
                 KvPrecision::Auto(AutoKvPlan {

@@ -8,38 +8,25 @@ const SHAPE: KvShape = KvShape {
     block_size: 16,
 };
 
+/// Losses of INT8, INT4 and INT2 against INT8; a cheaper dtype may lose
+/// less (per-channel keys against INT8's per-token ones).
 fn losses() -> impl Strategy<Value = [f64; 3]> {
-    (0.0..1.0f64, 0.0..4.0f64).prop_map(|(a, b)| [0.0, a, a + b])
+    (-0.5..1.0f64, -0.5..4.0f64).prop_map(|(a, b)| [0.0, a, a + b])
 }
 
 /// The least loss of any plan within the budget, by trying them all.
 fn brute_force(s: &KvSensitivity, bits: f64) -> Option<f64> {
     let layers = s.keys.len();
+    let options: Vec<_> = (0..layers).map(|l| s.options(l)).collect();
+    let per_layer = options[0].len();
     let mut best: Option<f64> = None;
-    for code in 0..3usize.pow(2 * layers as u32) {
-        let mut c = code;
-        let mut pick = || {
-            let i = c % 3;
-            c /= 3;
-            i
-        };
-        let picks: Vec<(usize, usize)> = (0..layers).map(|_| (pick(), pick())).collect();
-        let plan = KvPlan::new(
-            picks
-                .iter()
-                .map(|&(k, v)| LayerKvDtypes {
-                    keys: PLAN_CANDIDATES[k],
-                    values: PLAN_CANDIDATES[v],
-                })
-                .collect(),
-        )
-        .unwrap();
+    for code in 0..per_layer.pow(layers as u32) {
+        let picks: Vec<_> = (0..layers)
+            .map(|l| options[l][code / per_layer.pow(l as u32) % per_layer])
+            .collect();
+        let plan = KvPlan::new(picks.iter().map(|p| p.0).collect()).unwrap();
         if plan.bits_per_element(SHAPE) <= bits + 1e-9 {
-            let loss: f64 = picks
-                .iter()
-                .enumerate()
-                .map(|(l, &(k, v))| s.keys[l][k] + s.values[l][v])
-                .sum();
+            let loss: f64 = picks.iter().map(|p| p.1).sum();
             best = Some(best.map_or(loss, |b: f64| b.min(loss)));
         }
     }
@@ -47,11 +34,10 @@ fn brute_force(s: &KvSensitivity, bits: f64) -> Option<f64> {
 }
 
 fn loss_of(plan: &KvPlan, s: &KvSensitivity) -> f64 {
-    let index = |d| PLAN_CANDIDATES.iter().position(|&c| c == d).unwrap();
     plan.layers()
         .iter()
         .enumerate()
-        .map(|(l, d)| s.keys[l][index(d.keys)] + s.values[l][index(d.values)])
+        .map(|(l, d)| s.options(l).into_iter().find(|o| o.0 == *d).unwrap().1)
         .sum()
 }
 
@@ -63,10 +49,15 @@ proptest! {
     fn the_plan_is_the_least_loss_within_the_budget(
         keys in prop::collection::vec(losses(), 1..4),
         values in prop::collection::vec(losses(), 3),
-        bits in 2.5..10.0f64,
+        float in prop::collection::vec(-1.0..0.5f64, 3),
+        bits in 2.5..17.0f64,
     ) {
         let layers = keys.len();
-        let s = KvSensitivity { keys, values: values[..layers].to_vec() };
+        let s = KvSensitivity {
+            keys,
+            values: values[..layers].to_vec(),
+            float: float[..layers].to_vec(),
+        };
         match (choose_plan(&s, SHAPE, bits), brute_force(&s, bits)) {
             (Ok(plan), Some(want)) => {
                 prop_assert!(plan.bits_per_element(SHAPE) <= bits + 1e-9);
@@ -88,6 +79,7 @@ fn the_budget_of_uniform_int4_costs_what_uniform_int4_costs() {
     let s = KvSensitivity {
         keys: vec![[0.0, 1.0, 9.0]; 30],
         values: vec![[0.0, 1.0, 9.0]; 30],
+        float: vec![0.0; 30],
     };
     // Equal losses everywhere: the budget of int4 buys int4.
     let plan = choose_plan(&s, SHAPE, 5.5).unwrap();
@@ -102,10 +94,31 @@ fn the_budget_of_uniform_int4_costs_what_uniform_int4_costs() {
 }
 
 #[test]
+fn a_budget_above_int8_buys_the_layers_where_floats_pay() {
+    let s = KvSensitivity {
+        keys: vec![[0.0, 1.0, 9.0]; 4],
+        values: vec![[0.0, 1.0, 9.0]; 4],
+        float: vec![-0.01, -2.0, -0.02, 0.001],
+    };
+    let int8 = KvPlan::uniform(KvDtype::Int8, 4).bits_per_element(SHAPE);
+    assert_eq!(
+        choose_plan(&s, SHAPE, int8).unwrap().to_string(),
+        "int8/int8*4"
+    );
+    // Room for one float layer: the one whose INT8 cache costs most.
+    let plan = choose_plan(&s, SHAPE, (3.0 * int8 + 16.0) / 4.0).unwrap();
+    assert_eq!(plan.to_string(), "int8/int8,f16/f16,int8/int8*2");
+    // A float layer that measures no better than INT8 is never bought.
+    let plan = choose_plan(&s, SHAPE, 16.0).unwrap();
+    assert_eq!(plan.to_string(), "f16/f16*3,int8/int8");
+}
+
+#[test]
 fn a_budget_below_the_cheapest_plan_is_refused() {
     let s = KvSensitivity {
         keys: vec![[0.0, 1.0, 2.0]; 2],
         values: vec![[0.0, 1.0, 2.0]; 2],
+        float: vec![0.0; 2],
     };
     let err = choose_plan(&s, SHAPE, 1.0).unwrap_err().to_string();
     assert!(err.contains("below the cheapest plan's 3.50"), "{err}");
