@@ -3,6 +3,7 @@
 
 use super::arch::{BlockSpec, LayerSpec, MoeSpec, Multipliers, Rope};
 use crate::backend::RopeStyle;
+use crate::kv::KvShape;
 use crate::{Error, Result};
 
 /// How RoPE frequencies are stretched for long contexts.
@@ -75,6 +76,15 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The shape every layer's KV cache shares, in blocks of `block_size` tokens.
+    pub fn kv_shape(&self, block_size: usize) -> KvShape {
+        KvShape {
+            kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            block_size,
+        }
     }
 
     /// Checks the dimensions are positive, mutually consistent and not absurd.

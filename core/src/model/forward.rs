@@ -491,11 +491,7 @@ impl<B: Backend> Model<B> {
 
     /// The shape every layer's KV cache shares.
     pub fn kv_shape(&self, block_size: usize) -> KvShape {
-        KvShape {
-            kv_heads: self.config.num_kv_heads,
-            head_dim: self.config.head_dim,
-            block_size,
-        }
+        self.config.kv_shape(block_size)
     }
 
     /// Runs `batch` through the model, writing its K/V into `kv` (one cache

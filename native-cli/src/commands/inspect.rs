@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
 use tandem_core::kv::plan::choose_plan;
-use tandem_core::kv::{KvPlan, KvPrecision, KvShape, DEFAULT_BLOCK_SIZE};
+use tandem_core::kv::{KvPlan, KvPrecision, DEFAULT_BLOCK_SIZE};
 use tandem_core::model::forward::Model;
 use tandem_core::model::kv_calibration::calibrate_kv;
 use tandem_core::model::ModelFiles;
@@ -123,11 +123,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("qkv bias:       yes");
     }
     println!("block:          {:?}", c.block);
-    let shape = KvShape {
-        kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        block_size: DEFAULT_BLOCK_SIZE,
-    };
+    let shape = c.kv_shape(DEFAULT_BLOCK_SIZE);
     let kv_bytes = |dtype: KvDtype| KvPlan::uniform(dtype, c.num_layers).bytes_per_token(shape);
     let chosen = match &args.kv_dtype {
         KvDtypeArg::Uniform(d) => KvPlan::uniform(*d, c.num_layers),

@@ -118,11 +118,7 @@ impl KvDtypeArg {
     /// all layers (what sizes a KV pool by memory before calibration).
     pub fn max_bytes_per_block(&self, files: &ModelFiles, block_size: usize) -> usize {
         let c = &files.config;
-        let shape = tandem_core::kv::KvShape {
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size,
-        };
+        let shape = c.kv_shape(block_size);
         match self {
             KvDtypeArg::Uniform(d) => {
                 KvPlan::uniform(*d, c.num_layers).bytes_per_token(shape) * block_size
