@@ -5,8 +5,11 @@
 # setting: bits per element, bytes per token, perplexity and its change
 # against f16. The plan of every auto row is printed under the table.
 #
-#   scripts/kv-precision-quality.sh [-t THREADS] [-m MODEL] [-n CALIBRATION_TOKENS] [SETTING ...]
+#   scripts/kv-precision-quality.sh [-t THREADS] [-m MODEL] [-n CALIBRATION_TOKENS]
+#                                   [-b BLOCK_TOKENS] [SETTING ...]
 #
+# BLOCK_TOKENS is `--kv-block-size` (default 16): INT4 and INT2 keys keep
+# a scale and minimum per channel per block, so their bits depend on it.
 # SETTING: anything --kv-dtype takes; default: f16 int8 int4 int2 auto:7
 # auto:6 auto:5.5 auto:5 auto:4.5 auto:3.5.
 set -euo pipefail
@@ -15,12 +18,14 @@ root="$here/.."
 threads=2
 model=smollm2-135m
 calibration=128
-while getopts "t:m:n:" opt; do
+block=16
+while getopts "t:m:n:b:" opt; do
   case "$opt" in
     t) threads=$OPTARG ;;
     m) model=$OPTARG ;;
     n) calibration=$OPTARG ;;
-    *) echo "usage: $0 [-t THREADS] [-m MODEL] [-n TOKENS] [SETTING ...]" >&2; exit 2 ;;
+    b) block=$OPTARG ;;
+    *) echo "usage: $0 [-t THREADS] [-m MODEL] [-n TOKENS] [-b BLOCK_TOKENS] [SETTING ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -40,7 +45,7 @@ base=""
 plans=()
 for s in "${settings[@]}"; do
   "$tandem" perplexity --backend cpu -t "$threads" -m "$model" --file "$text" --ctx 512 \
-    --kv-dtype "$s" --kv-calibration-tokens "$calibration" >"$log" 2>&1
+    --kv-dtype "$s" --kv-calibration-tokens "$calibration" --kv-block-size "$block" >"$log" 2>&1
   ppl=$(sed -n 's/^PPL = \([0-9.]*\).*/\1/p' "$log")
   kv=$(grep -o 'KV plan:[^ ]* ([0-9]* bytes per token, [0-9.]* bits per element)' "$log" | head -1)
   bytes=$(sed -n 's/.*(\([0-9]*\) bytes per token.*/\1/p' <<<"$kv")

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 #[cfg(not(feature = "mpi"))]
 use anyhow::bail;
 use anyhow::{Context, Result};
-use tandem_core::kv::{KvPlan, DEFAULT_BLOCK_SIZE};
+use tandem_core::kv::KvPlan;
 use tandem_core::model::forward::{LoadOptions, Model};
 use tandem_core::model::ModelFiles;
 #[cfg(feature = "mpi")]
@@ -197,7 +197,7 @@ impl WithBackend for Follow<'_> {
                     // A split model's caches are uniform (a plan is refused).
                     let dtype = self.args.kv_dtype.uniform().unwrap_or_default();
                     let kv = KvPlan::uniform(dtype, model.config.num_layers)
-                        .bytes_per_token(model.kv_shape(DEFAULT_BLOCK_SIZE));
+                        .bytes_per_token(model.kv_shape(self.args.kv_block_size));
                     eprint_line!("{}", describe_rank(&model, kv));
                     model
                         .follow(&backend)

@@ -289,6 +289,56 @@ fn inspect_perplexity_and_bench_run() {
     }
 }
 
+/// `--kv-block-size` sets the paging unit: INT4 keys keep one scale and
+/// minimum per channel per block, so larger blocks cost fewer bytes per
+/// token; a size that is not a power of two from 4 to 256 is refused.
+#[test]
+fn the_kv_block_size_sets_the_paging_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let bytes_per_token = |block: &str| -> usize {
+        let out = tandem(&["inspect", m, "--kv-dtype", "int4", "--kv-block-size", block]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("KV per token:"))
+            .unwrap();
+        assert!(
+            line.contains(&format!("blocks of {block} tokens")),
+            "{line}"
+        );
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    assert!(bytes_per_token("32") < bytes_per_token("16"));
+    let corpus = dir.path().join("text.txt");
+    std::fs::write(&corpus, "a b c d e f g h i j k l m n o p ".repeat(8)).unwrap();
+    let corpus = corpus.to_str().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["run", "-n", "4", "hello"],
+        &["perplexity", "--file", corpus, "--ctx", "24"],
+        &["bench", "-p", "20", "-n", "4", "-r", "1"],
+    ];
+    for run in runs {
+        let mut args = run.to_vec();
+        args.extend(["--model", m, "--kv-dtype", "int4", "--kv-block-size", "8"]);
+        let out = tandem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {stderr}", run[0]);
+    }
+    for bad in ["12", "2", "512", "x"] {
+        let out = tandem(&["run", "--model", m, "--kv-block-size", bad, "hi"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
+        assert!(stderr.contains("--kv-block-size"), "{stderr}");
+    }
+}
+
 #[test]
 fn cuda_without_a_driver_is_a_clear_error() {
     if tandem_cuda::driver_present() {

@@ -9,7 +9,7 @@ use tandem_core::engine::{Engine, EngineConfig};
 use tandem_core::kv::plan::{choose_plan, AutoKvPlan};
 use tandem_core::kv::{KvPlan, KvPrecision};
 use tandem_core::model::forward::{ForwardBatch, Model};
-use tandem_core::model::kv_calibration::calibrate_kv;
+use tandem_core::model::kv_calibration::{calibrate_kv, calibration_passes, uniform_pairs_within};
 use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
@@ -128,32 +128,57 @@ fn a_mixed_plan_gives_the_same_tokens_on_cpu_and_wgpu() {
 }
 
 #[test]
-fn a_calibrated_plan_stays_within_its_budget() {
+fn a_calibrated_plan_stays_within_its_budget_and_beats_the_uniform_pairs_there() {
     let dir = tempfile::tempdir().unwrap();
     let files = tiny_gguf(dir.path(), &three_layers());
     let cpu = CpuBackend::new(1);
     let model = Model::load(&cpu, &files, &mut |_, _| {}).unwrap();
     let shape = model.kv_shape(4);
-    let sensitivity = calibrate_kv(&model, &cpu, &prompt(48), 4).unwrap();
     let uniform = |d| KvPlan::uniform(d, 3).bits_per_element(shape);
     let (int2, int4, int8) = (
         uniform(KvDtype::Int2),
         uniform(KvDtype::Int4),
         uniform(KvDtype::Int8),
     );
-    for bits in [int2, (int2 + int4) / 2.0, int4, int8] {
+    let mut picked_a_mixed_plan = false;
+    for bits in [int2, (int2 + int4) / 2.0, int4, (int4 + int8) / 2.0, int8] {
+        let c = calibrate_kv(&model, &cpu, &prompt(48), 4, bits).unwrap();
+        assert!(c.passes <= calibration_passes(shape, 3, bits));
+        // Every uniform pair within the budget was measured, and the base
+        // is the best of them.
+        assert_eq!(
+            c.uniform.iter().map(|u| u.0).collect::<Vec<_>>(),
+            uniform_pairs_within(shape, 3, bits)
+        );
+        assert!(c.uniform.iter().all(|u| u.1 >= c.base_kl));
+        // Each layer was measured alone against F16 (a KL, never below 0).
+        assert!(c.sensitivity.keys.iter().flatten().all(|&kl| kl >= 0.0));
+        assert!(c.sensitivity.float.iter().all(|&loss| loss == 0.0));
+        // The planner's pick comes from those losses, and is kept only
+        // where it measures no worse than the best uniform pair.
+        assert_eq!(c.chosen, choose_plan(&c.sensitivity, shape, bits).unwrap());
+        if c.chosen_kl <= c.base_kl {
+            assert_eq!(c.plan, c.chosen);
+            picked_a_mixed_plan |= c.plan.uniform_dtype().is_none();
+        } else {
+            assert_eq!(c.plan, KvPlan::uniform_pair(c.base, 3));
+        }
+        assert!(
+            c.plan.bits_per_element(shape) <= bits,
+            "{} over {bits}",
+            c.plan
+        );
+
         let auto = KvPrecision::Auto(AutoKvPlan {
             bits_per_element: bits,
             calibration: prompt(48),
         });
         let mut e = engine(CpuBackend::new(2), &files, auto).unwrap();
-        let plan = e.kv_plan().clone();
-        assert!(plan.bits_per_element(shape) <= bits, "{plan} over {bits}");
-        assert_eq!(plan.num_layers(), 3);
+        // The engine stores the calibrated plan.
+        assert_eq!(e.kv_plan(), &c.plan);
         assert_eq!(greedy(&mut e, &prompt(9), 6).len(), 6);
-        // The engine stores what the planner picks from the measured losses.
-        assert_eq!(plan, choose_plan(&sensitivity, shape, bits).unwrap());
     }
+    assert!(picked_a_mixed_plan, "no budget kept a mixed plan");
 }
 
 #[test]

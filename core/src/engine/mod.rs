@@ -44,7 +44,6 @@ pub use step::{PendingStep, ReadValues, Readback};
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::kv::plan::choose_plan;
 use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, KvPlan, KvPrecision, SeqId};
 use crate::model::forward::{ForwardBatch, LoadOptions, Model, Progress};
 use crate::model::kv_calibration::calibrate_kv;
@@ -162,12 +161,14 @@ fn resolve_kv_plan<B: Backend>(
         KvPrecision::Plan(plan) => Ok(plan.clone()),
         KvPrecision::Auto(auto) => {
             let tokens = &auto.calibration[..auto.calibration.len().min(config.max_batch_tokens)];
-            let sensitivity = calibrate_kv(model, backend, tokens, config.block_size)?;
-            choose_plan(
-                &sensitivity,
-                model.kv_shape(config.block_size),
+            Ok(calibrate_kv(
+                model,
+                backend,
+                tokens,
+                config.block_size,
                 auto.bits_per_element,
-            )
+            )?
+            .plan)
         }
     }
 }

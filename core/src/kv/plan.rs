@@ -83,12 +83,13 @@ pub const MIXED_KV_PAIRS: [(KvDtype, KvDtype); 3] = [
     (KvDtype::Int2, KvDtype::Int4),
 ];
 
-/// How much the model's output moves when one layer's cache is stored
-/// other than at the reference (INT8 everywhere): `keys[layer][c]` and
-/// `values[layer][c]` with that layer's keys or values at
-/// `PLAN_CANDIDATES[c]` (the reference's own entry is 0), and
-/// `float[layer]` with both at [`PLAN_FLOAT`]; negative where the change
-/// pays.
+/// How much the model's output moves when one layer alone is quantized,
+/// every other staying at [`PLAN_FLOAT`] (`model::kv_calibration`):
+/// `keys[layer][c]` with its keys at `PLAN_CANDIDATES[c]` and its values at
+/// INT8, `values[layer][c]` what its values at `PLAN_CANDIDATES[c]` add to
+/// INT8 values (0 for INT8 itself; negative where they measure better), and
+/// `float[layer]` the loss of the layer at [`PLAN_FLOAT`] (0 when measured
+/// against F16).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSensitivity {
     pub keys: Vec<[f64; 3]>,
@@ -148,8 +149,13 @@ impl fmt::Display for KvPrecision {
 
 impl KvPlan {
     pub fn uniform(dtype: KvDtype, num_layers: usize) -> Self {
+        KvPlan::uniform_pair(LayerKvDtypes::uniform(dtype), num_layers)
+    }
+
+    /// Every layer at `dtypes` (a quantized pair or one float dtype).
+    pub fn uniform_pair(dtypes: LayerKvDtypes, num_layers: usize) -> Self {
         KvPlan {
-            layers: vec![LayerKvDtypes::uniform(dtype); num_layers],
+            layers: vec![dtypes; num_layers],
         }
     }
 
@@ -308,11 +314,7 @@ pub fn choose_plan(
             "KV sensitivity must name the keys, values and floats of every layer".into(),
         ));
     }
-    if !(bits_per_element.is_finite() && bits_per_element > 0.0) {
-        return Err(Error::InvalidRequest(format!(
-            "KV bits per element must be a positive number, not {bits_per_element}"
-        )));
-    }
+    check_kv_budget(shape, layers, bits_per_element)?;
     let block_bytes = |d: LayerKvDtypes| {
         let l = KvPlan { layers: vec![d] }.layout(0, shape, 1);
         l.key_block_bytes() + l.value_block_bytes()
@@ -338,12 +340,7 @@ pub fn choose_plan(
             .map(|options| options.iter().map(cost).reduce(pick).unwrap())
             .sum()
     };
-    if extreme(usize::min) > budget {
-        let floor = KvPlan::uniform(KvDtype::Int2, layers).bits_per_element(shape);
-        return Err(Error::InvalidRequest(format!(
-            "a KV budget of {bits_per_element} bits per element is below the cheapest plan's {floor:.2}"
-        )));
-    }
+    debug_assert!(extreme(usize::min) <= budget, "checked by check_kv_budget");
     let budget = budget.min(extreme(usize::max));
     // best[b]: least loss of the layers so far within b units; choice per layer.
     let mut best = vec![0.0f64; budget + 1];
@@ -369,6 +366,23 @@ pub fn choose_plan(
         b -= cost(option);
     }
     KvPlan::new(picked)
+}
+
+/// Refuses a budget that is not a positive number or is below the cheapest
+/// plan (INT2 everywhere) on `shape` over `layers` layers.
+pub fn check_kv_budget(shape: KvShape, layers: usize, bits_per_element: f64) -> Result<()> {
+    if !(bits_per_element.is_finite() && bits_per_element > 0.0) {
+        return Err(Error::InvalidRequest(format!(
+            "KV bits per element must be a positive number, not {bits_per_element}"
+        )));
+    }
+    let floor = KvPlan::uniform(KvDtype::Int2, layers).bits_per_element(shape);
+    if floor > bits_per_element + 1e-9 {
+        return Err(Error::InvalidRequest(format!(
+            "a KV budget of {bits_per_element} bits per element is below the cheapest plan's {floor:.2}"
+        )));
+    }
+    Ok(())
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -1,51 +1,104 @@
 //! `--kv-dtype auto`'s calibration pass: how much the model's next-token
-//! distribution moves when one layer's keys or values are stored at a
-//! cheaper dtype ([`crate::kv::plan`] turns that into a plan).
+//! distribution moves when one layer's keys and values are stored at the
+//! quantized dtypes, every other layer staying at F16
+//! ([`crate::kv::plan`] turns the losses into a plan).
 //!
 //! The calibration text runs as one prompt: once with every layer at F16
-//! (the reference distribution), once at INT8 everywhere (the plan's
-//! baseline), then once per layer, side (keys or values) and cheaper
-//! candidate with only that one changed, and once per layer with that
-//! layer back at F16. A candidate's loss is the mean KL
-//! divergence of the reference from its distribution over the prompt's
-//! positions, less the baseline's: the whole model's output measures what a
+//! (the reference distribution), then once per layer and quantized pair
+//! with only that layer quantized: INT8 keys and values, keys at INT4 and
+//! INT2 with INT8 values, values at INT4 and INT2 with INT8 keys. A pair's
+//! loss is the mean KL divergence of the reference from its distribution
+//! over the prompt's positions: the whole model's output measures what a
 //! layer's error costs after every later layer has amplified or damped it,
-//! which a layer's own attention error cannot say. A loss can be negative:
-//! INT4 and INT2 keys are quantized per channel, INT8's per token, and on
-//! a layer whose keys have outlier channels (Qwen2.5's first) the cheaper
-//! layout is the better one.
+//! which a layer's own attention error cannot say. Keys and values add:
+//! `(k, v)` costs `loss(k, int8) + loss(int8, v) - loss(int8, int8)`.
+//!
+//! Each layer is measured alone against F16 because small errors add up
+//! that way: the KL grows with the square of the output's error, so one
+//! layer's change measured on top of a quantized base also counts its
+//! product with every other layer's error, a term of either sign as large
+//! as the change itself (around uniform INT4 on SmolLM2, one layer at INT8
+//! keys measured -0.002 nats of a total 0.020, and the plan they added up
+//! to measured no better than the base). Against an INT8 base, Qwen2.5's
+//! plan at INT4's budget lost 1.6% perplexity where uniform INT4 loses
+//! 0.2%: INT8's per-token keys are the lossy format there.
+//!
+//! The sum is still a model, so the uniform pairs within the budget are
+//! measured too, and the planner's pick is kept only where it measures
+//! better than the best of them: a calibrated plan is never worse on the
+//! calibration text than a uniform plan it could have been.
 
 use super::forward::{ForwardBatch, Model};
-use crate::backend::{Backend, KvCacheLayout, KvDtype};
-use crate::kv::plan::{KvSensitivity, PLAN_CANDIDATES, PLAN_FLOAT};
+use crate::backend::Backend;
+use crate::kv::plan::{
+    check_kv_budget, choose_plan, KvPlan, KvSensitivity, LayerKvDtypes, PLAN_CANDIDATES, PLAN_FLOAT,
+};
+use crate::kv::KvShape;
 use crate::{Error, Result};
 
 /// Fewest calibration tokens: a few KV blocks, so INT4 keys' per-block
 /// ranges are those of real blocks.
 pub const MIN_CALIBRATION_TOKENS: usize = 32;
 
-/// Forward passes [`calibrate_kv`] runs over the text for a model of
-/// `layers` layers: the reference, the baseline, four per layer (keys and
-/// values at two candidates) and one with the layer at F16.
-pub fn calibration_passes(layers: usize) -> usize {
-    2 + (2 * (PLAN_CANDIDATES.len() - 1) + 1) * layers
+/// What [`calibrate_kv`] measured and chose. KLs are mean KL divergences
+/// (nats per position) of the F16 cache's distribution from the plan's.
+#[derive(Clone, Debug)]
+pub struct KvCalibration {
+    /// Per layer, the losses of its pairs alone.
+    pub sensitivity: KvSensitivity,
+    /// Every uniform quantized pair within the budget with its KL.
+    pub uniform: Vec<(LayerKvDtypes, f64)>,
+    /// The pair of least KL among them.
+    pub base: LayerKvDtypes,
+    pub base_kl: f64,
+    /// The planner's pick from `sensitivity`, and its measured KL.
+    pub chosen: KvPlan,
+    pub chosen_kl: f64,
+    /// `chosen` if it beats the base, else the uniform base plan.
+    pub plan: KvPlan,
+    /// Forward passes run.
+    pub passes: usize,
 }
 
-/// Which side of a layer's cache a calibration pass changes.
-#[derive(Clone, Copy)]
-enum Side {
-    Keys,
-    Values,
+/// The uniform quantized pairs within `bits_per_element` on `shape` over
+/// `layers` layers, in [`PLAN_CANDIDATES`] order (keys first).
+pub fn uniform_pairs_within(
+    shape: KvShape,
+    layers: usize,
+    bits_per_element: f64,
+) -> Vec<LayerKvDtypes> {
+    let mut pairs = Vec::new();
+    for &keys in &PLAN_CANDIDATES {
+        for &values in &PLAN_CANDIDATES {
+            let pair = LayerKvDtypes { keys, values };
+            if KvPlan::uniform_pair(pair, layers).bits_per_element(shape) <= bits_per_element + 1e-9
+            {
+                pairs.push(pair);
+            }
+        }
+    }
+    pairs
 }
 
-/// Calibrates on `tokens`, all in one forward pass (so callers cut them to
-/// a few hundred), in [`calibration_passes`] passes.
+/// The most forward passes [`calibrate_kv`] runs for a model of `layers`
+/// layers: the reference, five per layer (INT8, keys and values at the
+/// two other candidates), the uniform pairs within the budget and the
+/// planner's pick.
+pub fn calibration_passes(shape: KvShape, layers: usize, bits_per_element: f64) -> usize {
+    let per_layer = 2 * (PLAN_CANDIDATES.len() - 1) + 1;
+    2 + per_layer * layers + uniform_pairs_within(shape, layers, bits_per_element).len()
+}
+
+/// Calibrates a plan of at most `bits_per_element` on `tokens`, all in one
+/// forward pass (so callers cut them to a few hundred), in at most
+/// [`calibration_passes`] passes.
 pub fn calibrate_kv<B: Backend>(
     model: &Model<B>,
     backend: &B,
     tokens: &[u32],
     block_size: usize,
-) -> Result<KvSensitivity> {
+    bits_per_element: f64,
+) -> Result<KvCalibration> {
     if tokens.len() < MIN_CALIBRATION_TOKENS {
         return Err(Error::InvalidRequest(format!(
             "KV calibration needs at least {MIN_CALIBRATION_TOKENS} tokens of text, got {}",
@@ -58,6 +111,8 @@ pub fn calibrate_kv<B: Backend>(
         ));
     }
     let layers = model.config.num_layers;
+    let shape = model.kv_shape(block_size);
+    check_kv_budget(shape, layers, bits_per_element)?;
     let num_blocks = tokens.len().div_ceil(block_size);
     let table: Vec<u32> = (0..num_blocks as u32).collect();
     let slots: Vec<u32> = (0..tokens.len() as u32).collect();
@@ -65,59 +120,83 @@ pub fn calibrate_kv<B: Backend>(
     batch.push_sequence(tokens, 0, &slots, &table);
     batch.logit_rows = (0..tokens.len() as u32).collect();
     let vocab = model.config.vocab_size;
-    let run = |kv: &mut [B::KvCache]| -> Result<Vec<f32>> {
+    let mut passes = 0;
+    let mut run = |kv: &mut [B::KvCache]| -> Result<Vec<f32>> {
+        passes += 1;
         let logits = model.forward(backend, &batch, kv)?;
         backend.download(&logits, tokens.len() * vocab)
     };
-
-    let shape = model.kv_shape(block_size);
-    let layout = |keys, values| KvCacheLayout {
-        keys,
-        values,
-        ..KvCacheLayout::uniform(num_blocks, block_size, shape.kv_heads, shape.head_dim, keys)
+    let alloc_layer = |d: LayerKvDtypes| {
+        backend.alloc_kv_cache(KvPlan::uniform_pair(d, 1).layout(0, shape, num_blocks))
     };
-    let alloc = |keys, values| -> Result<Vec<B::KvCache>> {
+    let alloc = |plan: &KvPlan| -> Result<Vec<B::KvCache>> {
         (0..layers)
-            .map(|_| backend.alloc_kv_cache(layout(keys, values)))
+            .map(|l| backend.alloc_kv_cache(plan.layout(l, shape, num_blocks)))
             .collect()
     };
-    let reference = log_softmax_rows(&run(&mut alloc(KvDtype::F16, KvDtype::F16)?)?, vocab);
-    let baseline_dtype = PLAN_CANDIDATES[0];
-    let mut kv = alloc(baseline_dtype, baseline_dtype)?;
-    let baseline = mean_kl(&reference, &run(&mut kv)?, vocab);
+    let mut kv = alloc(&KvPlan::uniform(PLAN_FLOAT, layers))?;
+    let reference = log_softmax_rows(&run(&mut kv)?, vocab);
+    let mut kl_of =
+        |kv: &mut [B::KvCache]| -> Result<f64> { Ok(mean_kl(&reference, &run(kv)?, vocab)) };
 
-    // The loss with layer `layer` alone stored at `keys`/`values`.
-    let mut loss_of = |layer: usize, keys, values| -> Result<f64> {
-        let kept = std::mem::replace(
-            &mut kv[layer],
-            backend.alloc_kv_cache(layout(keys, values))?,
-        );
-        let logits = run(&mut kv);
-        kv[layer] = kept;
-        Ok(mean_kl(&reference, &logits?, vocab) - baseline)
-    };
+    let int8 = PLAN_CANDIDATES[0];
     let mut sensitivity = KvSensitivity {
         keys: vec![[0.0; 3]; layers],
         values: vec![[0.0; 3]; layers],
         float: vec![0.0; layers],
     };
     for layer in 0..layers {
-        for side in [Side::Keys, Side::Values] {
-            for (c, &dtype) in PLAN_CANDIDATES.iter().enumerate().skip(1) {
-                let (keys, values) = match side {
-                    Side::Keys => (dtype, baseline_dtype),
-                    Side::Values => (baseline_dtype, dtype),
-                };
-                let loss = loss_of(layer, keys, values)?;
-                match side {
-                    Side::Keys => sensitivity.keys[layer][c] = loss,
-                    Side::Values => sensitivity.values[layer][c] = loss,
-                }
-            }
+        // The KL with layer `layer` alone at `keys`/`values`.
+        let mut alone = |keys, values| -> Result<f64> {
+            let kept =
+                std::mem::replace(&mut kv[layer], alloc_layer(LayerKvDtypes { keys, values })?);
+            let kl = kl_of(&mut kv);
+            kv[layer] = kept;
+            kl
+        };
+        let both = alone(int8, int8)?;
+        sensitivity.keys[layer][0] = both;
+        for (c, &dtype) in PLAN_CANDIDATES.iter().enumerate().skip(1) {
+            sensitivity.keys[layer][c] = alone(dtype, int8)?;
+            sensitivity.values[layer][c] = alone(int8, dtype)? - both;
         }
-        sensitivity.float[layer] = loss_of(layer, PLAN_FLOAT, PLAN_FLOAT)?;
     }
-    Ok(sensitivity)
+
+    let mut uniform = Vec::new();
+    for pair in uniform_pairs_within(shape, layers, bits_per_element) {
+        uniform.push((
+            pair,
+            kl_of(&mut alloc(&KvPlan::uniform_pair(pair, layers))?)?,
+        ));
+    }
+    let chosen = choose_plan(&sensitivity, shape, bits_per_element)?;
+    let measured = uniform
+        .iter()
+        .find(|(pair, _)| KvPlan::uniform_pair(*pair, layers) == chosen);
+    let chosen_kl = match measured {
+        Some(&(_, kl)) => kl,
+        None => kl_of(&mut alloc(&chosen)?)?,
+    };
+    let (base, base_kl) = uniform
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("a budget at or above the floor admits uniform INT2");
+    let plan = if chosen_kl <= base_kl {
+        chosen.clone()
+    } else {
+        KvPlan::uniform_pair(base, layers)
+    };
+    Ok(KvCalibration {
+        sensitivity,
+        uniform,
+        base,
+        base_kl,
+        chosen,
+        chosen_kl,
+        plan,
+        passes,
+    })
 }
 
 /// Each `vocab`-wide row of logits as log-probabilities, in f64.

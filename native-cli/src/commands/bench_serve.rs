@@ -10,7 +10,6 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use tandem_core::engine::{Engine, EngineConfig};
-use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::Backend;
 use tandem_server::bench::{
     self, arrival_times, percentile, LogNormal, Mode, Rate, Summary, WallClock, WorkloadSpec,
@@ -129,7 +128,7 @@ impl BenchServeArgs {
                 + self.prompt_lengths().mean()
                 + self.output_lengths().mean();
             ((self.max_running as f64 * tokens).ceil() as usize)
-                .div_ceil(DEFAULT_BLOCK_SIZE)
+                .div_ceil(self.model.kv_block_size)
                 .max(1)
         })
     }

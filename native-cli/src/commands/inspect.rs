@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use clap::Args;
 use tandem_core::backend::KvDtype;
-use tandem_core::kv::plan::choose_plan;
 use tandem_core::kv::{KvPlan, KvPrecision, DEFAULT_BLOCK_SIZE};
 use tandem_core::model::forward::Model;
 use tandem_core::model::kv_calibration::calibrate_kv;
@@ -38,6 +37,9 @@ pub struct InspectArgs {
     pub kv_dtype: KvDtypeArg,
     #[command(flatten)]
     pub kv_calibration: KvCalibrationArgs,
+    /// Tokens per KV block the sizes and the calibration assume.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BLOCK_SIZE, value_parser = super::kv_precision::parse_kv_block_size)]
+    pub kv_block_size: usize,
     /// Show how `--tp N` would split the model: each rank's heads and FFN features.
     #[arg(long, value_name = "N")]
     pub tp: Option<usize>,
@@ -63,6 +65,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         ctx: None,
         kv_dtype: args.kv_dtype.clone(),
         kv_calibration: args.kv_calibration.clone(),
+        kv_block_size: args.kv_block_size,
         graph_batch: 0,
         unfused: false,
         tp: 1,
@@ -123,7 +126,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("qkv bias:       yes");
     }
     println!("block:          {:?}", c.block);
-    let shape = c.kv_shape(DEFAULT_BLOCK_SIZE);
+    let block_size = args.kv_block_size;
+    let shape = c.kv_shape(block_size);
     let kv_bytes = |dtype: KvDtype| KvPlan::uniform(dtype, c.num_layers).bytes_per_token(shape);
     let chosen = match &args.kv_dtype {
         KvDtypeArg::Uniform(d) => KvPlan::uniform(*d, c.num_layers),
@@ -136,7 +140,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         }
     };
     println!(
-        "KV per token:   {} bytes ({}, {:.2} bits per element, blocks of {DEFAULT_BLOCK_SIZE} tokens)",
+        "KV per token:   {} bytes ({}, {:.2} bits per element, blocks of {block_size} tokens)",
         chosen.bytes_per_token(shape),
         chosen
             .uniform_dtype()
@@ -339,22 +343,43 @@ fn calibrated_plan(args: &ModelArgs, files: &ModelFiles, bits: f64) -> Result<Kv
     let cpu = tandem_cpu::CpuBackend::new(args.threads);
     let model = Model::load(&cpu, files, &mut |_, _| {})?;
     let started = std::time::Instant::now();
-    let sensitivity = calibrate_kv(&model, &cpu, &auto.calibration, DEFAULT_BLOCK_SIZE)?;
-    let shape = model.kv_shape(DEFAULT_BLOCK_SIZE);
-    let plan = choose_plan(&sensitivity, shape, bits)?;
+    let calibration = calibrate_kv(&model, &cpu, &auto.calibration, args.kv_block_size, bits)?;
     println!(
-        "KV calibration: {} tokens, {:.1} s; mean KL (nats) of the output from the f16 cache's, \
-         each layer's keys or values alone at int4 / int2, and the whole layer at f16 \
-         (below 0 where it helps), every other at int8:",
+        "KV calibration: {} tokens, {} passes, {:.1} s; mean KL (nats) of the output from the f16 cache's",
         auto.calibration.len(),
+        calibration.passes,
         started.elapsed().as_secs_f64()
     );
-    for (layer, dtypes) in plan.layers().iter().enumerate() {
-        let (k, v) = (sensitivity.keys[layer], sensitivity.values[layer]);
+    println!(
+        "  each layer alone quantized, every other at f16: int8 keys and values; keys at int4 / int2 \
+         (int8 values); what values at int4 / int2 add to int8 ones:"
+    );
+    let s = &calibration.sensitivity;
+    for (layer, dtypes) in calibration.chosen.layers().iter().enumerate() {
+        let (k, v) = (s.keys[layer], s.values[layer]);
         println!(
-            "  layer {layer:>3}: keys {:.5} / {:.5}, values {:.5} / {:.5}, f16 {:+.5} -> {}/{}",
-            k[1], k[2], v[1], v[2], sensitivity.float[layer], dtypes.keys, dtypes.values
+            "    layer {layer:>3}: {:.5}; keys {:.5} / {:.5}; values {:+.5} / {:+.5} -> {}/{}",
+            k[0], k[1], k[2], v[1], v[2], dtypes.keys, dtypes.values
         );
     }
+    println!("  uniform pairs within {bits} bits per element:");
+    for (pair, kl) in &calibration.uniform {
+        println!("    {}/{}: {kl:.5}", pair.keys, pair.values);
+    }
+    let base = calibration.base;
+    println!(
+        "  planned {}: KL {:.5}, the best uniform pair ({}/{}) {:.5}: {} kept",
+        calibration.chosen,
+        calibration.chosen_kl,
+        base.keys,
+        base.values,
+        calibration.base_kl,
+        if calibration.plan == calibration.chosen {
+            "the plan"
+        } else {
+            "the uniform pair"
+        }
+    );
+    let plan = calibration.plan;
     Ok(plan)
 }

@@ -58,6 +58,19 @@ pub(crate) fn parse_kv_dtype(text: &str) -> std::result::Result<KvDtypeArg, Stri
         .map_err(|e| format!("{}, auto[:BITS] or plan:KEYS/VALUES,...", reason(e)))
 }
 
+/// `--kv-block-size`: a power of two from 4 to 256 tokens.
+pub(crate) fn parse_kv_block_size(text: &str) -> std::result::Result<usize, String> {
+    let n: usize = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of tokens"))?;
+    if !(4..=256).contains(&n) || !n.is_power_of_two() {
+        return Err(format!(
+            "a KV block of {n} tokens: it must be a power of two from 4 to 256"
+        ));
+    }
+    Ok(n)
+}
+
 impl std::fmt::Display for KvDtypeArg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -75,8 +88,10 @@ pub struct KvCalibrationArgs {
     /// of Newton's Opticks).
     #[arg(long, value_name = "FILE")]
     pub kv_calibration: Option<PathBuf>,
-    /// Tokens of it each calibration pass reads (one pass per layer, side
-    /// and dtype, and one per layer at f16: 5 × layers + 2 passes).
+    /// Tokens of it each calibration pass reads (the f16 reference, each
+    /// uniform key/value pair within the budget, one pass per layer, side
+    /// and other dtype, one per layer at f16 and the plan: at most
+    /// 5 × layers + 11 passes).
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub kv_calibration_tokens: usize,
 }
@@ -88,6 +103,7 @@ impl KvDtypeArg {
         &self,
         calibration: &KvCalibrationArgs,
         files: &ModelFiles,
+        block_size: usize,
     ) -> Result<KvPrecision> {
         Ok(match self {
             KvDtypeArg::Uniform(d) => KvPrecision::Uniform(*d),
@@ -100,9 +116,10 @@ impl KvDtypeArg {
                 };
                 let mut tokens = files.tokenizer.encode(&text, false)?;
                 tokens.truncate(calibration.kv_calibration_tokens);
+                let c = &files.config;
                 eprintln!(
-                    "calibrating KV precision for {bits_per_element} bits per element: {} passes over {} tokens",
-                    calibration_passes(files.config.num_layers),
+                    "calibrating KV precision for {bits_per_element} bits per element: at most {} passes over {} tokens",
+                    calibration_passes(c.kv_shape(block_size), c.num_layers, *bits_per_element),
                     tokens.len()
                 );
                 KvPrecision::Auto(AutoKvPlan {

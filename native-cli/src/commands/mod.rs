@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use tandem_core::engine::{Engine, EngineConfig, TokenEvent, DEFAULT_MAX_RECORDED_BATCH};
-use tandem_core::kv::{KvPrecision, SeqId};
+use tandem_core::kv::{KvPrecision, SeqId, DEFAULT_BLOCK_SIZE};
 use tandem_core::model::ModelFiles;
 use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
@@ -57,6 +57,12 @@ pub struct ModelArgs {
     pub kv_dtype: KvDtypeArg,
     #[command(flatten)]
     pub kv_calibration: KvCalibrationArgs,
+    /// Tokens per KV cache block, the unit of paging, prefix sharing and
+    /// eviction (vLLM's `--block-size`): a power of two from 4 to 256.
+    /// INT4 and INT2 keys keep one scale and minimum per channel per
+    /// block, so larger blocks store them in fewer bits.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BLOCK_SIZE, value_parser = kv_precision::parse_kv_block_size)]
+    pub kv_block_size: usize,
     /// CUDA: decode batches of up to N sequences are captured once per shape
     /// as CUDA graphs and replayed (0: launch every kernel every step).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_RECORDED_BATCH)]
@@ -105,7 +111,8 @@ impl ModelArgs {
     /// The engine's KV precision for `files` (`auto` tokenizes its
     /// calibration text here).
     pub fn kv_precision(&self, files: &ModelFiles) -> Result<tandem_core::kv::KvPrecision> {
-        self.kv_dtype.precision(&self.kv_calibration, files)
+        self.kv_dtype
+            .precision(&self.kv_calibration, files, self.kv_block_size)
     }
 }
 
@@ -190,6 +197,7 @@ pub fn build_engine<B: Backend>(
         max_recorded_batch: args.graph_batch,
         unfused: args.unfused,
         kv_eviction: eviction.config()?,
+        block_size: args.kv_block_size,
         ..EngineConfig::default()
     }
     .with_capacity_tokens(ctx * sequences);

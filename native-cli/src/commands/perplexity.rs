@@ -109,6 +109,7 @@ impl WithBackend for PerplexityArgs {
             unfused: self.model.unfused,
             max_batch_tokens: self.batch as usize,
             kv_eviction: self.kv_eviction.config()?,
+            block_size: self.model.kv_block_size,
             ..EngineConfig::default()
         }
         .with_capacity_tokens(n + 1);

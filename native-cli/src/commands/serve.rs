@@ -37,7 +37,10 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     fn config(&self, files: &ModelFiles, ctx: usize, model: &ModelArgs) -> Result<EngineConfig> {
-        let base = EngineConfig::default();
+        let base = EngineConfig {
+            block_size: model.kv_block_size,
+            ..EngineConfig::default()
+        };
         // A calibrated plan costs at most its budget per element.
         let bytes_per_block = model.kv_dtype.max_bytes_per_block(files, base.block_size);
         let num_blocks = match self.kv_blocks {

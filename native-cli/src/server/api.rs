@@ -134,6 +134,8 @@ impl Job {
 pub struct Limits<'a> {
     pub model_id: &'a str,
     pub max_context: usize,
+    /// Tokens per KV block.
+    pub kv_block_size: usize,
     pub tokenizer: &'a Tokenizer,
     /// Refuses text too long for the context before tokenizing it.
     pub token_floor: &'a TokenFloor,

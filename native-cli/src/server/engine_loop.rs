@@ -119,6 +119,8 @@ pub struct EngineHandle {
     pub structured: Arc<StructuredOutput>,
     pub token_floor: TokenFloor,
     pub max_context: usize,
+    /// Tokens per KV block (what a request's KV budget is planned in).
+    pub kv_block_size: usize,
     pub metrics: Arc<Metrics>,
 }
 
@@ -170,6 +172,7 @@ impl EngineHandle {
 struct Ready {
     tokenizer: Tokenizer,
     max_context: usize,
+    kv_block_size: usize,
 }
 
 /// The engine thread's end of the channels, handed to the closure that builds the engine.
@@ -202,6 +205,7 @@ where
         Ok(Ready {
             tokenizer,
             max_context,
+            kv_block_size,
         }) => {
             let tokenizer = Arc::new(tokenizer);
             Ok(EngineHandle {
@@ -210,6 +214,7 @@ where
                 structured: Arc::new(StructuredOutput::new(tokenizer.clone())),
                 tokenizer,
                 max_context,
+                kv_block_size,
                 metrics,
             })
         }
@@ -260,6 +265,7 @@ impl EngineInbox {
         let ready = Ready {
             tokenizer,
             max_context: engine.max_context(),
+            kv_block_size: engine.config().block_size,
         };
         if self.ready.send(ready).is_err() {
             return Ok(());

@@ -350,6 +350,7 @@ async fn off_runtime<T: Send + 'static>(
         let limits = Limits {
             model_id: &config.model_id,
             max_context: engine.max_context,
+            kv_block_size: engine.kv_block_size,
             tokenizer: &engine.tokenizer,
             token_floor: &engine.token_floor,
             structured: &engine.structured,

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use tandem_core::kv::eviction::DEFAULT_SINKS;
-use tandem_core::kv::{EvictionConfig, EvictionPolicy, KvBudget, DEFAULT_BLOCK_SIZE};
+use tandem_core::kv::{EvictionConfig, EvictionPolicy, KvBudget};
 
 use crate::api::{ApiError, Limits};
 use crate::fields::Fields;
@@ -68,7 +68,7 @@ pub fn config(f: &Fields<'_>, limits: &Limits<'_>) -> Result<Option<EvictionConf
         recent: recent.map(|n| n as usize),
     };
     config
-        .plan(limits.max_context, DEFAULT_BLOCK_SIZE)
+        .plan(limits.max_context, limits.kv_block_size)
         .map_err(|e| field_error("kv_budget", e))?;
     Ok(Some(config))
 }
