@@ -7,6 +7,7 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
+use tandem_core::kv::DEFAULT_BLOCK_SIZE;
 use tandem_core::tokenizer::Tokenizer;
 use tandem_fuzz::tiny_tokenizer;
 use tandem_server::api::{parse, Endpoint, Limits};
@@ -41,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = Limits {
         model_id: MODEL_ID,
         max_context: MAX_CONTEXT,
+        kv_block_size: DEFAULT_BLOCK_SIZE,
         tokenizer,
         token_floor,
         default_seed: 0,

@@ -396,12 +396,19 @@ fn speculative_run_prints_the_same_text_and_its_stats() {
         &["--speculate", "self:1", "--draft-k", "3"],
         &["--speculate", "self:auto"],
         &["--cascade", &format!("ngram,draft:{m}")],
+        &["--speculate", "sparse:1", "--draft-k", "2"],
     ] {
         let out = tandem(&[&base[..], method].concat());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{method:?}: {stderr}");
         assert_eq!(out.stdout, plain.stdout, "{method:?}");
         assert!(stderr.contains("speculation: acceptance"), "{stderr}");
+        // Only sparse drafting keeps key bounds, and says what they cost.
+        assert_eq!(
+            stderr.contains("key bounds of every KV block"),
+            method[1].starts_with("sparse"),
+            "{stderr}"
+        );
     }
 }
 

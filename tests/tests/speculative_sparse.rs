@@ -240,6 +240,25 @@ fn sampled_output_has_exactly_the_targets_distribution() {
     }
 }
 
+/// The key bounds sparse drafting keeps are counted beside the KV cache:
+/// none before, `[kv_heads, 2, head_dim]` f32 per block and layer after.
+#[test]
+fn the_key_bounds_are_counted_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 8));
+    let mut e = engine(&target, KvDtype::Int4, None);
+    let kv = e.kv_bytes_per_token();
+    assert_eq!(e.key_bounds_bytes_per_token(), 0);
+    sparse(&mut e, 2, DraftLength::Fixed(3));
+    let c = &target.config;
+    let per_block = 2 * 4 * c.num_kv_heads * c.head_dim * c.num_layers;
+    assert_eq!(
+        e.key_bounds_bytes_per_token(),
+        per_block.div_ceil(e.config().block_size)
+    );
+    assert_eq!(e.kv_bytes_per_token(), kv);
+}
+
 #[test]
 fn a_draft_of_no_blocks_is_refused() {
     let e = SparseDraft::new(0).err().unwrap().to_string();

@@ -145,6 +145,8 @@ pub struct Engine<B: Backend> {
     recording: bool,
     /// The KV budget of requests that set none.
     eviction: Option<EvictionPlan>,
+    /// Whether the caches keep key bounds (sparse drafting).
+    key_bounds: bool,
 }
 
 /// The plan `config.kv_precision` asks for: a uniform one, the one given
@@ -230,6 +232,7 @@ impl<B: Backend> Engine<B> {
             recorder: None,
             recording: true,
             eviction,
+            key_bounds: false,
         };
         let max_batch = engine.config.max_recorded_batch;
         // A MoE layer reads its routing back to group rows by expert, which
@@ -290,6 +293,7 @@ impl<B: Backend> Engine<B> {
             for cache in &mut self.kv {
                 self.backend.track_key_bounds(cache)?;
             }
+            self.key_bounds = true;
         }
         let mut control = DraftLengthController::new(length);
         if let DraftLength::Adaptive { max } = length {
@@ -374,6 +378,16 @@ impl<B: Backend> Engine<B> {
     pub fn kv_bytes_per_token(&self) -> usize {
         self.kv_plan
             .bytes_per_token(self.model.kv_shape(self.config.block_size))
+    }
+
+    /// Bytes per token of the key bounds sparse drafting keeps beside the
+    /// KV cache over all layers (0 without it), rounded up.
+    pub fn key_bounds_bytes_per_token(&self) -> usize {
+        if !self.key_bounds {
+            return 0;
+        }
+        let shape = self.model.kv_shape(self.config.block_size);
+        (self.model.config.num_layers * shape.key_bounds_block_bytes()).div_ceil(shape.block_size)
     }
 
     /// Each layer's KV dtypes, as configured or calibrated.

@@ -250,6 +250,15 @@ pub struct KvShape {
     pub block_size: usize,
 }
 
+impl KvShape {
+    /// Bytes of one block's key bounds in one layer, when the cache keeps
+    /// them for sparse drafting: `[kv_heads, 2, head_dim]` f32, each
+    /// channel's minimum and maximum (the `kv_key_bounds` kernel's layout).
+    pub fn key_bounds_block_bytes(&self) -> usize {
+        2 * std::mem::size_of::<f32>() * self.kv_heads * self.head_dim
+    }
+}
+
 impl fmt::Display for KvPlan {
     /// `keys/values` per layer, runs of equal layers as `pair*N`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -21,7 +21,7 @@ pub struct EngineArgs {
     /// Most tokens one engine step runs (prompt chunks and decodes together).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
-    /// KV cache blocks of 16 tokens (overrides --kv-memory).
+    /// KV cache blocks of `--kv-block-size` tokens (overrides --kv-memory).
     #[arg(long)]
     pub kv_blocks: Option<usize>,
     /// KV cache size, e.g. 512MiB or 2GiB.

@@ -130,6 +130,13 @@ impl SpeculationArgs {
             self.draft_k
         );
         engine.set_speculation(proposer, length)?;
+        let bounds = engine.key_bounds_bytes_per_token();
+        if bounds > 0 {
+            eprint_line!(
+                "speculation: key bounds of every KV block, {bounds} bytes per token beside the KV cache's {}",
+                engine.kv_bytes_per_token()
+            );
+        }
         Ok(())
     }
 
