@@ -220,25 +220,29 @@ impl KvPlan {
     /// Bytes of K plus V per token over all layers (block parameters spread
     /// over the block).
     pub fn bytes_per_token(&self, shape: KvShape) -> usize {
-        let block: usize = (0..self.layers.len())
-            .map(|i| {
-                let l = self.layout(i, shape, 1);
-                l.key_block_bytes() + l.value_block_bytes()
-            })
-            .sum();
-        block.div_ceil(shape.block_size.max(1))
+        self.block_bytes(shape).div_ceil(shape.block_size.max(1))
     }
 
     /// Storage bits per cached element, keys and values of every layer.
     pub fn bits_per_element(&self, shape: KvShape) -> f64 {
         let elements = 2 * self.layers.len() * shape.kv_heads * shape.head_dim;
-        let block: usize = (0..self.layers.len())
+        8.0 * self.block_bytes(shape) as f64 / (shape.block_size * elements).max(1) as f64
+    }
+
+    /// Whether the plan stores at most `bits_per_element`, as
+    /// [`choose_plan`] counts a budget.
+    pub fn fits(&self, shape: KvShape, bits_per_element: f64) -> bool {
+        self.block_bytes(shape) <= budget_block_bytes(shape, self.layers.len(), bits_per_element)
+    }
+
+    /// Bytes of K plus V of one block over all layers.
+    fn block_bytes(&self, shape: KvShape) -> usize {
+        (0..self.layers.len())
             .map(|i| {
                 let l = self.layout(i, shape, 1);
                 l.key_block_bytes() + l.value_block_bytes()
             })
-            .sum();
-        8.0 * block as f64 / (shape.block_size * elements).max(1) as f64
+            .sum()
     }
 }
 
@@ -340,9 +344,7 @@ pub fn choose_plan(
         .collect();
     let unit = items.iter().flatten().fold(0, |g, o| gcd(g, o.1)).max(1);
     let cost = |o: &(LayerKvDtypes, usize, f64)| o.1 / unit;
-    let elements = 2 * layers * shape.kv_heads * shape.head_dim * shape.block_size;
-    // The tolerance keeps a budget computed from a plan's own bits in reach.
-    let budget = (bits_per_element * elements as f64 / 8.0 + 1e-6).floor() as usize / unit;
+    let budget = budget_block_bytes(shape, layers, bits_per_element) / unit;
     let extreme = |pick: fn(usize, usize) -> usize| -> usize {
         items
             .iter()
@@ -385,13 +387,21 @@ pub fn check_kv_budget(shape: KvShape, layers: usize, bits_per_element: f64) -> 
             "KV bits per element must be a positive number, not {bits_per_element}"
         )));
     }
-    let floor = KvPlan::uniform(KvDtype::Int2, layers).bits_per_element(shape);
-    if floor > bits_per_element + 1e-9 {
+    let cheapest = KvPlan::uniform(KvDtype::Int2, layers);
+    if !cheapest.fits(shape, bits_per_element) {
+        let floor = cheapest.bits_per_element(shape);
         return Err(Error::InvalidRequest(format!(
             "a KV budget of {bits_per_element} bits per element is below the cheapest plan's {floor:.2}"
         )));
     }
     Ok(())
+}
+
+/// Bytes of one block over `layers` layers that `bits_per_element` allows.
+fn budget_block_bytes(shape: KvShape, layers: usize, bits_per_element: f64) -> usize {
+    let elements = 2 * layers * shape.kv_heads * shape.head_dim * shape.block_size;
+    // The tolerance keeps a budget computed from a plan's own bits in reach.
+    (bits_per_element * elements as f64 / 8.0 + 1e-6).floor() as usize
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -71,8 +71,7 @@ pub fn uniform_pairs_within(
     for &keys in &PLAN_CANDIDATES {
         for &values in &PLAN_CANDIDATES {
             let pair = LayerKvDtypes { keys, values };
-            if KvPlan::uniform_pair(pair, layers).bits_per_element(shape) <= bits_per_element + 1e-9
-            {
+            if KvPlan::uniform_pair(pair, layers).fits(shape, bits_per_element) {
                 pairs.push(pair);
             }
         }
