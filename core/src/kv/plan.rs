@@ -236,7 +236,7 @@ impl KvPlan {
     }
 
     /// Bytes of K plus V of one block over all layers.
-    fn block_bytes(&self, shape: KvShape) -> usize {
+    pub fn block_bytes(&self, shape: KvShape) -> usize {
         (0..self.layers.len())
             .map(|i| {
                 let l = self.layout(i, shape, 1);

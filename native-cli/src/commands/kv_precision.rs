@@ -137,10 +137,8 @@ impl KvDtypeArg {
         let c = &files.config;
         let shape = c.kv_shape(block_size);
         match self {
-            KvDtypeArg::Uniform(d) => {
-                KvPlan::uniform(*d, c.num_layers).bytes_per_token(shape) * block_size
-            }
-            KvDtypeArg::Plan(p) => p.bytes_per_token(shape) * block_size,
+            KvDtypeArg::Uniform(d) => KvPlan::uniform(*d, c.num_layers).block_bytes(shape),
+            KvDtypeArg::Plan(p) => p.block_bytes(shape),
             KvDtypeArg::Auto { bits_per_element } => {
                 let elements = 2 * c.num_layers * c.num_kv_heads * c.head_dim * block_size;
                 (bits_per_element * elements as f64 / 8.0).ceil() as usize

@@ -11,7 +11,7 @@ use tandem_core::Backend;
 use tandem_server::connections::connection_cap;
 use tandem_server::{spawn_engine, ServerConfig};
 
-use super::speculate::SpeculationArgs;
+use super::speculate::{Speculation, SpeculationArgs};
 use super::{context_length, KvEvictionArgs, ModelArgs};
 use crate::backend_select::{dispatch, WithBackend};
 
@@ -24,7 +24,8 @@ pub struct EngineArgs {
     /// KV cache blocks of `--kv-block-size` tokens (overrides --kv-memory).
     #[arg(long)]
     pub kv_blocks: Option<usize>,
-    /// KV cache size, e.g. 512MiB or 2GiB.
+    /// KV memory, e.g. 512MiB or 2GiB: the KV cache, and with `--speculate`
+    /// sparse drafting's key bounds or a draft model's own cache.
     #[arg(long, default_value = "1GiB")]
     pub kv_memory: String,
     /// Most sequences generating at once.
@@ -35,33 +36,75 @@ pub struct EngineArgs {
     pub max_queue: usize,
 }
 
+/// How `--kv-memory` was divided: blocks of the target's KV cache, and
+/// what speculation keeps beside each of them.
+struct KvSizing {
+    blocks: usize,
+    block_bytes: usize,
+    speculation_block_bytes: usize,
+}
+
 impl EngineArgs {
-    fn config(&self, files: &ModelFiles, ctx: usize, model: &ModelArgs) -> Result<EngineConfig> {
+    /// The engine's configuration, with `--kv-memory` shared between the
+    /// target's KV blocks and what `speculation` keeps beside each of them.
+    fn config(
+        &self,
+        files: &ModelFiles,
+        ctx: usize,
+        model: &ModelArgs,
+        speculation: Option<&Speculation>,
+    ) -> Result<(EngineConfig, KvSizing)> {
         let base = EngineConfig {
             block_size: model.kv_block_size,
             ..EngineConfig::default()
         };
+        let kv_precision = model.kv_precision(files)?;
         // A calibrated plan costs at most its budget per element.
-        let bytes_per_block = model.kv_dtype.max_bytes_per_block(files, base.block_size);
+        let block_bytes = model.kv_dtype.max_bytes_per_block(files, base.block_size);
+        let speculation_block_bytes = speculation.map_or(0, |s| {
+            s.kv_bytes_per_target_block(files, base.block_size, kv_precision.representative_dtype())
+        });
         let num_blocks = match self.kv_blocks {
             Some(n) => n,
-            None => parse_bytes(&self.kv_memory)? / bytes_per_block.max(1),
+            None => parse_bytes(&self.kv_memory)? / (block_bytes + speculation_block_bytes).max(1),
         };
         if num_blocks == 0 {
-            bail!("the KV cache holds no block of {bytes_per_block} bytes");
+            bail!(
+                "the KV cache holds no block of {block_bytes} bytes (and {speculation_block_bytes} beside it for speculation)"
+            );
         }
-        Ok(EngineConfig {
+        let config = EngineConfig {
             num_blocks,
             max_batch_tokens: self.max_batch_tokens,
             max_context: Some(ctx),
             max_running: self.max_running,
             max_waiting: self.max_queue,
-            kv_precision: model.kv_precision(files)?,
+            kv_precision,
             max_recorded_batch: model.graph_batch,
             unfused: model.unfused,
             parallel: crate::parallel::job(),
             ..base
-        })
+        };
+        let sizing = KvSizing {
+            blocks: num_blocks,
+            block_bytes,
+            speculation_block_bytes,
+        };
+        Ok((config, sizing))
+    }
+}
+
+impl KvSizing {
+    /// For the line printed once the server listens.
+    fn describe(&self) -> String {
+        let mut text = format!("{} KV blocks of {} bytes", self.blocks, self.block_bytes);
+        if self.speculation_block_bytes > 0 {
+            text += &format!(
+                " and {} bytes beside each for speculation",
+                self.speculation_block_bytes
+            );
+        }
+        text
     }
 }
 
@@ -151,7 +194,7 @@ fn seconds(text: &str) -> std::result::Result<Duration, String> {
 struct EngineThread {
     files: ModelFiles,
     config: EngineConfig,
-    speculation: SpeculationArgs,
+    speculation: Option<Speculation>,
     inbox: tandem_server::EngineInbox,
 }
 
@@ -159,7 +202,9 @@ impl WithBackend for EngineThread {
     type Output = ();
     fn run<B: Backend>(self, backend: B) -> Result<()> {
         let mut engine = super::build_engine_with(backend, &self.files, self.config)?;
-        self.speculation.attach(&mut engine, &self.files)?;
+        if let Some(speculation) = self.speculation {
+            speculation.attach(&mut engine, &self.files)?;
+        }
         let ModelFiles { tokenizer, .. } = self.files;
         self.inbox.run(engine, tokenizer)
     }
@@ -170,9 +215,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let allow = args.allow_special_tokens_in_content;
     files.tokenizer.set_special_tokens_in_content(allow);
     let ctx = context_length(&args.model, &files);
+    let speculation = args.speculation.parse(&files)?;
+    let (config, sizing) = args
+        .engine
+        .config(&files, ctx, &args.model, speculation.as_ref())?;
     let config = EngineConfig {
         kv_eviction: args.kv_eviction.config()?,
-        ..args.engine.config(&files, ctx, &args.model)?
+        ..config
     };
     let model_id = args.model_id.clone().unwrap_or_else(|| {
         files
@@ -184,8 +233,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .parse()
         .with_context(|| format!("'{}:{}' is not an address", args.host, args.port))?;
     let target = args.model.target();
-    let blocks = config.num_blocks;
-    let speculation = args.speculation.clone();
     let engine = spawn_engine(move |inbox| {
         dispatch(
             target,
@@ -216,8 +263,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let signal = shutdown_signal()?;
         eprint_line!(
-            "serving '{model_id}' on http://{} (context {ctx}, {blocks} KV blocks, up to {} connections); SIGTERM or Ctrl-C stops",
+            "serving '{model_id}' on http://{} (context {ctx}, {}, up to {} connections); SIGTERM or Ctrl-C stops",
             listener.local_addr()?,
+            sizing.describe(),
             server.max_connections
         );
         let grace = server.shutdown_grace;

@@ -3,11 +3,13 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_core::backend::KvDtype;
 use tandem_core::engine::Engine;
+use tandem_core::kv::{KvPlan, KvShape};
 use tandem_core::model::ModelFiles;
 use tandem_core::spec::{
-    choose_self_draft, parse_layers, sparse::DEFAULT_SPARSE_BLOCKS, DraftLength, DraftModel,
-    DraftModelConfig, NgramProposer, Proposer, SparseDraft,
+    choose_self_draft, parse_layers, self_draft_candidates, sparse::DEFAULT_SPARSE_BLOCKS,
+    DraftLength, DraftModel, DraftModelConfig, NgramProposer, Proposer, SparseDraft,
 };
 use tandem_core::Backend;
 
@@ -47,9 +49,10 @@ pub struct SpeculationArgs {
 
 /// A model-based draft level.
 enum DraftSource {
-    File(String),
+    /// Another model, loaded and checked to tokenize like the target.
+    File(Box<ModelFiles>),
     SelfAuto,
-    SelfLayers(String),
+    SelfLayers(Vec<usize>),
 }
 
 /// What drafts: `--speculate`'s method, or a cascade's second level.
@@ -58,6 +61,14 @@ enum Method {
     Model(DraftSource),
     /// The target itself over this many selected KV blocks per KV head.
     Sparse(usize),
+}
+
+/// `--speculate`/`--cascade` parsed against the target, a draft model's
+/// files loaded: what the KV memory is shared with, and then the proposer.
+pub struct Speculation {
+    method: Method,
+    cascade: bool,
+    length: DraftLength,
 }
 
 impl SpeculationArgs {
@@ -83,6 +94,14 @@ impl SpeculationArgs {
     /// Sets up speculation on `engine` for the target `files` and prints
     /// what was chosen to stderr. Does nothing without `--speculate`/`--cascade`.
     pub fn attach<B: Backend>(&self, engine: &mut Engine<B>, files: &ModelFiles) -> Result<()> {
+        match self.parse(files)? {
+            Some(speculation) => speculation.attach(engine, files),
+            None => Ok(()),
+        }
+    }
+
+    /// The speculation asked for, `None` without `--speculate`/`--cascade`.
+    pub fn parse(&self, files: &ModelFiles) -> Result<Option<Speculation>> {
         let length = self.draft_length()?;
         let (method, cascade) = match (&self.speculate, &self.cascade) {
             (Some(m), None) => (m.as_str(), false),
@@ -92,15 +111,17 @@ impl SpeculationArgs {
                     "--cascade takes `ngram,draft:PATH`, `ngram,self:auto|LAYERS` or `ngram,sparse[:BLOCKS]`, not `{levels}`"
                 ),
             },
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
         let method = match method.split_once(':') {
             None if method == "ngram" && !cascade => Method::Ngram,
-            Some(("draft", path)) if !path.is_empty() => Method::Model(DraftSource::File(path.into())),
-            Some(("self", "auto")) => Method::Model(DraftSource::SelfAuto),
-            Some(("self", layers)) if !layers.is_empty() => {
-                Method::Model(DraftSource::SelfLayers(layers.into()))
+            Some(("draft", path)) if !path.is_empty() => {
+                Method::Model(DraftSource::File(Box::new(load_draft(files, path)?)))
             }
+            Some(("self", "auto")) => Method::Model(DraftSource::SelfAuto),
+            Some(("self", layers)) if !layers.is_empty() => Method::Model(
+                DraftSource::SelfLayers(parse_layers(layers, files.config.num_layers)?),
+            ),
             None if method == "sparse" => Method::Sparse(DEFAULT_SPARSE_BLOCKS),
             Some(("sparse", blocks)) => match blocks.parse::<usize>() {
                 Ok(n) if n > 0 => Method::Sparse(n),
@@ -110,6 +131,59 @@ impl SpeculationArgs {
                 "unknown speculation method `{method}`: use ngram, draft:PATH, self:auto, self:LAYERS or sparse[:BLOCKS]"
             ),
         };
+        Ok(Some(Speculation {
+            method,
+            cascade,
+            length,
+        }))
+    }
+}
+
+impl Speculation {
+    /// Bytes of KV memory that each of the target's KV blocks brings with
+    /// it: the key bounds of sparse drafting (every layer's, per block), or
+    /// a draft model's own cache, which holds as many tokens as the
+    /// target's in `draft_dtype` (for `self:auto`, the largest subset it
+    /// may pick).
+    pub fn kv_bytes_per_target_block(
+        &self,
+        files: &ModelFiles,
+        block_size: usize,
+        draft_dtype: KvDtype,
+    ) -> usize {
+        let config = &files.config;
+        let draft_layers =
+            |layers: usize, shape: KvShape| KvPlan::uniform(draft_dtype, layers).block_bytes(shape);
+        match &self.method {
+            Method::Ngram => 0,
+            Method::Sparse(_) => {
+                config.num_layers * config.kv_shape(block_size).key_bounds_block_bytes()
+            }
+            Method::Model(DraftSource::File(draft)) => {
+                draft_layers(draft.config.num_layers, draft.config.kv_shape(block_size))
+            }
+            Method::Model(DraftSource::SelfLayers(layers)) => {
+                draft_layers(layers.len(), config.kv_shape(block_size))
+            }
+            Method::Model(DraftSource::SelfAuto) => {
+                let most = self_draft_candidates(config.num_layers)
+                    .iter()
+                    .map(Vec::len)
+                    .max()
+                    .unwrap_or(0);
+                draft_layers(most, config.kv_shape(block_size))
+            }
+        }
+    }
+
+    /// Sets up speculation on `engine` for the target `files` and prints
+    /// what was chosen to stderr.
+    pub fn attach<B: Backend>(self, engine: &mut Engine<B>, files: &ModelFiles) -> Result<()> {
+        let Speculation {
+            method,
+            cascade,
+            length,
+        } = self;
         let proposer: Box<dyn Proposer<B>> = match method {
             Method::Ngram => Box::new(NgramProposer::default()),
             Method::Sparse(blocks) => {
@@ -120,14 +194,17 @@ impl SpeculationArgs {
                 }
             }
             Method::Model(source) => {
-                let config = self.draft_config(engine, cascade);
-                Box::new(self.draft_model(engine, files, source, config, length)?)
+                let config = draft_config(engine, cascade);
+                Box::new(draft_model(engine, files, source, config, length)?)
             }
         };
         eprint_line!(
             "speculation: {} drafts, k {}",
             proposer.describe(),
-            self.draft_k
+            match length {
+                DraftLength::Fixed(k) => k.to_string(),
+                DraftLength::Adaptive { .. } => "auto".into(),
+            }
         );
         engine.set_speculation(proposer, length)?;
         let bounds = engine.key_bounds_bytes_per_token();
@@ -139,75 +216,69 @@ impl SpeculationArgs {
         }
         Ok(())
     }
+}
 
-    fn draft_config<B: Backend>(&self, engine: &Engine<B>, cascade: bool) -> DraftModelConfig {
-        let kv = engine.kv_manager();
-        DraftModelConfig {
-            block_size: kv.block_size(),
-            capacity_tokens: kv.num_blocks() * kv.block_size(),
-            // A draft of other depth cannot take the target's per-layer
-            // plan: a plan's drafts store INT8.
-            kv_dtype: engine.config().kv_precision.representative_dtype(),
-            max_batch_tokens: engine.config().max_batch_tokens,
-            cascade: cascade.then(NgramProposer::default),
-        }
+fn draft_config<B: Backend>(engine: &Engine<B>, cascade: bool) -> DraftModelConfig {
+    let kv = engine.kv_manager();
+    DraftModelConfig {
+        block_size: kv.block_size(),
+        capacity_tokens: kv.num_blocks() * kv.block_size(),
+        // A draft of other depth cannot take the target's per-layer
+        // plan: a plan's drafts store INT8.
+        kv_dtype: engine.config().kv_precision.representative_dtype(),
+        max_batch_tokens: engine.config().max_batch_tokens,
+        cascade: cascade.then(NgramProposer::default),
     }
+}
 
-    fn draft_model<B: Backend>(
-        &self,
-        engine: &mut Engine<B>,
-        files: &ModelFiles,
-        source: DraftSource,
-        config: DraftModelConfig,
-        length: DraftLength,
-    ) -> Result<DraftModel<B>> {
-        match source {
-            DraftSource::File(path) => {
-                let path = model_path::resolve(Some(&path))?;
-                let draft_files = tandem_core::model::load(&path)
-                    .with_context(|| format!("loading the draft model {}", path.display()))?;
-                check_same_tokenizer(files, &draft_files)?;
-                Ok(DraftModel::load(
-                    engine.backend(),
-                    &draft_files,
-                    None,
-                    config,
-                )?)
+/// The draft model of `draft:PATH`, checked against the target's tokenizer.
+fn load_draft(target: &ModelFiles, path: &str) -> Result<ModelFiles> {
+    let path = model_path::resolve(Some(path))?;
+    let draft = tandem_core::model::load(&path)
+        .with_context(|| format!("loading the draft model {}", path.display()))?;
+    check_same_tokenizer(target, &draft)?;
+    Ok(draft)
+}
+
+fn draft_model<B: Backend>(
+    engine: &mut Engine<B>,
+    files: &ModelFiles,
+    source: DraftSource,
+    config: DraftModelConfig,
+    length: DraftLength,
+) -> Result<DraftModel<B>> {
+    match source {
+        DraftSource::File(draft) => Ok(DraftModel::load(engine.backend(), &draft, None, config)?),
+        DraftSource::SelfLayers(layers) => Ok(DraftModel::load(
+            engine.backend(),
+            files,
+            Some(&layers),
+            config,
+        )?),
+        DraftSource::SelfAuto => {
+            let sample = files.tokenizer.encode(SELF_AUTO_SAMPLE, false)?;
+            let max_k = match length {
+                DraftLength::Fixed(k) => k,
+                DraftLength::Adaptive { max } => max,
+            };
+            let (draft, report) = choose_self_draft(engine, files, &sample, config, max_k)?;
+            for c in &report {
+                eprint_line!(
+                    "self:auto: {} layers: agreement {:.1}%, cost {:.2} of the model, estimated speedup {:.2}x at k {}",
+                    c.layers.len(),
+                    100.0 * c.agreement,
+                    c.cost,
+                    c.speedup,
+                    c.k
+                );
             }
-            DraftSource::SelfLayers(spec) => {
-                let layers = parse_layers(&spec, files.config.num_layers)?;
-                Ok(DraftModel::load(
-                    engine.backend(),
-                    files,
-                    Some(&layers),
-                    config,
-                )?)
+            if report.iter().all(|c| c.speedup < 1.0) {
+                eprint_line!(
+                    "self:auto: no layer subset is expected to pay on this model and device; \
+                     with --draft-k auto speculation stays off until it measures otherwise"
+                );
             }
-            DraftSource::SelfAuto => {
-                let sample = files.tokenizer.encode(SELF_AUTO_SAMPLE, false)?;
-                let max_k = match length {
-                    DraftLength::Fixed(k) => k,
-                    DraftLength::Adaptive { max } => max,
-                };
-                let (draft, report) = choose_self_draft(engine, files, &sample, config, max_k)?;
-                for c in &report {
-                    eprint_line!(
-                        "self:auto: {} layers: agreement {:.1}%, cost {:.2} of the model, estimated speedup {:.2}x at k {}",
-                        c.layers.len(),
-                        100.0 * c.agreement,
-                        c.cost,
-                        c.speedup,
-                        c.k
-                    );
-                }
-                if report.iter().all(|c| c.speedup < 1.0) {
-                    eprint_line!(
-                        "self:auto: no layer subset is expected to pay on this model and device; \
-                         with --draft-k auto speculation stays off until it measures otherwise"
-                    );
-                }
-                Ok(draft)
-            }
+            Ok(draft)
         }
     }
 }
