@@ -156,9 +156,14 @@ fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
     c: usize,
 ) {
     let hd = outs[0].len();
-    let mut acc: [[Lanes; C]; Q] = std::array::from_fn(|q| {
-        std::array::from_fn(|k| scaled_lanes(&outs[q][c + k * LANES..], rescale[q]))
-    });
+    // Loops, not `array::from_fn`: its closure was left a call, compiled
+    // without the caller's vector instructions.
+    let mut acc = [[[0f32; LANES]; C]; Q];
+    for (q, acc) in acc.iter_mut().enumerate() {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            *acc = scaled_lanes(&outs[q][c + k * LANES..], rescale[q]);
+        }
+    }
     for l in 0..LANES {
         let row = &values[l * hd + c..][..C * LANES];
         for q in 0..Q {
