@@ -386,8 +386,11 @@ impl<B: Backend> Engine<B> {
         if !self.key_bounds {
             return 0;
         }
-        let shape = self.model.kv_shape(self.config.block_size);
-        (self.model.config.num_layers * shape.key_bounds_block_bytes()).div_ceil(shape.block_size)
+        let block_size = self.config.block_size;
+        self.model
+            .config
+            .key_bounds_block_bytes(block_size)
+            .div_ceil(block_size)
     }
 
     /// Each layer's KV dtypes, as configured or calibrated.

@@ -87,6 +87,13 @@ impl ModelConfig {
         }
     }
 
+    /// Bytes of one KV block's key bounds over every layer, when the cache
+    /// keeps them for sparse drafting ([`KvShape::key_bounds_block_bytes`]
+    /// per layer).
+    pub fn key_bounds_block_bytes(&self, block_size: usize) -> usize {
+        self.num_layers * self.kv_shape(block_size).key_bounds_block_bytes()
+    }
+
     /// Checks the dimensions are positive, mutually consistent and not absurd.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Unsupported(m));

@@ -156,9 +156,7 @@ impl Speculation {
             |layers: usize, shape: KvShape| KvPlan::uniform(draft_dtype, layers).block_bytes(shape);
         match &self.method {
             Method::Ngram => 0,
-            Method::Sparse(_) => {
-                config.num_layers * config.kv_shape(block_size).key_bounds_block_bytes()
-            }
+            Method::Sparse(_) => config.key_bounds_block_bytes(block_size),
             Method::Model(DraftSource::File(draft)) => {
                 draft_layers(draft.config.num_layers, draft.config.kv_shape(block_size))
             }
