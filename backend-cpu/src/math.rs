@@ -19,7 +19,8 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E + ROUND_MAGIC) - ROUND_MAGIC;
+    let shifted = x * LOG2_E + ROUND_MAGIC;
+    let n = shifted - ROUND_MAGIC;
     let r = x - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let poly = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
@@ -28,8 +29,12 @@ pub(crate) fn exp(x: f32) -> f32 {
         * r
         + 0.5;
     let e_r = poly * r2 + r + 1.0;
-    // 2^n built directly in the exponent field; n is in [-126, 127] after the clamp.
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n built directly in the exponent field; n is in [-126, 127] after
+    // the clamp, and `shifted` holds it in its low bits. Integer steps, not
+    // `n as i32`: that conversion saturates, and kept unrolled loops of
+    // exponentials scalar.
+    let n_bits = shifted.to_bits().wrapping_sub(ROUND_MAGIC.to_bits());
+    let two_n = f32::from_bits(n_bits.wrapping_add(127) << 23);
     e_r * two_n
 }
 

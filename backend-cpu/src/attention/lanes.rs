@@ -3,6 +3,7 @@
 //! independent chains of multiply-adds that the compiler keeps in vector
 //! registers.
 
+use super::ops::TileOps;
 use super::tile::{Lanes, LANES};
 use crate::math::MulAdd;
 
@@ -11,26 +12,45 @@ use crate::math::MulAdd;
 /// transposed keys.
 const FEW_CHAINS: usize = 4;
 
-/// Keys whose scores are summed side by side: independent chains of
-/// multiply-adds that share each load of the transposed queries.
-const KEYS_AT_ONCE: usize = 8;
-
 /// `weights[l * vectors + v] = keys[l] · queries of vector v`, for the
 /// sixteen keys of a key tile: two query vectors at a time where there are
-/// two, so each broadcast key element serves both.
+/// two, so each broadcast key element serves both, and as many keys side
+/// by side as `T` keeps accumulators for (independent chains of
+/// multiply-adds that share each load of the transposed queries).
 #[inline(always)]
-pub(super) fn scores<M: MulAdd>(keys: &[f32], queries: &[Lanes], hd: usize, weights: &mut [Lanes]) {
+pub(super) fn scores<M: MulAdd, T: TileOps>(
+    keys: &[f32],
+    queries: &[Lanes],
+    hd: usize,
+    weights: &mut [Lanes],
+) {
+    match T::ACCUMULATORS {
+        8.. => scores_by::<M, 4, 8>(keys, queries, hd, weights),
+        4..=7 => scores_by::<M, 2, 4>(keys, queries, hd, weights),
+        _ => scores_by::<M, 1, 2>(keys, queries, hd, weights),
+    }
+}
+
+/// [`scores`], `PAIR_KEYS` keys at a time for two query vectors and
+/// `ONE_KEYS` for one.
+#[inline(always)]
+fn scores_by<M: MulAdd, const PAIR_KEYS: usize, const ONE_KEYS: usize>(
+    keys: &[f32],
+    queries: &[Lanes],
+    hd: usize,
+    weights: &mut [Lanes],
+) {
     let vectors = queries.len() / hd;
     let mut v = 0;
     while v + 2 <= vectors {
-        for first_key in (0..LANES).step_by(KEYS_AT_ONCE / 2) {
-            score_keys::<M, 2, { KEYS_AT_ONCE / 2 }>(keys, queries, hd, v, first_key, weights);
+        for first_key in (0..LANES).step_by(PAIR_KEYS) {
+            score_keys::<M, 2, PAIR_KEYS>(keys, queries, hd, v, first_key, weights);
         }
         v += 2;
     }
     if v < vectors {
-        for first_key in (0..LANES).step_by(KEYS_AT_ONCE) {
-            score_keys::<M, 1, KEYS_AT_ONCE>(keys, queries, hd, v, first_key, weights);
+        for first_key in (0..LANES).step_by(ONE_KEYS) {
+            score_keys::<M, 1, ONE_KEYS>(keys, queries, hd, v, first_key, weights);
         }
     }
 }
@@ -50,10 +70,10 @@ fn score_keys<M: MulAdd, const V: usize, const K: usize>(
     let rows: [&[f32]; K] = std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
     let mut sums = [[[0f32; LANES]; V]; K];
     for d in 0..hd {
-        let q: [Lanes; V] = std::array::from_fn(|i| queries[d * vectors + v + i]);
+        let q = &queries[d * vectors + v..][..V];
         for (sum, row) in sums.iter_mut().zip(rows) {
             let key = row[d];
-            for (sum, q) in sum.iter_mut().zip(&q) {
+            for (sum, q) in sum.iter_mut().zip(q) {
                 *sum = mul_add_lanes::<M>(key, q, sum);
             }
         }
@@ -79,7 +99,13 @@ fn scaled_lanes(x: &[f32], scale: f32) -> Lanes {
 /// `key * q + sum`, lane by lane.
 #[inline(always)]
 fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
-    std::array::from_fn(|lane| M::mul_add(key, q[lane], sum[lane]))
+    // A loop, not `array::from_fn`: its closure was left a call, compiled
+    // without the caller's vector instructions.
+    let mut out = [0f32; LANES];
+    for lane in 0..LANES {
+        out[lane] = M::mul_add(key, q[lane], sum[lane]);
+    }
+    out
 }
 
 /// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in
@@ -92,7 +118,11 @@ pub(super) fn few_scores<M: MulAdd>(keys: &[Lanes], queries: &[&[f32]], scores: 
         .zip(scores.chunks_mut(FEW_CHAINS))
     {
         // A short chunk scores its last query again rather than branch.
-        let q: [&[f32]; FEW_CHAINS] = std::array::from_fn(|c| queries[c.min(queries.len() - 1)]);
+        let hd = keys.len();
+        let mut q = [&[][..]; FEW_CHAINS];
+        for (c, q) in q.iter_mut().enumerate() {
+            *q = &queries[c.min(queries.len() - 1)][..hd];
+        }
         let mut sums = [[0f32; LANES]; FEW_CHAINS];
         for (d, keys) in keys.iter().enumerate() {
             for (sum, q) in sums.iter_mut().zip(q) {
@@ -104,6 +134,7 @@ pub(super) fn few_scores<M: MulAdd>(keys: &[Lanes], queries: &[&[f32]], scores: 
 }
 
 /// Rows `a` and `b` (`a != b`, `hd` long) of `out`, both mutable.
+#[inline(always)]
 pub(super) fn two_rows(out: &mut [f32], a: usize, b: usize, hd: usize) -> (&mut [f32], &mut [f32]) {
     if a < b {
         let (low, high) = out.split_at_mut(b);
@@ -118,7 +149,23 @@ pub(super) fn two_rows(out: &mut [f32], a: usize, b: usize, hd: usize) -> (&mut 
 /// at once (their outputs side by side share each load of a value row),
 /// each element's sum taken in key order.
 #[inline(always)]
-pub(super) fn accumulate<M: MulAdd, const Q: usize>(
+pub(super) fn accumulate<M: MulAdd, T: TileOps, const Q: usize>(
+    outs: [&mut [f32]; Q],
+    rescale: [f32; Q],
+    weights: [&Lanes; Q],
+    values: &[f32],
+) {
+    // As many vectors of each output at once as `T` keeps accumulators for.
+    match T::ACCUMULATORS / Q {
+        4.. => accumulate_by::<M, Q, 4>(outs, rescale, weights, values),
+        2..=3 => accumulate_by::<M, Q, 2>(outs, rescale, weights, values),
+        _ => accumulate_by::<M, Q, 1>(outs, rescale, weights, values),
+    }
+}
+
+/// [`accumulate`], `C` vectors of each output at a time.
+#[inline(always)]
+fn accumulate_by<M: MulAdd, const Q: usize, const C: usize>(
     mut outs: [&mut [f32]; Q],
     rescale: [f32; Q],
     weights: [&Lanes; Q],
@@ -126,9 +173,9 @@ pub(super) fn accumulate<M: MulAdd, const Q: usize>(
 ) {
     let hd = outs[0].len();
     let mut c = 0;
-    while c + 4 * LANES <= hd {
-        accumulate_vectors::<M, Q, 4>(&mut outs, rescale, weights, values, c);
-        c += 4 * LANES;
+    while c + C * LANES <= hd {
+        accumulate_vectors::<M, Q, C>(&mut outs, rescale, weights, values, c);
+        c += C * LANES;
     }
     while c + LANES <= hd {
         accumulate_vectors::<M, Q, 1>(&mut outs, rescale, weights, values, c);

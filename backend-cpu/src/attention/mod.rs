@@ -47,6 +47,7 @@ const MIN_TASK_WORK: usize = 64 * 1024;
 const TASKS_PER_THREAD: usize = 16;
 
 /// The index buffers of one call, as the backend passes them.
+#[derive(Clone, Copy)]
 pub(crate) struct AttentionInputs<'a> {
     pub q: &'a [f32],
     pub row_seq: &'a [u32],
@@ -656,6 +657,24 @@ mod tests {
                         }
                         let what = format!("{dtype:?} window {sliding_window:?}");
                         rows.assert_alone_as_in(&batch, &workers, isa, &cache, p(1), &what);
+                        // The whole batch is one run of rows per KV group,
+                        // too few tiles for several threads: its units are
+                        // multi-row tiles over one segment each.
+                        let batch_p = p(positions.len());
+                        let plan =
+                            segments::SegmentPlan::for_call(&workers, &batch_inputs, batch_p);
+                        assert_eq!(plan.is_some(), threads > 1, "{what}");
+                        let mut shared = vec![f32::NAN; q.len()];
+                        paged_attention(&workers, isa, &cache, batch_inputs, batch_p, &mut shared)
+                            .unwrap();
+                        assert!(
+                            shared
+                                .iter()
+                                .zip(&batch)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} {what}: {threads} threads",
+                            isa.name()
+                        );
                     }
                 }
             }

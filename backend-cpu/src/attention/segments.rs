@@ -1,22 +1,27 @@
-//! Attention over a long context in key segments, so that a decode step's
-//! few `(row, KV group)` pairs still keep every thread busy.
+//! Attention over a long context in key segments, so that a call of few
+//! tiles (a decode step's one row per KV group, or a verification step's
+//! few rows of one sequence) still keeps every thread busy.
 //!
 //! Every query's attention is defined segment by segment: the keys at
 //! positions `k * SEGMENT .. (k + 1) * SEGMENT` give a partial result (an
 //! online softmax from a fresh state: unnormalised sums, maximum and
 //! denominator), and the partials are folded in segment order
 //! ([`fold_segment`]), then normalised. A tile computes its segments one
-//! after the other and folds as it goes. A call with too few `(row, KV
-//! group)` pairs to share among the threads ([`SegmentPlan`]) computes each
-//! `(row, group, segment)` unit as a task of its own and folds them
-//! afterwards. The arithmetic is the same either way, so a row gets the same
-//! bits alone as in a batch, whatever the thread count; a context within
-//! one segment folds once, a copy, so it gets the bits of one online softmax.
+//! after the other and folds as it goes. A call with too few tiles to
+//! share among the threads ([`SegmentPlan`]) computes each `(tile,
+//! segment)` unit as a task of its own and folds them afterwards: the
+//! tile's rows read each key and value row once, where splitting a
+//! verification step's rows among the threads had each thread read them
+//! all again (five rows cost five decode steps). The arithmetic is the same
+//! either way, so a row gets the same bits alone as in a batch, whatever
+//! the thread count; a context within one segment folds once, a copy, so
+//! it gets the bits of one online softmax.
 
 use std::ops::Range;
 
 use tandem_core::backend::AttentionParams;
 
+use super::tile::rows_per_tile;
 use super::{first_visible, AttentionInputs, Work};
 use crate::math::{exp, MulAdd};
 use crate::workers::Workers;
@@ -27,10 +32,11 @@ pub(super) const SEGMENT: usize = 256;
 /// Tasks per thread of each phase of a segmented call.
 const TASKS_PER_THREAD: usize = 4;
 
-/// One KV group of one row over one key segment.
-#[derive(Clone, Copy, Debug)]
+/// One KV group of a few consecutive rows of one sequence (a tile's
+/// rows) over one key segment.
+#[derive(Clone, Debug)]
 pub(super) struct Unit {
-    pub row: usize,
+    pub rows: Range<usize>,
     pub kv_head: usize,
     pub segment: usize,
 }
@@ -38,44 +44,83 @@ pub(super) struct Unit {
 /// The units of a call that is computed segment by segment.
 pub(super) struct SegmentPlan {
     units: Vec<Unit>,
-    /// Per `(row, KV group)`, in output order, the range of its units.
-    pub groups: Vec<Range<usize>>,
-    /// f32s of a unit's slot of partial results: `group * head_dim`
-    /// unnormalised sums, then `group` maxima and `group` denominators.
+    /// Per `(row, KV group)`, in output order: the range of its units, and
+    /// the row's place among their rows.
+    pub groups: Vec<(Range<usize>, usize)>,
+    /// Queries a unit's slot has room for: [`rows_per_tile`] rows of a
+    /// group's heads.
+    pub queries: usize,
+    /// f32s of a unit's slot of partial results: `queries * head_dim`
+    /// unnormalised sums, then `queries` maxima and `queries` denominators.
     pub slot_len: usize,
 }
 
 impl SegmentPlan {
-    /// The plan of a call whose `(row, KV group)` pairs are too few for the
-    /// threads (a decode step) and that spans several segments; `None`
-    /// when tiles keep the threads busy, or there is one thread.
+    /// The plan of a call whose tiles (runs of up to [`rows_per_tile`]
+    /// rows of one sequence, per KV group) are too few for the threads (a
+    /// decode step, or a verification step's few rows) and that spans
+    /// several segments; `None` when tiles keep the threads busy, or there
+    /// is one thread.
     pub fn for_call(
         workers: &Workers,
         inputs: &AttentionInputs<'_>,
         p: AttentionParams,
     ) -> Option<Self> {
         let threads = workers.threads();
-        if threads < 2 || p.rows * p.kv_heads >= 2 * threads {
+        if threads < 2 {
             return None;
         }
+        let per_tile = rows_per_tile(p);
+        let mut runs = Vec::new();
+        let mut start = 0;
+        while start < p.rows {
+            let mut end = start + 1;
+            while end < p.rows
+                && end - start < per_tile
+                && inputs.row_seq[end] == inputs.row_seq[start]
+            {
+                end += 1;
+            }
+            runs.push(start..end);
+            start = end;
+        }
+        // As many tiles as a segmented call has tasks share out well enough.
+        if runs.len() * p.kv_heads >= TASKS_PER_THREAD * threads {
+            return None;
+        }
+        let tiles = runs.len() * p.kv_heads;
         let (mut units, mut groups) = (Vec::new(), Vec::new());
-        for row in 0..p.rows {
-            let pos = inputs.positions[row] as usize;
-            let first = first_visible(pos, p.sliding_window);
+        for rows in runs {
+            // The segments holding positions any row of the run sees.
+            let positions = &inputs.positions[rows.clone()];
+            let pos = positions.iter().max().map_or(0, |&pos| pos as usize);
+            let first = positions
+                .iter()
+                .map(|&pos| first_visible(pos as usize, p.sliding_window))
+                .min()
+                .unwrap_or(0);
+            let first_unit = units.len();
             for kv_head in 0..p.kv_heads {
-                let start = units.len();
                 units.extend((first / SEGMENT..=pos / SEGMENT).map(|segment| Unit {
-                    row,
+                    rows: rows.clone(),
                     kv_head,
                     segment,
                 }));
-                groups.push(start..units.len());
+            }
+            let per_group = (units.len() - first_unit) / p.kv_heads;
+            for row in rows.clone() {
+                for kv_head in 0..p.kv_heads {
+                    let at = first_unit + kv_head * per_group;
+                    groups.push((at..at + per_group, row - rows.start));
+                }
             }
         }
-        (units.len() > groups.len()).then(|| SegmentPlan {
+        let queries = per_tile * (p.heads / p.kv_heads);
+        (units.len() > tiles).then(|| SegmentPlan {
             units,
             groups,
-            slot_len: p.heads / p.kv_heads * (p.head_dim + 2),
+            queries,
+            slot_len: queries * (p.head_dim + 2),
         })
     }
 

@@ -304,19 +304,20 @@ fn attend_unit<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     s: &mut Scratch,
     slot: &mut [f32],
 ) {
-    let group = task.p.heads / task.p.kv_heads;
+    let (group, hd) = (task.p.heads / task.p.kv_heads, task.p.head_dim);
     let tile = Tile {
-        rows: unit.row..unit.row + 1,
+        rows: unit.rows.clone(),
         heads: unit.kv_head * group..(unit.kv_head + 1) * group,
         kv_head: unit.kv_head,
     };
     let q = set_up_queries(task, &tile, s);
     let first = unit.segment * SEGMENT;
     let keys = q.lo.max(first)..=q.hi.min(first + SEGMENT - 1);
-    let (sums, results) = slot.split_at_mut(group * task.p.head_dim);
+    let room = slot.len() / (hd + 2);
+    let (sums, results) = slot.split_at_mut(room * hd);
     attend_segment::<K, V, M, T>(task, &tile, s, &q, keys, sums);
-    let (maxima, denominators) = results.split_at_mut(group);
-    for i in 0..group {
+    let (maxima, denominators) = results.split_at_mut(room);
+    for i in 0..q.n {
         let (v, lane) = (i / LANES, i % LANES);
         (maxima[i], denominators[i]) = (s.max[v][lane], s.denominator[v][lane]);
     }
@@ -332,17 +333,19 @@ fn fold_groups<M: MulAdd>(
     partials: &[f32],
     out: &mut [f32],
 ) {
-    let (group, hd) = (p.heads / p.kv_heads, p.head_dim);
+    let (group, hd, room) = (p.heads / p.kv_heads, p.head_dim, plan.queries);
     let groups = &plan.groups[first_group..];
-    for (units, out) in groups.iter().zip(out.chunks_exact_mut(group * hd)) {
+    for ((units, row), out) in groups.iter().zip(out.chunks_exact_mut(group * hd)) {
         out.fill(0.0);
         for (i, out) in out.chunks_exact_mut(hd).enumerate() {
+            // The query's place among its units' queries.
+            let at = row * group + i;
             let mut run = (f32::NEG_INFINITY, 0.0);
             for unit in units.clone() {
                 let slot = &partials[unit * plan.slot_len..][..plan.slot_len];
-                let (sums, results) = slot.split_at(group * hd);
-                let result = (results[i], results[group + i]);
-                fold_segment::<M>(&mut run, out, result, &sums[i * hd..][..hd]);
+                let (sums, results) = slot.split_at(room * hd);
+                let result = (results[at], results[room + at]);
+                fold_segment::<M>(&mut run, out, result, &sums[at * hd..][..hd]);
             }
             normalize(out, run.1);
         }
@@ -372,44 +375,41 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     let kv_width = p.kv_heads * hd;
     let mut start = lo / LANES * LANES;
     while start <= hi {
-        // Each position's element offset, and whether it is live (seen by
+        // The key and value rows, and which positions are live (seen by
         // some query and not evicted): one division per key tile, not two
         // per position (a decode step's tiles are few queries each).
-        let mut offsets = [0usize; LANES];
-        let mut live = [false; LANES];
-        let (mut block, mut within) = (start / p.block_size, start % p.block_size);
-        for l in 0..LANES {
-            if (lo..=hi).contains(&(start + l)) && table[block] != EVICTED_BLOCK {
-                live[l] = true;
-                let slot = table[block] as usize * p.block_size + within;
-                offsets[l] = slot * kv_width + tile.kv_head * hd;
+        let (block, within) = (start / p.block_size, start % p.block_size);
+        let live = if lo <= start
+            && start + LANES - 1 <= hi
+            && within + LANES <= p.block_size
+            && table[block] != EVICTED_BLOCK
+        {
+            // The common tile, wholly seen and inside one block: its rows
+            // are consecutive slots.
+            let slot = table[block] as usize * p.block_size + within;
+            let first = slot * kv_width + tile.kv_head * hd;
+            let rows = s
+                .keys
+                .chunks_exact_mut(hd)
+                .zip(s.values.chunks_exact_mut(hd));
+            for (l, (k, v)) in rows.take(LANES).enumerate() {
+                task.keys.read_into::<T>(first + l * kv_width, k);
+                task.values.read_into::<T>(first + l * kv_width, v);
             }
-            within += 1;
-            if within == p.block_size {
-                (block, within) = (block + 1, 0);
+            [true; LANES]
+        } else {
+            let live = read_key_tile::<K, V, T>(task, tile, s, start, lo..=hi, table);
+            if !live.contains(&true) {
+                start += LANES;
+                continue;
             }
-        }
-        if !live.contains(&true) {
-            start += LANES;
-            continue;
-        }
-        // Positions outside `lo..=hi` may not be written (or no longer be
-        // this sequence's), evicted ones are nowhere: zeros stand in for them.
-        for (l, &live) in live.iter().enumerate() {
-            let (k, v) = (&mut s.keys[l * hd..][..hd], &mut s.values[l * hd..][..hd]);
-            if live {
-                task.keys.read_into::<T>(offsets[l], k);
-                task.values.read_into::<T>(offsets[l], v);
-            } else {
-                k.fill(0.0);
-                v.fill(0.0);
-            }
-        }
+            live
+        };
         if let Some(few) = &q.few {
             T::transpose(&s.keys, hd, &mut s.keys_by_dim);
             few_scores::<M>(&s.keys_by_dim, &few[..n], &mut s.few_scores[..n]);
         } else {
-            scores::<M>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
+            scores::<M, T>(&s.keys, &s.queries[..hd * vectors], hd, &mut s.weights);
             for v in 0..vectors {
                 softmax_step(s, v, vectors, start as i32, p.scale, &live);
             }
@@ -438,20 +438,71 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
                 continue;
             };
             let (a, b) = two_rows(partial, other.0, this.0, hd);
-            accumulate::<M, 2>([a, b], [other.1, this.1], [&other.2, &this.2], &s.values);
+            accumulate::<M, T, 2>([a, b], [other.1, this.1], [&other.2, &this.2], &s.values);
         }
         if let Some((at, rescale, weights)) = pending {
-            accumulate::<M, 1>([&mut partial[at..][..hd]], [rescale], [&weights], &s.values);
+            accumulate::<M, T, 1>([&mut partial[at..][..hd]], [rescale], [&weights], &s.values);
         }
         start += LANES;
     }
+}
+
+/// Reads the key tile at `start` into the scratch, position by position
+/// (it straddles blocks, or holds positions outside `keys` or evicted),
+/// and returns which positions are live: seen by some query and not
+/// evicted. A tile with none live is not read (sparse attention's tables
+/// are mostly holes).
+#[inline(always)]
+fn read_key_tile<K: KvRows, V: KvRows, T: TileOps>(
+    task: &Task<'_, K, V>,
+    tile: &Tile,
+    s: &mut Scratch,
+    start: usize,
+    keys: RangeInclusive<usize>,
+    table: &[u32],
+) -> [bool; LANES] {
+    let p = task.p;
+    let (hd, kv_width) = (p.head_dim, p.kv_heads * p.head_dim);
+    let mut offsets = [0usize; LANES];
+    let mut live = [false; LANES];
+    let (mut block, mut within) = (start / p.block_size, start % p.block_size);
+    for l in 0..LANES {
+        if keys.contains(&(start + l)) && table[block] != EVICTED_BLOCK {
+            live[l] = true;
+            let slot = table[block] as usize * p.block_size + within;
+            offsets[l] = slot * kv_width + tile.kv_head * hd;
+        }
+        within += 1;
+        if within == p.block_size {
+            (block, within) = (block + 1, 0);
+        }
+    }
+    if !live.contains(&true) {
+        return live;
+    }
+    // Positions outside `keys` may not be written (or no longer be this
+    // sequence's), evicted ones are nowhere: zeros stand in for them.
+    for (l, &live) in live.iter().enumerate() {
+        let (k, v) = (&mut s.keys[l * hd..][..hd], &mut s.values[l * hd..][..hd]);
+        if live {
+            task.keys.read_into::<T>(offsets[l], k);
+            task.values.read_into::<T>(offsets[l], v);
+        } else {
+            k.fill(0.0);
+            v.fill(0.0);
+        }
+    }
+    live
 }
 
 /// One key tile's step of the online softmax for query vector `v`: scores
 /// scaled and masked, the new running maximum, the rescaling of the earlier
 /// sums, the weights and the denominator. A lane that sees none of the
 /// tile's positions keeps its maximum and gets a rescaling of exactly 1.
-/// Keys not `live` (evicted) are seen by no lane.
+/// Keys not `live` (evicted) are seen by no lane. Every step runs on whole
+/// vectors, the exponentials of unseen lanes included, and the masks pick
+/// afterwards: an exponential under a branch stayed scalar code, a fifth of
+/// a prefill's attention time at depth.
 #[inline(always)]
 fn softmax_step(
     s: &mut Scratch,
@@ -462,15 +513,14 @@ fn softmax_step(
     live: &[bool; LANES],
 ) {
     let (first, last) = (s.first[v], s.last[v]);
-    let seen = |l: usize, lane: usize| {
-        let j = start + l as i32;
-        live[l] && first[lane] <= j && j <= last[lane]
-    };
+    let mut seen = [[false; LANES]; LANES];
     let mut tile_max = [f32::NEG_INFINITY; LANES];
     for l in 0..LANES {
+        let j = start + l as i32;
         let w = &mut s.weights[l * vectors + v];
         for lane in 0..LANES {
-            w[lane] = if seen(l, lane) {
+            seen[l][lane] = live[l] & (first[lane] <= j) & (j <= last[lane]);
+            w[lane] = if seen[l][lane] {
                 w[lane] * scale
             } else {
                 f32::NEG_INFINITY
@@ -482,21 +532,19 @@ fn softmax_step(
     let mut new_max = [0.0; LANES];
     for lane in 0..LANES {
         new_max[lane] = max[lane].max(tile_max[lane]);
+        let factor = exp(max[lane] - new_max[lane]);
         rescale[lane] = if tile_max[lane] == f32::NEG_INFINITY {
             1.0
         } else {
-            exp(max[lane] - new_max[lane])
+            factor
         };
     }
     let mut sum = [0f32; LANES];
-    for l in 0..LANES {
+    for (l, seen) in seen.iter().enumerate() {
         let w = &mut s.weights[l * vectors + v];
         for lane in 0..LANES {
-            w[lane] = if seen(l, lane) {
-                exp(w[lane] - new_max[lane])
-            } else {
-                0.0
-            };
+            let e = exp(w[lane] - new_max[lane]);
+            w[lane] = if seen[lane] { e } else { 0.0 };
             sum[lane] += w[lane];
         }
     }
@@ -522,19 +570,25 @@ fn few_query_step(
     live: &[bool; LANES],
 ) -> (Lanes, f32) {
     let (first, last) = (s.first[v][lane], s.last[v][lane]);
-    let seen: [bool; LANES] = std::array::from_fn(|l| {
+    // Whole-vector steps (exponentials included), then the masks; loops,
+    // not `array::from_fn`, whose closures stayed calls compiled without
+    // the caller's vector instructions.
+    let mut seen = [false; LANES];
+    let mut scaled = [0f32; LANES];
+    for l in 0..LANES {
         let j = start + l as i32;
-        live[l] && first <= j && j <= last
-    });
-    // Whole-vector steps (exponentials included), then the masks.
-    let scaled: Lanes = std::array::from_fn(|l| {
-        if seen[l] {
+        seen[l] = live[l] & (first <= j) & (j <= last);
+        scaled[l] = if seen[l] {
             scores[l] * scale
         } else {
             f32::NEG_INFINITY
-        }
-    });
-    let tile_max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        };
+    }
+    let mut maxima = [f32::NEG_INFINITY; LANES / 2];
+    for l in 0..LANES {
+        maxima[l % (LANES / 2)] = maxima[l % (LANES / 2)].max(scaled[l]);
+    }
+    let tile_max = maxima.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let max = s.max[v][lane];
     let new_max = max.max(tile_max);
     let rescale = if tile_max == f32::NEG_INFINITY {
@@ -542,8 +596,11 @@ fn few_query_step(
     } else {
         exp(max - new_max)
     };
-    let exps: Lanes = std::array::from_fn(|l| exp(scaled[l] - new_max));
-    let weights: Lanes = std::array::from_fn(|l| if seen[l] { exps[l] } else { 0.0 });
+    let mut weights = [0f32; LANES];
+    for l in 0..LANES {
+        let e = exp(scaled[l] - new_max);
+        weights[l] = if seen[l] { e } else { 0.0 };
+    }
     // In key order, as `softmax_step` adds them.
     let sum = weights.iter().fold(0.0, |sum, &w| sum + w);
     let denominator = &mut s.denominator[v][lane];
