@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use tandem_core::backend::AttentionParams;
 
-use super::tile::rows_per_tile;
+use super::tile::{rows_per_tile, tile_rows};
 use super::{first_visible, AttentionInputs, Work};
 use crate::math::{exp, MulAdd};
 use crate::workers::Workers;
@@ -70,25 +70,12 @@ impl SegmentPlan {
         if threads < 2 {
             return None;
         }
-        let per_tile = rows_per_tile(p);
-        let mut runs = Vec::new();
-        let mut start = 0;
-        while start < p.rows {
-            let mut end = start + 1;
-            while end < p.rows
-                && end - start < per_tile
-                && inputs.row_seq[end] == inputs.row_seq[start]
-            {
-                end += 1;
-            }
-            runs.push(start..end);
-            start = end;
-        }
+        let runs: Vec<_> = tile_rows(p, inputs.row_seq, 0..p.rows).collect();
+        let tiles = runs.len() * p.kv_heads;
         // As many tiles as a segmented call has tasks share out well enough.
-        if runs.len() * p.kv_heads >= TASKS_PER_THREAD * threads {
+        if tiles >= TASKS_PER_THREAD * threads {
             return None;
         }
-        let tiles = runs.len() * p.kv_heads;
         let (mut units, mut groups) = (Vec::new(), Vec::new());
         for rows in runs {
             // The segments holding positions any row of the run sees.
@@ -115,7 +102,7 @@ impl SegmentPlan {
                 }
             }
         }
-        let queries = per_tile * (p.heads / p.kv_heads);
+        let queries = rows_per_tile(p) * (p.heads / p.kv_heads);
         (units.len() > tiles).then(|| SegmentPlan {
             units,
             groups,

@@ -52,6 +52,28 @@ pub(super) fn rows_per_tile(p: AttentionParams) -> usize {
     (TILE_QUERIES / (p.heads / p.kv_heads)).max(1)
 }
 
+/// `rows` cut into the row ranges of tiles: runs of up to
+/// [`rows_per_tile`] consecutive rows of one sequence.
+pub(super) fn tile_rows<'a>(
+    p: AttentionParams,
+    row_seq: &'a [u32],
+    rows: Range<usize>,
+) -> impl Iterator<Item = Range<usize>> + 'a {
+    let per_tile = rows_per_tile(p);
+    let mut start = rows.start;
+    std::iter::from_fn(move || {
+        (start < rows.end).then(|| {
+            let mut stop = start + 1;
+            while stop < rows.end && stop - start < per_tile && row_seq[stop] == row_seq[start] {
+                stop += 1;
+            }
+            let run = start..stop;
+            start = stop;
+            run
+        })
+    })
+}
+
 /// Query heads `heads` (all of KV head `kv_head`'s group, or part of it)
 /// of `rows`, consecutive rows of one sequence.
 struct Tile {
@@ -178,22 +200,13 @@ fn attend_outputs<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
             run_end += 1;
         }
         for kv_head in 0..p.kv_heads {
-            let mut start = row;
-            while start < run_end {
-                let mut stop = start + 1;
-                while stop < run_end
-                    && stop - start < rows_per_tile(p)
-                    && row_seq[stop] == row_seq[start]
-                {
-                    stop += 1;
-                }
+            for rows in tile_rows(p, row_seq, row..run_end) {
                 let tile = Tile {
-                    rows: start..stop,
+                    rows,
                     heads: kv_head * group..(kv_head + 1) * group,
                     kv_head,
                 };
                 attend_tile::<K, V, M, T>(task, &tile, scratch, first, out);
-                start = stop;
             }
         }
         row = run_end;

@@ -442,7 +442,7 @@ unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(row: &[u8], k: usize) 
 }
 
 /// A task on `K`'s micro-kernels: float weights in tiles of `FR` rows ×
-/// `FT` tokens, integer ones (the block formats and W8A8) in `QR` × `QT`.
+/// `FT` tokens, the block formats in `QR` × `QT`, W8A8 in `WR` × `WT`.
 ///
 /// # Safety
 /// The CPU supports `K`'s instruction set.
@@ -453,6 +453,8 @@ unsafe fn run_tiles<
     const FT: usize,
     const QR: usize,
     const QT: usize,
+    const WR: usize,
+    const WT: usize,
 >(
     operands: Operands<'_>,
     cols: usize,
@@ -465,7 +467,7 @@ unsafe fn run_tiles<
         Operands::Blocks { kind, w, x } => with_block_format!(kind, F => {
             quant_task::<K, F, QR, QT>(w, x, cols, task)
         }),
-        Operands::W8A8 { w, x } => w8a8_task::<K, QR, QT>(w, x, cols, task),
+        Operands::W8A8 { w, x } => w8a8_task::<K, WR, WT>(w, x, cols, task),
     }
 }
 

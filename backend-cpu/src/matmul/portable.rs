@@ -19,7 +19,7 @@ pub(super) struct Portable;
 
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the portable kernels use no instruction beyond the build target's.
-    unsafe { run_tiles::<Portable, R, T, R, T>(operands, cols, task) }
+    unsafe { run_tiles::<Portable, R, T, R, T, R, T>(operands, cols, task) }
 }
 
 impl MicroKernels for Portable {

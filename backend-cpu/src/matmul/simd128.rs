@@ -31,7 +31,7 @@ pub(super) struct Simd128;
 
 pub(super) fn run(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // SAFETY: the build enables simd128 (this module exists only then).
-    unsafe { run_tiles::<Simd128, R, T, R, T>(operands, cols, task) }
+    unsafe { run_tiles::<Simd128, R, T, R, T, R, T>(operands, cols, task) }
 }
 
 impl MicroKernels for Simd128 {
