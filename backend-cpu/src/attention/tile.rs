@@ -411,7 +411,7 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
             }
             [true; LANES]
         } else {
-            let live = read_key_tile::<K, V, T>(task, tile, s, start, lo..=hi, table);
+            let live = read_kv_tile::<K, V, T>(task, tile, s, start, lo..=hi, table);
             if !live.contains(&true) {
                 start += LANES;
                 continue;
@@ -460,13 +460,13 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     }
 }
 
-/// Reads the key tile at `start` into the scratch, position by position
-/// (it straddles blocks, or holds positions outside `keys` or evicted),
-/// and returns which positions are live: seen by some query and not
-/// evicted. A tile with none live is not read (sparse attention's tables
+/// Reads the key and value rows of the key tile at `start` into the
+/// scratch, position by position (it straddles blocks, or holds positions
+/// outside `keys` or evicted), and returns which positions are live: seen
+/// by some query and not evicted. A tile with none live is not read (sparse attention's tables
 /// are mostly holes).
 #[inline(always)]
-fn read_key_tile<K: KvRows, V: KvRows, T: TileOps>(
+fn read_kv_tile<K: KvRows, V: KvRows, T: TileOps>(
     task: &Task<'_, K, V>,
     tile: &Tile,
     s: &mut Scratch,

@@ -49,7 +49,7 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
     // 16 vector registers. Block formats in tiles of 4 rows × 1 token:
     // with 2 tokens the 8 accumulators and the operands spilled one
     // accumulator to the stack, and every run waited on its store and
-    // reload (a prompt's matmuls took 1.1-1.6x as long). W8A8's tiles have
+    // reload (a prompt's matmuls took up to 1.6x as long). W8A8's tiles have
     // no per-run conversion and keep 4 × 2.
     run_tiles::<Avx2, 4, 3, 4, 1, 4, 2>(operands, cols, task)
 }
