@@ -23,9 +23,12 @@ use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, 
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+    AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PreTokenizerWrapper,
+    SplitDelimiterBehavior,
 };
 
+use super::sentencepiece::SentencePieceBpe;
+use super::token_model::{Pipeline, TokenModel};
 use super::{SpecialTokens, Tokenizer};
 use crate::model::gguf::{GgufArray, GgufFile, GgufValue};
 use crate::{Error, Result};
@@ -100,7 +103,7 @@ struct GgufVocab {
 
 /// The part of the tokenizer that depends on `tokenizer.ggml.model`.
 struct ModelTokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Pipeline,
     kind: String,
     /// Whether prompts start with BOS when the file has no `tokenizer.ggml.add_bos_token`.
     add_bos_default: bool,
@@ -256,7 +259,7 @@ fn byte_level_bpe(file: &GgufFile, vocab: &GgufVocab) -> Result<ModelTokenizer> 
         .ignore_merges(split.ignore_merges)
         .build()
         .map_err(|e| Error::Tokenizer(format!("byte-level BPE vocabulary: {e}")))?;
-    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let mut inner = Pipeline::new(TokenModel::from(ModelWrapper::from(bpe)));
     if split.nfc {
         inner.with_normalizer(Some(NFC));
     }
@@ -350,17 +353,13 @@ fn sentencepiece_bpe(file: &GgufFile, vocab: &GgufVocab) -> Result<ModelTokenize
     let token_count = vocab.tokens.len();
     let unk = special_id(file, KEY_UNK_ID, token_count)?.or((token_count > 0).then_some(0));
     let add_space_prefix = get_bool(file, KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
-
-    let mut bpe = BPE::builder()
-        .vocab_and_merges(vocab.bpe_vocab()?, merges_by_score(vocab, &scores))
-        .byte_fallback(true)
-        .fuse_unk(true);
-    if let Some(unk) = unk {
-        bpe = bpe.unk_token(vocab.tokens[unk as usize].clone());
-    }
-    let bpe = bpe
-        .build()
-        .map_err(|e| Error::Tokenizer(format!("SentencePiece vocabulary: {e}")))?;
+    let mergeable = vocab
+        .types
+        .iter()
+        .map(|&t| t == TokenType::Normal)
+        .collect();
+    let model = SentencePieceBpe::new(&vocab.tokens, &scores, mergeable, unk)
+        .map_err(|e| Error::Tokenizer(format!("{KEY_TOKENS}: {e}")))?;
 
     let replace = |from: &str, to: &str| {
         Replace::new(from, to).map_err(|e| Error::Tokenizer(format!("replace {from:?}: {e}")))
@@ -379,7 +378,7 @@ fn sentencepiece_bpe(file: &GgufFile, vocab: &GgufVocab) -> Result<ModelTokenize
     }
     normalizers.push(replace(" ", "▁")?.into());
 
-    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let mut inner = Pipeline::new(TokenModel::SentencePiece(model));
     inner.with_normalizer(Some(NormalizerSequence::new(normalizers)));
     inner.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(ModelTokenizer {
@@ -391,41 +390,9 @@ fn sentencepiece_bpe(file: &GgufFile, vocab: &GgufVocab) -> Result<ModelTokenize
     })
 }
 
-/// Merges ranked by the score of the piece they make, best first. Only normal
-/// tokens are made by merging; control and byte tokens never come out of text.
-fn merges_by_score(vocab: &GgufVocab, scores: &[f32]) -> Merges {
-    let ids: std::collections::HashMap<&str, usize> = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, text)| (text.as_str(), id))
-        .collect();
-    let mut ranked = Vec::new();
-    for (id, piece) in vocab.tokens.iter().enumerate() {
-        if vocab.types[id] != TokenType::Normal {
-            continue;
-        }
-        for (at, _) in piece.char_indices().skip(1) {
-            let (left, right) = piece.split_at(at);
-            if let (Some(&left), Some(&right)) = (ids.get(left), ids.get(right)) {
-                ranked.push((scores[id], id, left, right));
-            }
-        }
-    }
-    ranked.sort_by(|a, b| {
-        b.0.total_cmp(&a.0)
-            .then(a.1.cmp(&b.1))
-            .then((a.2, a.3).cmp(&(b.2, b.3)))
-    });
-    ranked
-        .into_iter()
-        .map(|(_, _, left, right)| (vocab.tokens[left].clone(), vocab.tokens[right].clone()))
-        .collect()
-}
-
 /// Control and unknown tokens become special added tokens, user-defined ones plain
 /// added tokens; both are then found whole in the raw text.
-fn add_special_vocab(inner: &mut tokenizers::Tokenizer, vocab: &GgufVocab) {
+fn add_special_vocab(inner: &mut Pipeline, vocab: &GgufVocab) {
     let mut special = Vec::new();
     let mut user_defined = Vec::new();
     for (text, kind) in vocab.tokens.iter().zip(&vocab.types) {

@@ -13,6 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 use tokenizers::ModelWrapper;
 
+use super::token_model::{Pipeline, TokenModel};
 use super::{SpecialTokens, Tokenizer};
 use crate::{Error, Result};
 
@@ -71,10 +72,10 @@ pub(super) fn tokenizer_from_hf_dir(dir: &Path) -> Result<Tokenizer> {
 /// hits an `expect`). The whole file is parsed as JSON first, so the library
 /// only ever sees valid JSON, and a panic left in it still becomes an error
 /// naming the file, not a crash.
-fn parse_tokenizer_json(json: &[u8], path: &Path) -> Result<tokenizers::Tokenizer> {
+fn parse_tokenizer_json(json: &[u8], path: &Path) -> Result<Pipeline> {
     serde_json::from_slice::<Value>(json)
         .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
-    let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json));
+    let parsed = std::panic::catch_unwind(|| Pipeline::from_bytes(json));
     match parsed {
         Ok(Ok(inner)) => Ok(inner),
         Ok(Err(e)) => Err(Error::bad_file(path, format!("not a tokenizer: {e}"))),
@@ -109,11 +110,7 @@ fn read_text(path: &Path) -> Result<Option<String>> {
 
 /// The id of the token `tokenizer_config.json` names under `key`, written either as
 /// its text or as an added-token object with a `content` field.
-fn config_token(
-    inner: &tokenizers::Tokenizer,
-    config: Option<&Value>,
-    key: &str,
-) -> Result<Option<u32>> {
+fn config_token(inner: &Pipeline, config: Option<&Value>, key: &str) -> Result<Option<u32>> {
     let text = match config.and_then(|c| c.get(key)) {
         Some(Value::String(text)) => text,
         Some(Value::Object(token)) => match token.get("content") {
@@ -132,11 +129,7 @@ fn config_token(
 /// `eos_token_id` of `generation_config.json` or `config.json` (`file`, at
 /// `path`): one id or a list of them, each a token of the vocabulary. `None`
 /// when the file or the key is absent (or `null`).
-fn eos_token_ids(
-    inner: &tokenizers::Tokenizer,
-    file: Option<&Value>,
-    path: &Path,
-) -> Result<Option<Vec<u32>>> {
+fn eos_token_ids(inner: &Pipeline, file: Option<&Value>, path: &Path) -> Result<Option<Vec<u32>>> {
     let Some(value) = file.and_then(|c| c.get("eos_token_id")) else {
         return Ok(None);
     };
@@ -169,7 +162,7 @@ fn eos_token_ids(
 /// Every id of the tokenizer must index a row of the embedding, which has
 /// `rows` rows (`config.json`'s `vocab_size`); fewer tokens than rows is
 /// normal (Qwen pads its embedding).
-fn check_ids_have_rows(inner: &tokenizers::Tokenizer, rows: u64, json_path: &Path) -> Result<()> {
+fn check_ids_have_rows(inner: &Pipeline, rows: u64, json_path: &Path) -> Result<()> {
     let vocab = inner.get_vocab(true);
     let Some((token, &id)) = vocab.iter().max_by_key(|(_, &id)| id) else {
         return Ok(());
@@ -188,7 +181,7 @@ fn check_ids_have_rows(inner: &tokenizers::Tokenizer, rows: u64, json_path: &Pat
 
 /// Whether the tokenizer's own post-processor starts every text with `bos`, the
 /// rule `tokenizer.json` carries when the config does not state one.
-fn post_processor_adds(inner: &tokenizers::Tokenizer, bos: u32) -> bool {
+fn post_processor_adds(inner: &Pipeline, bos: u32) -> bool {
     inner
         .encode_fast("a", true)
         .is_ok_and(|encoding| encoding.get_ids().first() == Some(&bos))
@@ -216,8 +209,11 @@ fn named_template(template: &Value) -> Option<String> {
     }
 }
 
-fn model_kind(model: &ModelWrapper) -> &'static str {
-    match model {
+fn model_kind(model: &TokenModel) -> &'static str {
+    let TokenModel::Library(model) = model else {
+        return "SentencePiece BPE";
+    };
+    match model.as_ref() {
         ModelWrapper::BPE(_) => "BPE",
         ModelWrapper::WordPiece(_) => "WordPiece",
         ModelWrapper::WordLevel(_) => "WordLevel",

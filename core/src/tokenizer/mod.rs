@@ -1,9 +1,11 @@
 //! Text to token ids and back, and chat prompts.
 //!
-//! A [`Tokenizer`] wraps the `tokenizers` crate's tokenizer, built either from a
+//! A [`Tokenizer`] wraps the `tokenizers` crate's pipeline, built either from a
 //! GGUF file's `tokenizer.ggml.*` metadata (read the way llama.cpp reads it, see
 //! `gguf_vocab`) or from a Hugging Face directory's `tokenizer.json` (see
-//! `hf_files`). Around it sits what the runtime needs and `tokenizers` does not
+//! `hf_files`). Its model is one of that crate's, or for a GGUF SentencePiece
+//! vocabulary Tandem's own `sentencepiece` (`token_model`), which needs a
+//! tenth of the memory. Around it sits what the runtime needs and `tokenizers` does not
 //! model: the ids that end generation, whether a prompt starts with BOS, and the
 //! model's chat template, rendered by a real Jinja engine (`chat_template`).
 //! [`StreamDecoder`] turns generated ids into text as they arrive.
@@ -19,8 +21,10 @@ mod chat_prompt;
 mod chat_template;
 mod gguf_vocab;
 pub(crate) mod hf_files;
+mod sentencepiece;
 mod stream;
 mod token_bytes;
+mod token_model;
 
 #[cfg(test)]
 mod chat_tests;
@@ -34,6 +38,8 @@ use std::sync::OnceLock;
 
 pub use chat_template::{ChatMessage, FunctionCall, ToolCall};
 pub use stream::StreamDecoder;
+use token_model::Pipeline;
+use tokenizers::Model;
 
 use crate::model::gguf::GgufFile;
 use crate::{Error, Result};
@@ -41,12 +47,15 @@ use crate::{Error, Result};
 /// A model's tokenizer: encoding, decoding, end-of-generation ids and chat template.
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Pipeline,
     /// What kind of tokenizer this is and where it came from, for [`Tokenizer::describe`].
     kind: String,
     bos: Option<u32>,
     /// Every id that ends generation; the model's EOS token first.
     eos: Vec<u32>,
+    /// Distinct token texts, the vocabulary's and the added tokens': counted
+    /// once, since `tokenizers` counts them by building the whole map.
+    vocab_size: usize,
     /// Whether `encode(text, true)` prepends BOS. Only true when `bos` is set.
     add_bos: bool,
     chat_template: Option<String>,
@@ -56,7 +65,7 @@ pub struct Tokenizer {
     /// was read as text), for clients that build turns themselves.
     special_tokens_in_content: bool,
     /// `inner` reading special tokens as text, made when first needed.
-    plain: OnceLock<tokenizers::Tokenizer>,
+    plain: OnceLock<Pipeline>,
     /// Whether the chat template reads `tools`, found when first asked.
     reads_tools: OnceLock<bool>,
 }
@@ -104,12 +113,19 @@ impl Tokenizer {
 
     /// Checks that the special ids exist and puts the parts together.
     fn assemble(
-        inner: tokenizers::Tokenizer,
+        inner: Pipeline,
         kind: String,
         specials: SpecialTokens,
         chat_template: Option<String>,
     ) -> Result<Tokenizer> {
-        let vocab_size = inner.get_vocab_size(true);
+        let model = inner.get_model();
+        let added_apart = inner
+            .get_added_vocabulary()
+            .get_vocab()
+            .keys()
+            .filter(|text| model.token_to_id(text).is_none())
+            .count();
+        let vocab_size = model.get_vocab_size() + added_apart;
         let out_of_range = specials
             .bos
             .iter()
@@ -138,6 +154,7 @@ impl Tokenizer {
             kind,
             bos: specials.bos,
             eos,
+            vocab_size,
             add_bos: specials.add_bos,
             chat_template,
             fallback_template,
@@ -227,7 +244,7 @@ impl Tokenizer {
 
     /// Number of ids the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// The vocabulary entry of `id` as stored (byte-level BPE tokens show `Ġ` for a space).
@@ -315,7 +332,7 @@ impl Tokenizer {
 }
 
 /// The ids `tokenizer` gives `text`, without its post-processor.
-fn encode_with(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+fn encode_with(tokenizer: &Pipeline, text: &str) -> Result<Vec<u32>> {
     let encoding = tokenizer
         .encode_fast(text, false)
         .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;

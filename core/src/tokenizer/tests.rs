@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::token_model::Pipeline;
 use super::{ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::gguf::{GgufArray, GgufFile, GgufValue};
 use crate::model::Bytes;
@@ -484,11 +485,33 @@ fn sentencepiece_stream_keeps_spaces() {
     assert_eq!(text, "Hello world é");
 }
 
+#[test]
+fn sentencepiece_writes_a_tokenizer_json_that_tokenizes_alike() {
+    let gguf_tok = Tokenizer::from_gguf(&sentencepiece_gguf()).unwrap();
+    let dir = temp_dir("sentencepiece-json");
+    write(&dir, "tokenizer.json", &gguf_tok.to_hf_json().unwrap());
+    let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+    assert!(tok.describe().starts_with("BPE (tokenizer.json)"));
+    assert_eq!(tok.vocab_size(), gguf_tok.vocab_size());
+    for text in [
+        "Hello world",
+        "é and 🙂",
+        "Hello\nworld",
+        " lead",
+        "<s>Hello</s>",
+    ] {
+        let ids = gguf_tok.encode(text, false).unwrap();
+        assert_eq!(tok.encode(text, false).unwrap(), ids, "{text:?}");
+        assert_eq!(tok.decode(&ids).unwrap(), gguf_tok.decode(&ids).unwrap());
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Hugging Face directories
 
 /// Writes the byte-level fixture as `tokenizer.json` into a fresh directory.
-fn hf_dir(name: &str, tokenizer: &tokenizers::Tokenizer) -> PathBuf {
+fn hf_dir(name: &str, tokenizer: &Pipeline) -> PathBuf {
     let dir = temp_dir(name);
     write(&dir, "tokenizer.json", &tokenizer.to_string(false).unwrap());
     dir
