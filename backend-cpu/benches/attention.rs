@@ -9,13 +9,23 @@
 //! heads × positions), so the three row counts compare directly: a step of
 //! 5 rows that costs as much as one of 1 reports 5 times the pairs.
 //!
+//! `decode_context` times one layer's attention of a decode row at 2k, 8k,
+//! 16k and 32k cached positions (F16 cache, the sparse figures' dtype):
+//! `full` reads every block, `sparse16` is what `--speculate sparse` drafts
+//! with, the block selection (key bounds, top 16 blocks per KV head, plus
+//! the sink and recent blocks; `select16` alone) and the attention over the
+//! selected blocks.
+//!
 //! Run with `cargo bench -p tandem-cpu --bench attention -- --quick`.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tandem_core::backend::{AttentionIndices, AttentionParams, KvCacheLayout, KvDtype};
+use tandem_core::backend::{
+    AttentionIndices, AttentionParams, BlockSelectParams, KvCacheLayout, KvDtype,
+};
 use tandem_core::sched::Rng;
+use tandem_core::spec::sparse::{DEFAULT_SPARSE_BLOCKS, SPARSE_RECENT_BLOCKS, SPARSE_SINK_BLOCKS};
 use tandem_core::Backend;
 use tandem_cpu::CpuBackend;
 
@@ -28,6 +38,11 @@ const HEAD_DIM: usize = 64;
 const SHAPES: [(&str, usize, usize); 2] = [("smollm2", 9, 3), ("qwen2.5", 14, 2)];
 const ROWS: [usize; 3] = [1, 5, 64];
 const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4];
+const DECODE_CONTEXTS: [usize; 4] = [2048, 8192, 16384, 32768];
+
+type Tensor = <CpuBackend as Backend>::Tensor;
+type Indices = <CpuBackend as Backend>::Indices;
+type KvCache = <CpuBackend as Backend>::KvCache;
 
 fn values(rng: &mut Rng, len: usize) -> Vec<f32> {
     (0..len)
@@ -35,60 +50,101 @@ fn values(rng: &mut Rng, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A cache of `context` random positions of `kv_heads` heads (tracking key
+/// bounds when `bounds`), and the sequence's block table: blocks in reverse
+/// order, as a long-lived allocator hands them out.
+fn filled_cache(
+    backend: &CpuBackend,
+    rng: &mut Rng,
+    context: usize,
+    kv_heads: usize,
+    dtype: KvDtype,
+    bounds: bool,
+) -> (KvCache, Indices) {
+    let blocks = context / BLOCK;
+    let layout = KvCacheLayout::uniform(blocks, BLOCK, kv_heads, HEAD_DIM, dtype);
+    let mut cache = backend.alloc_kv_cache(layout).unwrap();
+    if bounds {
+        backend.track_key_bounds(&mut cache).unwrap();
+    }
+    let width = kv_heads * HEAD_DIM;
+    let (k, v) = (
+        backend.upload(&values(rng, context * width)).unwrap(),
+        backend.upload(&values(rng, context * width)).unwrap(),
+    );
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let slots: Vec<u32> = (0..context)
+        .map(|t| table[t / BLOCK] * BLOCK as u32 + (t % BLOCK) as u32)
+        .collect();
+    let slots = backend.upload_indices(&slots).unwrap();
+    backend
+        .paged_kv_write(&k, &v, &slots, context, &mut cache)
+        .unwrap();
+    (cache, backend.upload_indices(&table).unwrap())
+}
+
+/// The last `rows` positions of one sequence of `context`, their queries and
+/// an output buffer.
+fn query_rows(
+    backend: &CpuBackend,
+    rng: &mut Rng,
+    context: usize,
+    rows: usize,
+    heads: usize,
+) -> (Indices, Indices, Tensor, Tensor) {
+    let positions: Vec<u32> = (context - rows..context).map(|t| t as u32).collect();
+    (
+        backend.upload_indices(&vec![0; rows]).unwrap(),
+        backend.upload_indices(&positions).unwrap(),
+        backend
+            .upload(&values(rng, rows * heads * HEAD_DIM))
+            .unwrap(),
+        backend.alloc(rows * heads * HEAD_DIM).unwrap(),
+    )
+}
+
+fn indices<'a>(
+    row_seq: &'a Indices,
+    positions: &'a Indices,
+    block_tables: &'a Indices,
+) -> AttentionIndices<'a, CpuBackend> {
+    AttentionIndices {
+        row_seq,
+        positions,
+        block_tables,
+    }
+}
+
+fn params(rows: usize, heads: usize, kv_heads: usize, context: usize) -> AttentionParams {
+    AttentionParams {
+        rows,
+        heads,
+        kv_heads,
+        head_dim: HEAD_DIM,
+        block_size: BLOCK,
+        max_blocks_per_seq: context / BLOCK,
+        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+        sliding_window: None,
+    }
+}
+
 fn attention(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("paged_attention");
     let mut rng = Rng::new(5);
-    let blocks = CONTEXT / BLOCK;
     for (model, heads, kv_heads) in SHAPES {
         for dtype in DTYPES {
-            let layout = KvCacheLayout::uniform(blocks, BLOCK, kv_heads, HEAD_DIM, dtype);
-            let mut cache = backend.alloc_kv_cache(layout).unwrap();
-            let width = kv_heads * HEAD_DIM;
-            let (k, v) = (
-                backend.upload(&values(&mut rng, CONTEXT * width)).unwrap(),
-                backend.upload(&values(&mut rng, CONTEXT * width)).unwrap(),
-            );
-            // Blocks in reverse order, as a long-lived allocator hands them out.
-            let table: Vec<u32> = (0..blocks as u32).rev().collect();
-            let slots: Vec<u32> = (0..CONTEXT)
-                .map(|t| table[t / BLOCK] * BLOCK as u32 + (t % BLOCK) as u32)
-                .collect();
-            let slots = backend.upload_indices(&slots).unwrap();
-            backend
-                .paged_kv_write(&k, &v, &slots, CONTEXT, &mut cache)
-                .unwrap();
-            let tables = backend.upload_indices(&table).unwrap();
+            let (cache, tables) = filled_cache(&backend, &mut rng, CONTEXT, kv_heads, dtype, false);
             for rows in ROWS {
-                let p = AttentionParams {
-                    rows,
-                    heads,
-                    kv_heads,
-                    head_dim: HEAD_DIM,
-                    block_size: BLOCK,
-                    max_blocks_per_seq: blocks,
-                    scale: 1.0 / (HEAD_DIM as f32).sqrt(),
-                    sliding_window: None,
-                };
-                let positions: Vec<u32> = (CONTEXT - rows..CONTEXT).map(|t| t as u32).collect();
-                let (row_seq, positions) = (
-                    backend.upload_indices(&vec![0; rows]).unwrap(),
-                    backend.upload_indices(&positions).unwrap(),
-                );
-                let q = backend
-                    .upload(&values(&mut rng, rows * heads * HEAD_DIM))
-                    .unwrap();
-                let mut out = backend.alloc(rows * heads * HEAD_DIM).unwrap();
+                let p = params(rows, heads, kv_heads, CONTEXT);
+                let (row_seq, positions, q, mut out) =
+                    query_rows(&backend, &mut rng, CONTEXT, rows, heads);
                 group.throughput(Throughput::Elements((rows * heads * CONTEXT) as u64));
                 group.bench_function(
                     BenchmarkId::new(format!("{model}/{dtype}"), format!("rows{rows}")),
                     |b| {
                         b.iter(|| {
-                            let idx = AttentionIndices {
-                                row_seq: &row_seq,
-                                positions: &positions,
-                                block_tables: &tables,
-                            };
+                            let idx = indices(&row_seq, &positions, &tables);
                             backend
                                 .paged_attention(black_box(&q), &cache, idx, p, &mut out)
                                 .unwrap()
@@ -101,5 +157,77 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, attention);
+fn decode_context(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("decode_context");
+    let mut rng = Rng::new(7);
+    let select = BlockSelectParams {
+        top_blocks: DEFAULT_SPARSE_BLOCKS,
+        sink_blocks: SPARSE_SINK_BLOCKS,
+        recent_blocks: SPARSE_RECENT_BLOCKS,
+    };
+    for (model, heads, kv_heads) in SHAPES {
+        for context in DECODE_CONTEXTS {
+            let (cache, tables) =
+                filled_cache(&backend, &mut rng, context, kv_heads, KvDtype::F16, true);
+            let p = params(1, heads, kv_heads, context);
+            let (row_seq, positions, q, mut out) =
+                query_rows(&backend, &mut rng, context, 1, heads);
+            let mut selected = backend.upload_indices(&vec![0; context / BLOCK]).unwrap();
+            group.bench_function(BenchmarkId::new(format!("{model}/full"), context), |b| {
+                b.iter(|| {
+                    backend
+                        .paged_attention(
+                            black_box(&q),
+                            &cache,
+                            indices(&row_seq, &positions, &tables),
+                            p,
+                            &mut out,
+                        )
+                        .unwrap()
+                })
+            });
+            group.bench_function(
+                BenchmarkId::new(format!("{model}/select16"), context),
+                |b| {
+                    b.iter(|| {
+                        let idx = indices(&row_seq, &positions, &tables);
+                        backend
+                            .select_kv_blocks(black_box(&q), &cache, idx, p, select, &mut selected)
+                            .unwrap()
+                    })
+                },
+            );
+            group.bench_function(
+                BenchmarkId::new(format!("{model}/sparse16"), context),
+                |b| {
+                    b.iter(|| {
+                        backend
+                            .select_kv_blocks(
+                                black_box(&q),
+                                &cache,
+                                indices(&row_seq, &positions, &tables),
+                                p,
+                                select,
+                                &mut selected,
+                            )
+                            .unwrap();
+                        backend
+                            .paged_attention(
+                                &q,
+                                &cache,
+                                indices(&row_seq, &positions, &selected),
+                                p,
+                                &mut out,
+                            )
+                            .unwrap()
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, attention, decode_context);
 criterion_main!(benches);

@@ -404,7 +404,15 @@ impl Backend for CpuBackend {
         out: &mut Indices,
     ) -> Result<()> {
         let inputs = attention_inputs(q, idx);
-        attention::select_kv_blocks(&self.workers, cache, &inputs, p, select, out.as_mut_slice())
+        attention::select_kv_blocks(
+            &self.workers,
+            self.isa,
+            cache,
+            &inputs,
+            p,
+            select,
+            out.as_mut_slice(),
+        )
     }
 
     fn swiglu(&self, gate: &Tensor, up: &Tensor, len: usize, out: &mut Tensor) -> Result<()> {

@@ -579,16 +579,30 @@ mod tests {
     /// decode row alone, whose two KV groups are cut into one task per
     /// segment on 2 and 3 threads, has the bits it has in a batch of rows
     /// computed tile by tile, for every dtype, with and without a sliding
-    /// window, and stays within the reference's tolerance.
+    /// window, and stays within the reference's tolerance; also when the
+    /// table's holes (evicted blocks, sparse attention) span whole segments,
+    /// which are skipped.
     #[test]
     fn long_rows_get_the_same_bits_in_segments_and_in_tiles() {
         let mut values = random_values(11, 2.0);
         let (heads, kv_heads, head_dim, block_size, blocks) = (6, 2, 20, 16, 40);
-        let block_tables: Vec<u32> = (0..blocks as u32).rev().collect();
+        let whole: Vec<u32> = (0..blocks as u32).rev().collect();
+        // Segment 1 (positions 256..512) all holes, and two blocks elsewhere.
+        let holed: Vec<u32> = whole
+            .iter()
+            .enumerate()
+            .map(|(e, &b)| match (16..32).contains(&e) || e == 3 || e == 35 {
+                true => EVICTED_BLOCK,
+                false => b,
+            })
+            .collect();
         let positions: Vec<u32> = vec![100, 255, 256, 300, 511, 512, 530, 639];
         let rows = positions.len();
         let row_len = heads * head_dim;
-        for dtype in KvDtype::ALL {
+        for (dtype, block_tables) in KvDtype::ALL
+            .into_iter()
+            .flat_map(|d| [(d, &whole), (d, &holed)])
+        {
             let layout = KvCacheLayout {
                 num_blocks: blocks,
                 block_size,
@@ -617,7 +631,7 @@ mod tests {
                     &cache.values_f32(),
                     &vec![0; rows],
                     &positions,
-                    &block_tables,
+                    block_tables,
                     p(rows),
                     &mut want,
                 );
@@ -651,9 +665,9 @@ mod tests {
                             let segmented =
                                 segments::SegmentPlan::for_call(&workers, &rows.row(t), p(1));
                             let pos = pos as usize;
-                            let spans = pos / segments::SEGMENT
-                                > first_visible(pos, sliding_window) / segments::SEGMENT;
-                            assert_eq!(segmented.is_some(), threads > 1 && spans, "row {t}");
+                            let keys = first_visible(pos, sliding_window)..=pos;
+                            let live = segments::live_segments(block_tables, p(1), keys);
+                            assert_eq!(segmented.is_some(), threads > 1 && live.count() > 1);
                         }
                         let what = format!("{dtype:?} window {sliding_window:?}");
                         rows.assert_alone_as_in(&batch, &workers, isa, &cache, p(1), &what);

@@ -16,13 +16,17 @@
 //! either way, so a row gets the same bits alone as in a batch, whatever
 //! the thread count; a context within one segment folds once, a copy, so
 //! it gets the bits of one online softmax.
+//!
+//! A segment whose blocks are all evicted (sparse attention's tables are
+//! mostly holes) is skipped, never computed: its fold would change nothing.
 
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 
 use tandem_core::backend::AttentionParams;
+use tandem_core::kv::EVICTED_BLOCK;
 
 use super::tile::{rows_per_tile, tile_rows};
-use super::{first_visible, AttentionInputs, Work};
+use super::{block_table, first_visible, AttentionInputs, Work};
 use crate::math::{exp, MulAdd};
 use crate::workers::Workers;
 
@@ -86,9 +90,10 @@ impl SegmentPlan {
                 .map(|&pos| first_visible(pos as usize, p.sliding_window))
                 .min()
                 .unwrap_or(0);
+            let table = block_table(inputs.block_tables, inputs.row_seq[rows.start], p);
             let first_unit = units.len();
             for kv_head in 0..p.kv_heads {
-                units.extend((first / SEGMENT..=pos / SEGMENT).map(|segment| Unit {
+                units.extend(live_segments(table, p, first..=pos).map(|segment| Unit {
                     rows: rows.clone(),
                     kv_head,
                     segment,
@@ -139,6 +144,21 @@ impl SegmentPlan {
             run(work, out)
         });
     }
+}
+
+/// The segments holding some of `keys` whose blocks in `table` are not
+/// all evicted, in order.
+pub(super) fn live_segments(
+    table: &[u32],
+    p: AttentionParams,
+    keys: RangeInclusive<usize>,
+) -> impl Iterator<Item = usize> + '_ {
+    let (lo, hi) = (*keys.start(), *keys.end());
+    (lo / SEGMENT..=hi / SEGMENT).filter(move |&segment| {
+        let first = lo.max(segment * SEGMENT) / p.block_size;
+        let last = hi.min((segment + 1) * SEGMENT - 1) / p.block_size;
+        table[first..=last].iter().any(|&b| b != EVICTED_BLOCK)
+    })
 }
 
 /// Folds a query's partial result over one segment (`partial` sums, its

@@ -35,7 +35,7 @@ use tandem_core::kv::EVICTED_BLOCK;
 
 use super::lanes::{accumulate, few_scores, scores, two_rows};
 use super::ops::TileOps;
-use super::segments::{fold_segment, normalize, SegmentPlan, Unit, SEGMENT};
+use super::segments::{fold_segment, live_segments, normalize, SegmentPlan, Unit, SEGMENT};
 use super::{block_table, first_visible, KvRows, Task, Work};
 use crate::math::{exp, MulAdd};
 
@@ -292,7 +292,12 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     }
     s.runs[..q.n].fill((f32::NEG_INFINITY, 0.0));
     let mut partial = std::mem::take(&mut s.partial);
-    for segment in q.lo / SEGMENT..=q.hi / SEGMENT {
+    let table = block_table(
+        task.inputs.block_tables,
+        task.inputs.row_seq[tile.rows.start],
+        p,
+    );
+    for segment in live_segments(table, p, q.lo..=q.hi) {
         let keys = q.lo.max(segment * SEGMENT)..=q.hi.min((segment + 1) * SEGMENT - 1);
         attend_segment::<K, V, M, T>(task, tile, s, &q, keys, &mut partial);
         for (i, query) in tile.queries().enumerate() {
@@ -392,11 +397,12 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         // some query and not evicted): one division per key tile, not two
         // per position (a decode step's tiles are few queries each).
         let (block, within) = (start / p.block_size, start % p.block_size);
-        let live = if lo <= start
-            && start + LANES - 1 <= hi
-            && within + LANES <= p.block_size
-            && table[block] != EVICTED_BLOCK
-        {
+        if table[block] == EVICTED_BLOCK && within + LANES <= p.block_size {
+            // A hole (sparse attention's tables are mostly holes).
+            start += LANES;
+            continue;
+        }
+        let live = if lo <= start && start + LANES - 1 <= hi && within + LANES <= p.block_size {
             // The common tile, wholly seen and inside one block: its rows
             // are consecutive slots.
             let slot = table[block] as usize * p.block_size + within;
