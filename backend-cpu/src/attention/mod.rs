@@ -640,7 +640,7 @@ mod tests {
                         q: &q,
                         row_seq: &vec![0; rows],
                         positions: &positions,
-                        block_tables: &block_tables,
+                        block_tables,
                     };
                     let mut batch = vec![f32::NAN; q.len()];
                     let workers = Workers::new(1);
@@ -659,7 +659,7 @@ mod tests {
                         let rows = RowsOfOneSequence {
                             q: &q,
                             positions: &positions,
-                            block_tables: &block_tables,
+                            block_tables,
                         };
                         for (t, &pos) in positions.iter().enumerate() {
                             let segmented =

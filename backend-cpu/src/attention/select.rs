@@ -73,7 +73,9 @@ pub(crate) fn select_kv_blocks(
                 // SAFETY: an `Isa` exists only for instruction sets the CPU has.
                 #[cfg(target_arch = "x86_64")]
                 IsaKind::Avx512Vnni | IsaKind::Avx2 => unsafe { job.score_avx2(first, scores) },
-                _ => job.score(first, scores),
+                IsaKind::Portable => job.score(first, scores),
+                #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                IsaKind::Simd128 => job.score(first, scores),
             }
         });
         keep_top(&scores, p.kv_heads, s.top_blocks, &candidates, table_out);
