@@ -212,6 +212,18 @@ mod tests {
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
     }
 
+    /// The kernel on `backend`'s threads and instruction set.
+    fn select_on(
+        backend: &CpuBackend,
+        cache: &kv::KvCache,
+        inputs: &AttentionInputs<'_>,
+        p: AttentionParams,
+        s: BlockSelectParams,
+        out: &mut [u32],
+    ) -> Result<()> {
+        select_kv_blocks(&backend.workers, backend.isa, cache, inputs, p, s, out)
+    }
+
     fn params(rows: usize, width: usize) -> AttentionParams {
         AttentionParams {
             rows,
@@ -301,16 +313,7 @@ mod tests {
                     recent_blocks: recent,
                 };
                 let mut got = vec![0u32; 3 * w];
-                select_kv_blocks(
-                    &backend.workers,
-                    backend.isa,
-                    &cache,
-                    &inputs,
-                    p,
-                    s,
-                    &mut got,
-                )
-                .unwrap();
+                select_on(&backend, &cache, &inputs, p, s, &mut got).unwrap();
                 let mut want = vec![0u32; 3 * w];
                 reference::select_kv_blocks(
                     &q,
@@ -444,16 +447,7 @@ mod tests {
             };
             let mut got = vec![0u32; 30];
             let p = params(1, 30);
-            select_kv_blocks(
-                &backend.workers,
-                backend.isa,
-                &cache,
-                &inputs,
-                p,
-                s,
-                &mut got,
-            )
-            .unwrap();
+            select_on(&backend, &cache, &inputs, p, s, &mut got).unwrap();
             let kept: Vec<usize> = (0..30).filter(|&e| got[e] != EVICTED_BLOCK).collect();
             assert!(kept.contains(&hidden), "{hidden}: {kept:?}");
             assert!(kept.len() <= 1 + 2 + 2, "{kept:?}");
@@ -483,17 +477,9 @@ mod tests {
             recent_blocks: 0,
         };
         let backend = CpuBackend::new(1);
-        let e = select_kv_blocks(
-            &backend.workers,
-            backend.isa,
-            &cache,
-            &inputs,
-            params(1, 2),
-            s,
-            &mut [0; 2],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = select_on(&backend, &cache, &inputs, params(1, 2), s, &mut [0; 2])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("key bounds"), "{e}");
     }
 }
