@@ -5,8 +5,8 @@
 //! adjacent pieces merges when their joined text is a normal piece of the
 //! vocabulary; the pair whose piece ranks first merges first. The rank of a
 //! pair is the key `(score descending, piece id, left id, right id)`, the
-//! order in which `merges_by_score` lists the same merges for the `tokenizers`
-//! BPE model that [`SentencePieceBpe::to_bpe`] writes, so both give the same
+//! order in which `merges` lists the same merges for the `tokenizers` BPE
+//! model that [`SentencePieceBpe::to_bpe`] writes, so both give the same
 //! tokens. Equal keys (the same pair at several places) merge leftmost first,
 //! as that model's queue does.
 //!
