@@ -91,9 +91,10 @@ impl SegmentPlan {
                 .min()
                 .unwrap_or(0);
             let table = block_table(inputs.block_tables, inputs.row_seq[rows.start], p);
+            let segments: Vec<usize> = live_segments(table, p, first..=pos).collect();
             let first_unit = units.len();
             for kv_head in 0..p.kv_heads {
-                units.extend(live_segments(table, p, first..=pos).map(|segment| Unit {
+                units.extend(segments.iter().map(|&segment| Unit {
                     rows: rows.clone(),
                     kv_head,
                     segment,
