@@ -10,7 +10,7 @@
 # pins the llama.cpp commit, printed with the table.
 #
 #   scripts/bench-vs-llamacpp.sh [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [-k KV]
-#                                [-d DEPTH | -b N,N,...] [MODEL ...]
+#                                [-i ISA] [-d DEPTH | -b N,N,...] [MODEL ...]
 #
 # MODEL is a name of scripts/models.tsv (fetched when missing) or a path;
 # default: smollm2-135m qwen2.5-0.5b gemma-3-270m. KV is the KV cache type of
@@ -20,19 +20,24 @@
 # needs for a quantized V cache). DEPTH runs both tests after that many
 # tokens of context (llama-bench's -d). -b runs N sequences at once for
 # each N, each with a PROMPT-token prompt generating GEN tokens (default
-# -p 128 -n 128 there, as llama-batched-bench's example).
+# -p 128 -n 128 there, as llama-batched-bench's example). ISA is `best`
+# (default: llama.cpp built for this CPU, `tandem --cpu-isa best`) or
+# `avx2`: both engines held to AVX2 + FMA + F16C (a second llama.cpp build
+# without AVX-512, `tandem --cpu-isa avx2`), the path of CPUs without
+# AVX-512, measured on one that has it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/.."
-threads=2 rounds=3 prompt= gen= kv=f32 depth=0 batches=
-usage="usage: $0 [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [-k KV] [-d DEPTH | -b N,N,...] [MODEL ...]"
-while getopts "t:r:p:n:k:d:b:" opt; do
+threads=2 rounds=3 prompt= gen= kv=f32 depth=0 batches= isa=best
+usage="usage: $0 [-t THREADS] [-r ROUNDS] [-p PROMPT] [-n GEN] [-k KV] [-i ISA] [-d DEPTH | -b N,N,...] [MODEL ...]"
+while getopts "t:r:p:n:k:i:d:b:" opt; do
   case "$opt" in
     t) threads=$OPTARG ;;
     r) rounds=$OPTARG ;;
     p) prompt=$OPTARG ;;
     n) gen=$OPTARG ;;
     k) kv=$OPTARG ;;
+    i) isa=$OPTARG ;;
     d) depth=$OPTARG ;;
     b) batches=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
@@ -54,14 +59,19 @@ case "$kv" in
   int4) llama_kv=(-ctk q4_0 -ctv q4_0 -fa 1) ;;
   *) echo "-k: unknown KV type '$kv' (f32, f16, int8 or int4)" >&2; exit 2 ;;
 esac
+case "$isa" in
+  best) llama_build=build llama_isa=(-DGGML_NATIVE=ON) ;;
+  avx2) llama_build=build-avx2 llama_isa=(-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON) ;;
+  *) echo "-i: unknown instruction set '$isa' (best or avx2)" >&2; exit 2 ;;
+esac
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m qwen2.5-0.5b gemma-3-270m)
 
 LLAMA_CPP_PYTHON=0.3.36
 sdist="$root/.tools/llama_cpp_python-$LLAMA_CPP_PYTHON"
 src="$sdist/vendor/llama.cpp"
-llama_bench="$src/build/bin/llama-bench"
-llama_batched_bench="$src/build/bin/llama-batched-bench"
+llama_bench="$src/$llama_build/bin/llama-bench"
+llama_batched_bench="$src/$llama_build/bin/llama-batched-bench"
 if [ ! -d "$src" ]; then
   tmp=$(mktemp -d)
   echo "fetching llama-cpp-python $LLAMA_CPP_PYTHON's sources into $sdist" >&2
@@ -76,10 +86,14 @@ if [ ! -x "$llama_bench" ] || [ ! -x "$llama_batched_bench" ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq cmake >/dev/null
   }
-  echo "building llama-bench and llama-batched-bench in $src/build" >&2
-  cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF >/dev/null
-  cmake --build "$src/build" --target llama-bench llama-batched-bench -j "$(nproc)" >/dev/null
+  echo "building llama-bench and llama-batched-bench in $src/$llama_build (compiler output in build.log there)" >&2
+  mkdir -p "$src/$llama_build"
+  cmake -S "$src" -B "$src/$llama_build" -DCMAKE_BUILD_TYPE=Release "${llama_isa[@]}" \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF >"$src/$llama_build/build.log" 2>&1
+  cmake --build "$src/$llama_build" --target llama-bench llama-batched-bench -j "$(nproc)" >>"$src/$llama_build/build.log" 2>&1 || {
+    echo "building llama.cpp failed; see $src/$llama_build/build.log" >&2
+    exit 1
+  }
 fi
 # The source distribution carries llama.cpp's git metadata.
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -116,10 +130,10 @@ llama_run() {
 }
 tandem_run() {
   if [ -n "$batches" ]; then
-    /usr/bin/time -f %M -o "$rss" "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -r 1 --kv-dtype "$kv" --batch "$batches" --json --model "$1" 2>/dev/null |
+    /usr/bin/time -f %M -o "$rss" "$tandem" bench --backend cpu --cpu-isa "$isa" -t "$threads" -p "$prompt" -n "$gen" -r 1 --kv-dtype "$kv" --batch "$batches" --json --model "$1" 2>/dev/null |
       python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); [print(json.dumps({"engine":"tandem","model":sys.argv[1],"test":f"{t}@{b['"'"'sequences'"'"']}","tps":b[k]})) for b in r["batches"] for t, k in (("pp","prompt_tokens_per_s"),("tg","decode_tokens_per_s"))]' "$1"
   else
-    /usr/bin/time -f %M -o "$rss" "$tandem" bench --backend cpu -t "$threads" -p "$prompt" -n "$gen" -d "$depth" -r 1 --kv-dtype "$kv" --json --model "$1" 2>/dev/null |
+    /usr/bin/time -f %M -o "$rss" "$tandem" bench --backend cpu --cpu-isa "$isa" -t "$threads" -p "$prompt" -n "$gen" -d "$depth" -r 1 --kv-dtype "$kv" --json --model "$1" 2>/dev/null |
       python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); m=sys.argv[1]; print(json.dumps({"engine":"tandem","model":m,"test":"pp","tps":r["prefill_tokens_per_s"]})); print(json.dumps({"engine":"tandem","model":m,"test":"tg","tps":r["decode_tokens_per_s"]}))' "$1"
   fi
 }
@@ -137,9 +151,9 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" "$kv" "${llama_kv[*]}" "$depth" "$batches" <<'PY'
+python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" "$kv" "${llama_kv[*]}" "$depth" "$batches" "$isa" <<'PY'
 import collections, json, os, statistics, sys
-path, threads, prompt, gen, rounds, commit, version, kv, llama_kv, depth, batches = sys.argv[1:]
+path, threads, prompt, gen, rounds, commit, version, kv, llama_kv, depth, batches, isa = sys.argv[1:]
 runs = collections.defaultdict(list)
 for line in open(path):
     r = json.loads(line)
@@ -149,7 +163,8 @@ shape = (f"{prompt}-token prompts, {gen} tokens generated per sequence" if batch
          else f"pp{prompt} / tg{gen}" + (f" at depth {depth}" if depth != "0" else ""))
 print(f"{threads} threads, {shape}, median of {rounds} interleaved rounds; "
       f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend; "
-      f"KV cache: Tandem {kv}, llama.cpp {llama_kv}")
+      + ("instruction sets: AVX2 + FMA + F16C in both; " if isa == "avx2" else "")
+      + f"KV cache: Tandem {kv}, llama.cpp {llama_kv}")
 med = lambda m, e, t: statistics.median(runs[(m, e, t)]) if runs[(m, e, t)] else float("nan")
 if batches:
     print("| model | sequences | Tandem decode | llama.cpp decode | ratio | Tandem prompt | llama.cpp prompt | ratio | Tandem peak RSS | llama.cpp peak RSS |")

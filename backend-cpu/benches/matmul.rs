@@ -11,7 +11,9 @@
 //! the Q8_0 output matrix, about 96 MB, so the weights stream from memory
 //! as in real decoding): its time bounds tokens/s from the matmuls alone.
 //!
-//! Run with `cargo bench -p tandem-cpu --bench matmul -- --quick`.
+//! Run with `cargo bench -p tandem-cpu --bench matmul -- --quick`; with
+//! `TANDEM_BENCH_CPU_ISA=avx2` (or `avx512`, `portable`) the backend runs
+//! those kernels instead of the best this CPU has.
 
 use std::hint::black_box;
 
@@ -20,9 +22,22 @@ use tandem_core::backend::MatmulParams;
 use tandem_core::quant::{quantize_matrix, Int4Group, WeightFormat, WeightView};
 use tandem_core::sched::Rng;
 use tandem_core::Backend;
-use tandem_cpu::{reference, CpuBackend, Tensor, Weight};
+use tandem_cpu::{reference, CpuBackend, CpuIsa, Tensor, Weight};
 
 const THREADS: usize = 2;
+
+/// The backend on `THREADS` threads, with the kernels
+/// `TANDEM_BENCH_CPU_ISA` names, if set.
+fn backend() -> CpuBackend {
+    let isa = match std::env::var("TANDEM_BENCH_CPU_ISA").as_deref() {
+        Err(_) | Ok("best") => CpuIsa::Best,
+        Ok("avx512") => CpuIsa::Avx512,
+        Ok("avx2") => CpuIsa::Avx2,
+        Ok("portable") => CpuIsa::Portable,
+        Ok(other) => panic!("TANDEM_BENCH_CPU_ISA={other}: not best, avx512, avx2 or portable"),
+    };
+    CpuBackend::with_isa(THREADS, isa).unwrap_or_else(|e| panic!("{e}"))
+}
 const PREFILL_TOKENS: usize = 512;
 
 /// Deterministic pseudo-random values in `[-scale, scale)`.
@@ -111,7 +126,7 @@ const FORMATS: [WeightFormat; 6] = [
 ];
 
 fn gemv(c: &mut Criterion) {
-    let backend = CpuBackend::new(THREADS);
+    let backend = backend();
     let mut group = c.benchmark_group("gemv");
     for format in FORMATS {
         for (cols, n) in [(576usize, 1536), (1536, 576), (576, 49152)] {
@@ -131,7 +146,7 @@ fn gemv(c: &mut Criterion) {
 }
 
 fn gemm(c: &mut Criterion) {
-    let backend = CpuBackend::new(THREADS);
+    let backend = backend();
     let mut group = c.benchmark_group("gemm512");
     for format in FORMATS {
         for (cols, n) in [(576usize, 576), (576, 192), (576, 1536), (1536, 576)] {
@@ -191,7 +206,7 @@ const GGML_FORMATS: [WeightFormat; 9] = [
 ];
 
 fn ggml_gemv(c: &mut Criterion) {
-    let backend = CpuBackend::new(THREADS);
+    let backend = backend();
     let mut group = c.benchmark_group("ggml_gemv");
     for format in GGML_FORMATS {
         for (cols, n) in ggml_shapes(format) {
@@ -211,7 +226,7 @@ fn ggml_gemv(c: &mut Criterion) {
 }
 
 fn ggml_gemm(c: &mut Criterion) {
-    let backend = CpuBackend::new(THREADS);
+    let backend = backend();
     let mut group = c.benchmark_group("ggml_gemm512");
     group.sample_size(10);
     for format in GGML_FORMATS {
@@ -262,7 +277,7 @@ fn reference_matmul(c: &mut Criterion) {
 
 /// Every matmul of one decode token of SmolLM2-135M Q4_1.
 fn decode_step(c: &mut Criterion) {
-    let backend = CpuBackend::new(THREADS);
+    let backend = backend();
     let (dim, kv_dim, ffn, vocab, layers) = (576, 192, 1536, 49152, 30);
     let layer_shapes = [
         (dim, dim),

@@ -30,10 +30,50 @@ pub(crate) enum IsaKind {
     Portable,
 }
 
+/// The kernels a user asks for (`tandem --cpu-isa`): the best this CPU
+/// runs, or a named set, to compare two paths on one machine or take the
+/// path of a machine without the better one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuIsa {
+    #[default]
+    Best,
+    /// AVX2 + FMA + F16C with AVX-512 F, BW, VL, VNNI and VBMI.
+    Avx512,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// Plain Rust, vectorized by the compiler for the build target.
+    Portable,
+}
+
+impl CpuIsa {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuIsa::Best => "best",
+            CpuIsa::Avx512 => "AVX-512",
+            CpuIsa::Avx2 => "AVX2",
+            CpuIsa::Portable => "portable",
+        }
+    }
+}
+
 impl Isa {
     /// The best instruction set this CPU supports.
     pub(crate) fn detect() -> Self {
         Self::available()[0]
+    }
+
+    /// The instruction set `wanted` names, if this CPU supports it.
+    pub(crate) fn choose(wanted: CpuIsa) -> Option<Self> {
+        Self::available().into_iter().find(|isa| match wanted {
+            CpuIsa::Best => true,
+            #[cfg(target_arch = "x86_64")]
+            CpuIsa::Avx512 => isa.0 == IsaKind::Avx512Vnni,
+            #[cfg(target_arch = "x86_64")]
+            CpuIsa::Avx2 => isa.0 == IsaKind::Avx2,
+            CpuIsa::Portable => isa.0 == IsaKind::Portable,
+            #[cfg(not(target_arch = "x86_64"))]
+            CpuIsa::Avx512 | CpuIsa::Avx2 => false,
+        })
     }
 
     /// Every instruction set this CPU supports, best first.

@@ -41,6 +41,7 @@ mod workers;
 use std::sync::Arc;
 
 pub use buffers::{Indices, Tensor, Weight};
+pub use isa::CpuIsa;
 pub use kv::KvCache;
 
 use tandem_core::backend::{
@@ -50,7 +51,7 @@ use tandem_core::backend::{
 };
 use tandem_core::model::Bytes;
 use tandem_core::quant::{WeightFormat, WeightView};
-use tandem_core::{Backend, Result};
+use tandem_core::{Backend, Error, Result};
 
 use attention::AttentionInputs;
 use isa::Isa;
@@ -70,6 +71,18 @@ impl CpuBackend {
             workers: Workers::new(threads),
             isa: Isa::detect(),
         }
+    }
+
+    /// A backend on `threads` threads whose kernels use the instruction set
+    /// `isa`; an error if this CPU lacks it.
+    pub fn with_isa(threads: usize, isa: CpuIsa) -> Result<Self> {
+        let chosen = Isa::choose(isa).ok_or_else(|| {
+            Error::Unsupported(format!("this CPU cannot run the {} kernels", isa.name()))
+        })?;
+        Ok(CpuBackend {
+            workers: Workers::new(threads),
+            isa: chosen,
+        })
     }
 
     /// Threads of the backend's pool.

@@ -6,7 +6,7 @@ use anyhow::bail;
 use anyhow::Result;
 use clap::ValueEnum;
 use tandem_core::Backend;
-use tandem_cpu::CpuBackend;
+use tandem_cpu::{CpuBackend, CpuIsa};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -20,11 +20,36 @@ pub enum BackendChoice {
     Cuda,
 }
 
-/// Where a command runs: `--backend`, `--threads` and `--device`.
+/// `--cpu-isa`: the CPU backend's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CpuIsaChoice {
+    /// The fastest this CPU runs.
+    Best,
+    /// AVX2 with AVX-512 F, BW, VL, VNNI and VBMI.
+    Avx512,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// Plain Rust, vectorized by the compiler for the build target.
+    Portable,
+}
+
+impl From<CpuIsaChoice> for CpuIsa {
+    fn from(choice: CpuIsaChoice) -> Self {
+        match choice {
+            CpuIsaChoice::Best => CpuIsa::Best,
+            CpuIsaChoice::Avx512 => CpuIsa::Avx512,
+            CpuIsaChoice::Avx2 => CpuIsa::Avx2,
+            CpuIsaChoice::Portable => CpuIsa::Portable,
+        }
+    }
+}
+
+/// Where a command runs: `--backend`, `--threads`, `--cpu-isa` and `--device`.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
     pub backend: BackendChoice,
     pub threads: usize,
+    pub cpu_isa: CpuIsaChoice,
     /// A CUDA device ordinal; `None`: this rank's index on its machine.
     pub device: Option<usize>,
 }
@@ -53,8 +78,11 @@ pub fn dispatch<W: WithBackend>(target: Target, body: W) -> Result<W::Output> {
             name.get_name()
         );
     }
+    if target.cpu_isa != CpuIsaChoice::Best && target.backend != BackendChoice::Cpu {
+        bail!("--cpu-isa picks the CPU backend's kernels: add --backend cpu");
+    }
     match target.backend {
-        BackendChoice::Cpu => body.run(CpuBackend::new(threads)),
+        BackendChoice::Cpu => body.run(CpuBackend::with_isa(threads, target.cpu_isa.into())?),
         BackendChoice::Wgpu => run_wgpu(body),
         BackendChoice::Cuda => run_cuda(body, target.cuda_device()),
         BackendChoice::Auto => {

@@ -474,3 +474,72 @@ fn probing_for_a_gpu_prints_no_error_line() {
     let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
     assert!(errors.is_empty(), "{errors:?}");
 }
+
+/// `--cpu-isa` runs the kernels it names (the backend line says which) or
+/// refuses clearly: on a CPU without them, or with another backend.
+#[test]
+fn the_cpu_isa_option_picks_the_kernels_or_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--model", model.to_str().unwrap(), "-n", "3"];
+        args.extend_from_slice(extra);
+        args.push("hello");
+        tandem(&args)
+    };
+    let avx2 = cpu_has(&["avx2", "fma", "f16c"]);
+    let avx512 = avx2
+        && cpu_has(&[
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512vnni",
+            "avx512vbmi",
+        ]);
+    for (choice, kernels, supported) in [
+        ("portable", "portable", true),
+        ("avx2", "AVX2)", avx2),
+        ("avx512", "AVX2+AVX512-VNNI+VBMI", avx512),
+    ] {
+        let out = run(&["--backend", "cpu", "--cpu-isa", choice]);
+        if supported {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{choice}: {stderr}");
+            assert!(
+                stderr.contains("backend: cpu (") && stderr.contains(kernels),
+                "--cpu-isa {choice} ran other kernels: {stderr}"
+            );
+        } else {
+            assert_clear_error(&out, &["this CPU cannot run the", "kernels"]);
+        }
+    }
+    let out = run(&["--backend", "wgpu", "--cpu-isa", "portable"]);
+    assert_clear_error(&out, &["--cpu-isa", "--backend cpu"]);
+    let out = run(&["--backend", "cpu", "--cpu-isa", "sse9"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("invalid value 'sse9'"),
+        "{stderr}"
+    );
+}
+
+/// Whether this CPU (and its OS) supports every feature named.
+fn cpu_has(features: &[&str]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return features.iter().all(|f| match *f {
+        "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+        "fma" => std::arch::is_x86_feature_detected!("fma"),
+        "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+        "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+        "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+        "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+        "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+        "avx512vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
+        other => panic!("unknown feature {other}"),
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = features;
+        false
+    }
+}

@@ -13,7 +13,7 @@ use tandem_core::parallel::JobShape;
 use tandem_quantize::dense::{linear_name, LINEARS};
 
 use super::{KvCalibrationArgs, KvDtypeArg, ModelArgs};
-use crate::backend_select::BackendChoice;
+use crate::backend_select::{BackendChoice, CpuIsaChoice};
 use crate::model_path::{self, named};
 
 #[derive(Args, Debug)]
@@ -62,6 +62,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         model: args.model.clone(),
         backend: BackendChoice::Cpu,
         threads: 0,
+        cpu_isa: CpuIsaChoice::Best,
         ctx: None,
         kv_dtype: args.kv_dtype.clone(),
         kv_calibration: args.kv_calibration.clone(),

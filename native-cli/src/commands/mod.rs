@@ -27,7 +27,7 @@ use tandem_core::sched::SamplingParams;
 use tandem_core::tokenizer::{StreamDecoder, Tokenizer};
 use tandem_core::Backend;
 
-use crate::backend_select::{BackendChoice, Target};
+use crate::backend_select::{BackendChoice, CpuIsaChoice, Target};
 use crate::model_path;
 use crate::progress::LoadProgress;
 pub use kv_eviction::KvEvictionArgs;
@@ -44,6 +44,11 @@ pub struct ModelArgs {
     /// CPU threads (0: one per core).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
+    /// The CPU backend's kernels: `best` for this CPU, or an instruction set
+    /// by name, to compare two paths on one machine or run the path of a
+    /// machine without the better one.
+    #[arg(long, value_enum, default_value = "best")]
+    pub cpu_isa: CpuIsaChoice,
     /// Context length (tokens per sequence); defaults to the model's, at most 4096.
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -99,6 +104,7 @@ impl ModelArgs {
         Target {
             backend: self.backend,
             threads: self.threads,
+            cpu_isa: self.cpu_isa,
             device: self.device,
         }
     }
