@@ -26,6 +26,8 @@ use tandem_cpu::{reference, CpuBackend, CpuIsa, Tensor, Weight};
 
 const THREADS: usize = 2;
 
+const PREFILL_TOKENS: usize = 512;
+
 /// The backend on `THREADS` threads, with the kernels
 /// `TANDEM_BENCH_CPU_ISA` names, if set.
 fn backend() -> CpuBackend {
@@ -38,7 +40,6 @@ fn backend() -> CpuBackend {
     };
     CpuBackend::with_isa(THREADS, isa).unwrap_or_else(|e| panic!("{e}"))
 }
-const PREFILL_TOKENS: usize = 512;
 
 /// Deterministic pseudo-random values in `[-scale, scale)`.
 fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
