@@ -25,12 +25,21 @@ impl Corpus {
     /// the tail that does not fill a window is dropped. The model's BOS, if
     /// it uses one, starts every window, as generation starts with it.
     pub fn new(tokenizer: &Tokenizer, text: &str, eval: EvalSource, len: usize) -> Result<Self> {
+        Self::from_tokens(tokenizer, tokenizer.encode(text, false)?, eval, len)
+    }
+
+    /// [`Corpus::new`] for text already tokenized (conversations, say).
+    pub fn from_tokens(
+        tokenizer: &Tokenizer,
+        tokens: Vec<u32>,
+        eval: EvalSource,
+        len: usize,
+    ) -> Result<Self> {
         if len < 2 {
             return Err(Error::InvalidInput(format!(
                 "windows of {len} tokens: at least 2 are needed"
             )));
         }
-        let tokens = tokenizer.encode(text, false)?;
         let (train_tokens, eval_tokens) = match eval {
             EvalSource::Text(eval) => (tokens, tokenizer.encode(eval, false)?),
             EvalSource::HeldOutTail { tokens: held } => {

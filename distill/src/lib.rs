@@ -7,7 +7,9 @@
 //! divergence from the target's next-token distribution. The target's
 //! logits come from Tandem's own engine on the CPU backend, window by
 //! window, streamed to the trainer through a bounded channel ([`teacher`]);
-//! the evaluation text is never trained on ([`corpus`]).
+//! the evaluation text is never trained on ([`corpus`]). A draft may keep
+//! only the corpus' most frequent tokens in its output head ([`vocab`]),
+//! which makes each drafted token cheaper.
 //!
 //! Gradients come from candle (`candle-core` + `candle-nn`), not a
 //! hand-written autograd: it is the smallest real autograd library in Rust
@@ -17,17 +19,22 @@
 //! crate's `cuda` feature. burn would bring a larger tree for the same work.
 //!
 //! Modules, in the order a run uses them: [`target_weights`] (the target's
-//! tensors in f32), [`corpus`] (training and evaluation windows),
+//! tensors in f32), [`responses`] (training text in the target's own
+//! words: its answers to chat instructions), [`corpus`] (training and
+//! evaluation windows),
+//! [`vocab`] (a reduced output vocabulary),
 //! [`teacher`] (the target's logits), [`student`] (the candle model),
 //! [`loss`] (KL and agreement), [`train`] (the loop, progress, checkpoints)
 //! and [`write`] (the model directory).
 
 pub mod corpus;
 pub mod loss;
+pub mod responses;
 pub mod student;
 pub mod target_weights;
 pub mod teacher;
 pub mod train;
+pub mod vocab;
 pub mod write;
 
 /// Where the student lives and trains: `Device::Cpu`, or a CUDA device

@@ -25,12 +25,37 @@ pub fn kl(student_logits: &Tensor, target_logits: &Tensor) -> Result<Tensor> {
     Ok((per_token.sum_all()? / rows)?)
 }
 
-/// The fraction of rows where the student's most likely token is the target's.
-pub fn agreement(student_logits: &Tensor, target_logits: &Tensor) -> Result<f64> {
-    let s = student_logits.argmax(D::Minus1)?;
-    let t = target_logits.argmax(D::Minus1)?;
-    let same = s.eq(&t)?.to_dtype(candle_core::DType::F32)?.mean_all()?;
-    Ok(same.to_scalar::<f32>()? as f64)
+/// How the student's most likely tokens compare with the target's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TopOne {
+    /// Fraction of rows where they are the same token.
+    pub agreement: f64,
+    /// Fraction of rows where the target's is one the student can predict
+    /// (1 with the whole vocabulary): the most agreement can reach.
+    pub coverage: f64,
+}
+
+/// Compares the argmax of each row: the student's logits are over
+/// `student_tokens` (`None`: the whole vocabulary), the target's over the
+/// whole vocabulary.
+pub fn top_one(
+    student_logits: &Tensor,
+    student_tokens: Option<&[u32]>,
+    target_logits: &Tensor,
+) -> Result<TopOne> {
+    let s: Vec<u32> = student_logits.argmax(D::Minus1)?.to_vec1()?;
+    let t: Vec<u32> = target_logits.argmax(D::Minus1)?.to_vec1()?;
+    let token = |i: u32| student_tokens.map_or(i, |tokens| tokens[i as usize]);
+    let rows = t.len().max(1) as f64;
+    let same = s.iter().zip(&t).filter(|&(&s, &t)| token(s) == t).count();
+    let covered = match student_tokens {
+        Some(tokens) => t.iter().filter(|t| tokens.binary_search(t).is_ok()).count(),
+        None => t.len(),
+    };
+    Ok(TopOne {
+        agreement: same as f64 / rows,
+        coverage: covered as f64 / rows,
+    })
 }
 
 #[cfg(test)]
@@ -60,10 +85,30 @@ mod tests {
     }
 
     #[test]
-    fn agreement_counts_rows_with_the_same_argmax() {
+    fn top_one_counts_rows_with_the_same_argmax() {
         let a = logits(&[[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]);
         let b = logits(&[[0.0, 5.0, 0.0], [9.0, -1.0, 3.0]]);
-        assert_eq!(agreement(&a, &b).unwrap(), 0.5);
-        assert_eq!(agreement(&a, &a).unwrap(), 1.0);
+        let whole = |agreement| TopOne {
+            agreement,
+            coverage: 1.0,
+        };
+        assert_eq!(top_one(&a, None, &b).unwrap(), whole(0.5));
+        assert_eq!(top_one(&a, None, &a).unwrap(), whole(1.0));
+    }
+
+    #[test]
+    fn top_one_maps_a_reduced_vocabulary_to_token_ids() {
+        // The student predicts tokens 0 and 2 only; its rows are over those two.
+        let student = Tensor::new(&[[1.0f32, 3.0], [5.0, 0.0]], &Device::Cpu).unwrap();
+        let target = logits(&[[0.0, 1.0, 4.0], [0.0, 6.0, 1.0]]);
+        let got = top_one(&student, Some(&[0, 2]), &target).unwrap();
+        // Row 0: both pick token 2; row 1: the target's token 1 is out of reach.
+        assert_eq!(
+            got,
+            TopOne {
+                agreement: 0.5,
+                coverage: 0.5
+            }
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! The student: the target's forward pass (plain Llama block) written in
 //! candle over a subset of the target's layers, so it can be trained. Its
 //! embedding and output head are the target's, frozen; every layer's weights
-//! and the final norm are trained. It computes what Tandem's forward pass
-//! computes for the same weights (NeoX RoPE, grouped-query attention, SwiGLU),
-//! so the directory it is written to drafts exactly what it was trained as.
+//! and the final norm are trained. With a reduced output vocabulary
+//! ([`Student::with_output_tokens`]) its head is the target's rows of those
+//! tokens only, and it learns the target's distribution among them. It
+//! computes what Tandem's forward pass computes for the same weights (NeoX
+//! RoPE, grouped-query attention, SwiGLU), so the directory it is written
+//! to drafts exactly what it was trained as.
 
 use candle_core::{Device, Tensor, Var, D};
 use tandem_core::backend::RopeStyle;
@@ -48,6 +51,8 @@ pub struct Student {
     embedding: Tensor,
     /// `None` when the model ties its output head to the embedding.
     head: Option<Tensor>,
+    /// The reduced vocabulary's ids, to pick the target's logits of its tokens.
+    output_ids: Option<Tensor>,
     layers: Vec<Layer>,
     final_norm: Var,
 }
@@ -102,8 +107,42 @@ impl Student {
             device: device.clone(),
             embedding,
             head,
+            output_ids: None,
             layers: student_layers,
             final_norm,
+        })
+    }
+
+    /// The student with an output head for `tokens` only (increasing ids
+    /// of the target's vocabulary): the target's head rows of those tokens.
+    pub fn with_output_tokens(mut self, tokens: Vec<u32>) -> Result<Self> {
+        let config = ModelConfig {
+            tied_embeddings: false,
+            output_tokens: Some(tokens.clone()),
+            ..self.config.clone()
+        };
+        config
+            .validate()
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let ids = Tensor::from_vec(tokens, config.logit_width(), &self.device)?;
+        let full = self.head.as_ref().unwrap_or(&self.embedding);
+        self.head = Some(full.index_select(&ids, 0)?);
+        self.output_ids = Some(ids);
+        self.config = config;
+        Ok(self)
+    }
+
+    /// The reduced output vocabulary, if the student has one.
+    pub fn output_tokens(&self) -> Option<&[u32]> {
+        self.config.output_tokens.as_deref()
+    }
+
+    /// The target's logits `[rows, vocab]` cut to the student's output
+    /// vocabulary (`[rows, its tokens]`), unchanged with the whole one.
+    pub fn restrict(&self, target_logits: &Tensor) -> Result<Tensor> {
+        Ok(match &self.output_ids {
+            Some(ids) => target_logits.index_select(ids, 1)?,
+            None => target_logits.clone(),
         })
     }
 
@@ -144,8 +183,8 @@ impl Student {
         Ok(out)
     }
 
-    /// Logits `[batch × len, vocab]` for `tokens`: `batch` windows of `len`
-    /// tokens each, every window starting at position 0.
+    /// Logits `[batch × len, output tokens]` for `tokens`: `batch` windows
+    /// of `len` tokens each, every window starting at position 0.
     pub fn forward(&self, tokens: &[u32], batch: usize, len: usize) -> Result<Tensor> {
         if batch * len != tokens.len() || len == 0 {
             return Err(Error::InvalidInput(format!(

@@ -36,10 +36,14 @@ pub struct Options {
 /// The student on the held-apart windows.
 #[derive(Clone, Copy, Debug)]
 pub struct Eval {
-    /// Mean `KL(target ‖ student)` per token, nats.
+    /// Mean `KL(target ‖ student)` per token, nats; with a reduced output
+    /// vocabulary, the target's distribution among its tokens.
     pub kl: f64,
     /// Fraction of positions where both pick the same most likely token.
     pub agreement: f64,
+    /// Fraction of positions where the target's most likely token is one
+    /// the student can predict (1 with the whole vocabulary).
+    pub coverage: f64,
 }
 
 /// One step's report.
@@ -104,7 +108,8 @@ pub fn distill(
             let batch = teacher::next(&rx)?;
             optimizer.set_learning_rate(learning_rate(options, steps_done));
             let logits = student.forward(&batch.tokens, batch.windows, batch.len)?;
-            let loss = loss::kl(&logits, &target_tensor(&batch, &logits)?)?;
+            let target = student.restrict(&target_tensor(&batch, &logits)?)?;
+            let loss = loss::kl(&logits, &target)?;
             optimizer.backward_step(&loss)?;
             steps_done += 1;
             tokens += batch.tokens.len();
@@ -175,6 +180,7 @@ fn learning_rate(options: &Options, step: usize) -> f64 {
     options.lr * (0.1 + 0.9 * cosine)
 }
 
+/// The batch's target logits, `[rows, vocab]`.
 fn target_tensor(batch: &TeacherBatch, like: &Tensor) -> Result<Tensor> {
     let rows = batch.windows * batch.len;
     let vocab = batch.logits.len() / rows.max(1);
@@ -187,22 +193,25 @@ fn target_tensor(batch: &TeacherBatch, like: &Tensor) -> Result<Tensor> {
 
 /// The student against the target on `eval`'s windows, one window at a time.
 pub fn evaluate(student: &Student, eval: &TeacherBatch) -> Result<Eval> {
-    let (mut kl, mut agreement) = (0.0, 0.0);
+    let (mut kl, mut agreement, mut coverage) = (0.0, 0.0, 0.0);
     let per_window = eval.logits.len() / eval.windows.max(1);
     for w in 0..eval.windows {
         let tokens = &eval.tokens[w * eval.len..(w + 1) * eval.len];
         let logits = student.forward(tokens, 1, eval.len)?.detach();
         let target = Tensor::from_slice(
             &eval.logits[w * per_window..(w + 1) * per_window],
-            logits.shape(),
+            (eval.len, per_window / eval.len.max(1)),
             logits.device(),
         )?;
-        kl += loss::kl(&logits, &target)?.to_scalar::<f32>()? as f64;
-        agreement += loss::agreement(&logits, &target)?;
+        kl += loss::kl(&logits, &student.restrict(&target)?)?.to_scalar::<f32>()? as f64;
+        let top = loss::top_one(&logits, student.output_tokens(), &target)?;
+        agreement += top.agreement;
+        coverage += top.coverage;
     }
     let n = eval.windows as f64;
     Ok(Eval {
         kl: kl / n,
         agreement: agreement / n,
+        coverage: coverage / n,
     })
 }

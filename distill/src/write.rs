@@ -1,8 +1,9 @@
 //! The student as an ordinary model directory that the Hugging Face loader
 //! reads: `config.json` (the target's, with the student's layers),
 //! `model.safetensors` (trained tensors in the chosen format, the target's
-//! embedding and head copied as they are, so the draft's head costs what
-//! the target's does), and the target's tokenizer files.
+//! embedding and head copied as they are: the whole head, or with a reduced
+//! output vocabulary the head rows of its tokens, in the target's format),
+//! and the target's tokenizer files.
 
 use std::path::Path;
 
@@ -34,17 +35,40 @@ pub fn write_student(
         .map(usize::to_string)
         .collect();
     st.add_metadata(SOURCE_LAYERS_KEY, &layers.join(","));
-    let frozen = match c.tied_embeddings {
-        true => vec!["token_embd.weight"],
-        false => vec!["token_embd.weight", "output.weight"],
+    let frozen = match (c.tied_embeddings, &c.output_tokens) {
+        (true, _) => vec![("token_embd.weight", None)],
+        (false, None) => vec![("token_embd.weight", None), ("output.weight", None)],
+        (false, Some(tokens)) => vec![
+            ("token_embd.weight", None),
+            ("output.weight", Some(tokens.as_slice())),
+        ],
     };
-    for name in frozen {
+    // The target's head: its own matrix, or the embedding when tied.
+    let head = match target.config.tied_embeddings {
+        true => "token_embd.weight",
+        false => "output.weight",
+    };
+    for (name, rows) in frozen {
+        let source = if rows.is_some() { head } else { name };
         let info = target
             .tensors
-            .info(name)
-            .ok_or_else(|| Error::MissingTensor(name.into()))?;
-        let shape = [info.rows(), info.cols()];
-        let bytes = target.tensors.bytes(info).to_vec();
+            .info(source)
+            .ok_or_else(|| Error::MissingTensor(source.into()))?;
+        let bytes = target.tensors.bytes(info);
+        let (shape, bytes) = match rows {
+            None => ([info.rows(), info.cols()], bytes.to_vec()),
+            Some(rows) => {
+                let row_bytes = info.format.row_bytes(info.cols()).ok_or_else(|| {
+                    Error::Unsupported(format!("{source} is not stored row by row"))
+                })?;
+                let picked = rows
+                    .iter()
+                    .flat_map(|&r| &bytes[r as usize * row_bytes..(r as usize + 1) * row_bytes])
+                    .copied()
+                    .collect();
+                ([rows.len(), info.cols()], picked)
+            }
+        };
         st.add_tensor(&hf(name, student)?, info.format, &shape, bytes)?;
     }
     for t in student.trained_tensors()? {

@@ -1,6 +1,6 @@
 //! Distillation on tiny random targets: the written draft computes what the
 //! trained student computes, and training lowers the KL divergence from the
-//! target on text it never saw.
+//! target on text it never saw, with the whole vocabulary or a reduced one.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -11,11 +11,13 @@ use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::Rng;
+use tandem_core::spec::{DraftModel, DraftModelConfig};
+use tandem_core::tokenizer::ChatMessage;
 use tandem_cpu::CpuBackend;
 use tandem_distill::corpus::EvalSource;
 use tandem_distill::train::evaluate;
 use tandem_distill::write::write_student;
-use tandem_distill::{distill, Corpus, Options, Student};
+use tandem_distill::{distill, responses, vocab, Corpus, Options, Student};
 
 const WORDS: [&str; 24] = [
     "the", "light", "falls", "on", "a", "glass", "and", "bends", "toward", "its", "edge", "where",
@@ -41,6 +43,29 @@ fn tiny_target(dir: &Path, seed: u64) -> ModelFiles {
         .write_gguf(&path)
         .unwrap();
     tandem_core::model::load(&path).unwrap()
+}
+
+/// Windows of 48 tokens: 1500 words to train on, 300 others to evaluate.
+fn sentences(target: &ModelFiles, seed: u64) -> Corpus {
+    let (train_text, eval_text) = (text(seed, 1500), text(seed + 1, 300));
+    Corpus::new(
+        &target.tokenizer,
+        &train_text,
+        EvalSource::Text(&eval_text),
+        48,
+    )
+    .unwrap()
+}
+
+/// The student's logits for one window, flattened.
+fn student_logits(student: &Student, window: &[u32]) -> Vec<f32> {
+    student
+        .forward(window, 1, window.len())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 fn options(steps: usize) -> Options {
@@ -77,14 +102,7 @@ fn train(
 fn training_lowers_the_kl_on_held_apart_text() {
     let dir = tempfile::tempdir().unwrap();
     let target = tiny_target(dir.path(), 31);
-    let (train_text, eval_text) = (text(1, 1500), text(2, 300));
-    let corpus = Corpus::new(
-        &target.tokenizer,
-        &train_text,
-        EvalSource::Text(&eval_text),
-        48,
-    )
-    .unwrap();
+    let corpus = sentences(&target, 1);
     let student = Student::from_target(&target, &[1], &Device::Cpu).unwrap();
     let summary = train(&target, &student, &corpus, 40);
     eprintln!(
@@ -127,13 +145,7 @@ fn the_written_draft_computes_what_the_student_computes() {
     .with_capacity_tokens(128);
     let mut engine = Engine::new(CpuBackend::new(1), &draft, config, &mut |_, _| {}).unwrap();
     let window = &corpus.eval[0];
-    let want: Vec<f32> = student
-        .forward(window, 1, window.len())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let want = student_logits(&student, window);
     let got = engine.score(window, 0).unwrap();
     let diff = want
         .iter()
@@ -142,6 +154,106 @@ fn the_written_draft_computes_what_the_student_computes() {
         .fold(0.0f32, f32::max);
     assert_eq!(want.len(), got.len());
     assert!(diff < 1e-3, "the loaded draft's logits differ by {diff}");
+}
+
+#[test]
+fn a_reduced_vocabulary_draft_learns_and_loads_as_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_target(dir.path(), 35);
+    let corpus = sentences(&target, 5);
+    let vocab_size = target.config.vocab_size;
+    let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, 20).unwrap();
+    assert_eq!(tokens.len(), 20);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]));
+    for eos in target.tokenizer.eos_tokens() {
+        assert!(tokens.contains(eos), "end-of-sequence {eos} left out");
+    }
+    // Twenty tokens, the specials among them, hold most of a text of 24 words.
+    assert!(vocab::coverage(&tokens, &corpus.eval) > 0.7);
+    let student = Student::from_target(&target, &[1], &Device::Cpu)
+        .unwrap()
+        .with_output_tokens(tokens.clone())
+        .unwrap();
+    let summary = train(&target, &student, &corpus, 40);
+    eprintln!(
+        "reduced: KL {:.4} -> {:.4}, agreement {:.3} -> {:.3}, coverage {:.3}",
+        summary.before.kl,
+        summary.after.kl,
+        summary.before.agreement,
+        summary.after.agreement,
+        summary.after.coverage
+    );
+    assert!(
+        summary.after.kl < 0.6 * summary.before.kl,
+        "KL among the draft's tokens {:.4} -> {:.4}: not lowered by 40%",
+        summary.before.kl,
+        summary.after.kl
+    );
+    assert!(summary.after.agreement <= summary.after.coverage);
+
+    let out = dir.path().join("draft");
+    write_student(&target, &student, WeightFormat::F32, &out).unwrap();
+    let draft = tandem_core::model::load(&out).unwrap();
+    assert_eq!(draft.config.output_tokens.as_deref(), Some(&tokens[..]));
+    let config = EngineConfig::default().with_capacity_tokens(128);
+    let err = Engine::new(CpuBackend::new(1), &draft, config, &mut |_, _| {})
+        .err()
+        .expect("a reduced-vocabulary draft does not run alone");
+    assert!(err.to_string().contains("20 of its"), "{err}");
+
+    let backend = CpuBackend::new(1);
+    let draft_config = DraftModelConfig {
+        block_size: 16,
+        capacity_tokens: 256,
+        kv_dtype: Default::default(),
+        max_batch_tokens: 64,
+        cascade: None,
+    };
+    let mut loaded = DraftModel::load(&backend, &draft, None, draft_config).unwrap();
+    let window = &corpus.eval[0];
+    let want = student_logits(&student, window);
+    let got = loaded.score(&backend, window).unwrap();
+    assert_eq!(got.len(), window.len() * vocab_size);
+    for (row, wide) in want.chunks(tokens.len()).zip(got.chunks(vocab_size)) {
+        for (t, &logit) in wide.iter().enumerate() {
+            match tokens.binary_search(&(t as u32)) {
+                Ok(i) => assert!((logit - row[i]).abs() < 1e-3, "token {t}"),
+                Err(_) => assert_eq!(logit, f32::NEG_INFINITY, "token {t}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_target_answers_instructions_in_its_chat_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_target(dir.path(), 36);
+    let instructions: Vec<String> = ["light and glass", "red green blue", "Newton"]
+        .map(String::from)
+        .to_vec();
+    let mut reported = Vec::new();
+    let mut progress = |done, generated| reported.push((done, generated));
+    let got = responses::answer(&target, &instructions, 5, 1, &mut progress).unwrap();
+    assert_eq!(got.len(), 3);
+    let tokenizer = &target.tokenizer;
+    let mut generated = 0;
+    for (conversation, text) in got.iter().zip(&instructions) {
+        let turn = [ChatMessage::new("user", text.as_str())];
+        let rendered = tokenizer.apply_chat_template(&turn, true).unwrap();
+        let prompt = tokenizer.encode(&rendered, true).unwrap();
+        assert!(conversation.starts_with(&prompt), "{text}");
+        let answer = conversation.len() - prompt.len();
+        assert!((1..=5).contains(&answer), "{text}: {answer} tokens");
+        generated += answer;
+    }
+    assert_eq!(reported.last(), Some(&(3, generated)));
+    // Greedy: the same answers again.
+    let again = responses::answer(&target, &instructions, 5, 1, &mut |_, _| {}).unwrap();
+    assert_eq!(again, got);
+    let err = responses::answer(&target, &instructions, 0, 1, &mut |_, _| {})
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("0 tokens"), "{err}");
 }
 
 #[test]
@@ -179,4 +291,11 @@ fn bad_layers_and_short_text_are_refused_by_name() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("window of 32"), "{err}");
+    let windows = [vec![1, 2, 3]];
+    for size in [0, target.config.vocab_size] {
+        let err = vocab::frequent_tokens(&target.tokenizer, &windows, size)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("draft vocabulary"), "{err}");
+    }
 }

@@ -1,9 +1,10 @@
 //! Speculative decoding on tiny random models: greedy output identical to
 //! plain decoding for every proposer and draft length, sampled output
 //! distributed exactly as the target's (chi-square against the exact joint
-//! distribution, also with a deliberately bad draft and with a draft
-//! distilled by `tandem-distill` and loaded from its directory), and the KV
-//! bookkeeping consistent through rejections, preemptions and removals.
+//! distribution, also with a deliberately bad draft and with drafts
+//! distilled by `tandem-distill` and loaded from their directory, one of
+//! them with a reduced output vocabulary), and the KV bookkeeping
+//! consistent through rejections, preemptions and removals.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -20,7 +21,7 @@ use tandem_core::spec::{
 };
 use tandem_cpu::CpuBackend;
 use tandem_distill::write::write_student;
-use tandem_distill::{distill, Corpus, Device, Options, Student};
+use tandem_distill::{distill, vocab, Corpus, Device, Options, Student};
 use tandem_tests::exact_sampling::{assert_sampled_as, exact_joint};
 use tandem_tests::{cpu_engine, generate, tiny, tiny_gguf};
 
@@ -72,8 +73,9 @@ fn proposer(
 /// A one-layer draft distilled from `target` for a few dozen steps on
 /// windows of the test prompt's first 12 tokens followed by random ones
 /// (the sampled test's kind of text), written to `dir` and loaded from
-/// there, as `--speculate draft:DIR` loads it.
-fn distilled_draft(target: &ModelFiles, dir: &Path) -> ModelFiles {
+/// there, as `--speculate draft:DIR` loads it. With `draft_vocab`, its
+/// output head keeps that many of the windows' most frequent tokens.
+fn distilled_draft(target: &ModelFiles, dir: &Path, draft_vocab: Option<usize>) -> ModelFiles {
     let vocab = target.config.vocab_size as u64;
     let mut rng = tandem_core::sched::Rng::new(5);
     let mut windows = |n: usize| -> Vec<Vec<u32>> {
@@ -88,7 +90,11 @@ fn distilled_draft(target: &ModelFiles, dir: &Path) -> ModelFiles {
         train: windows(64),
         eval: windows(2),
     };
-    let student = Student::from_target(target, &[1], &Device::Cpu).unwrap();
+    let mut student = Student::from_target(target, &[1], &Device::Cpu).unwrap();
+    if let Some(size) = draft_vocab {
+        let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, size).unwrap();
+        student = student.with_output_tokens(tokens).unwrap();
+    }
     let options = Options {
         steps: 40,
         batch: 4,
@@ -113,7 +119,12 @@ fn distilled_draft(target: &ModelFiles, dir: &Path) -> ModelFiles {
         summary.before.kl, summary.after.kl, summary.before.agreement, summary.after.agreement
     );
     write_student(target, &student, WeightFormat::F32, dir).unwrap();
-    tandem_core::model::load(dir).unwrap()
+    let draft = tandem_core::model::load(dir).unwrap();
+    assert_eq!(
+        draft.config.output_tokens.as_ref().map(Vec::len),
+        draft_vocab
+    );
+    draft
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -132,13 +143,16 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
     let other_dir = tempfile::tempdir().unwrap();
     let other = tiny_gguf(other_dir.path(), &tiny(WeightFormat::Q8_0, 12));
     let distilled_dir = tempfile::tempdir().unwrap();
-    let distilled = distilled_draft(&target, distilled_dir.path());
+    let distilled = distilled_draft(&target, distilled_dir.path(), None);
+    let reduced_dir = tempfile::tempdir().unwrap();
+    let reduced = distilled_draft(&target, reduced_dir.path(), Some(100));
     let greedy = |_: usize| SamplingParams::default();
     let want = generate(&mut cpu_engine(&target, 1024, 64), &prompts(), &greedy, 40);
     for (method, draft) in [
         (Method::Ngram, &other),
         (Method::OtherModel, &other),
         (Method::OtherModel, &distilled),
+        (Method::OtherModel, &reduced),
         (Method::SelfLayers, &other),
         (Method::Cascade, &other),
     ] {
@@ -213,7 +227,9 @@ fn sampled_output_has_exactly_the_targets_distribution() {
     let near_dir = tempfile::tempdir().unwrap();
     let near = tiny_gguf(near_dir.path(), &tiny(WeightFormat::Q4_0, 21));
     let distilled_dir = tempfile::tempdir().unwrap();
-    let distilled = distilled_draft(&target, distilled_dir.path());
+    let distilled = distilled_draft(&target, distilled_dir.path(), None);
+    let reduced_dir = tempfile::tempdir().unwrap();
+    let reduced = distilled_draft(&target, reduced_dir.path(), Some(100));
     let params = SamplingParams {
         temperature: 0.7,
         top_k: 4,
@@ -233,6 +249,7 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         (Method::OtherModel, &near),
         (Method::OtherModel, &other),
         (Method::OtherModel, &distilled),
+        (Method::OtherModel, &reduced),
         (Method::Cascade, &near),
         (Method::Ngram, &other),
         (Method::SelfLayers, &other),
@@ -259,7 +276,7 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         assert!(stats.proposed_tokens > 0, "{name} proposed nothing");
         // Its drafts must be accepted (the random model's never are) for the
         // test to weigh them.
-        if std::ptr::eq(draft, &distilled) {
+        if std::ptr::eq(draft, &distilled) || std::ptr::eq(draft, &reduced) {
             assert!(
                 stats.acceptance_rate() > 0.05,
                 "{name}: acceptance {:.2}",

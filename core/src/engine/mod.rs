@@ -187,6 +187,15 @@ impl<B: Backend> Engine<B> {
                 "block size, KV blocks and batch tokens must all be positive".into(),
             ));
         }
+        if let Some(tokens) = &files.config.output_tokens {
+            return Err(Error::InvalidRequest(format!(
+                "{} predicts {} of its {} tokens (a draft with a reduced output vocabulary): \
+                 it drafts for its target (--speculate draft:DIR) and does not run alone",
+                files.path.display(),
+                tokens.len(),
+                files.config.vocab_size
+            )));
+        }
         let scheduler = Scheduler::new(SchedulerConfig {
             max_batch_tokens: config.max_batch_tokens,
             max_running: config.max_running,

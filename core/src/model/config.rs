@@ -59,6 +59,11 @@ pub struct ModelConfig {
     pub moe: Option<MoeSpec>,
     /// Granite's embedding, residual and logit factors.
     pub multipliers: Multipliers,
+    /// `Some` for a draft with a reduced output vocabulary (FR-Spec): its
+    /// output head has a row for each of these tokens only, in increasing
+    /// order, and never predicts the others. Such a model drafts for a
+    /// target; the engine does not sample from it alone.
+    pub output_tokens: Option<Vec<u32>>,
 }
 
 /// Upper bounds that no real model exceeds; a file claiming more is corrupt,
@@ -92,6 +97,13 @@ impl ModelConfig {
     /// per layer).
     pub fn key_bounds_block_bytes(&self, block_size: usize) -> usize {
         self.num_layers * self.kv_shape(block_size).key_bounds_block_bytes()
+    }
+
+    /// Logits per row: the output head's rows.
+    pub fn logit_width(&self) -> usize {
+        self.output_tokens
+            .as_ref()
+            .map_or(self.vocab_size, Vec::len)
     }
 
     /// Checks the dimensions are positive, mutually consistent and not absurd.
@@ -165,7 +177,33 @@ impl ModelConfig {
                 return bad(format!("layer {i}: sliding window 0"));
             }
         }
+        if let Some(tokens) = &self.output_tokens {
+            self.validate_output_tokens(tokens)?;
+        }
         Ok(())
+    }
+
+    fn validate_output_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let bad = |m: String| Err(Error::Unsupported(format!("output vocabulary: {m}")));
+        if tokens.is_empty() {
+            return bad("no tokens".into());
+        }
+        if self.tied_embeddings {
+            return bad("a reduced output head needs its own matrix, not the embedding".into());
+        }
+        if let Some(w) = tokens.windows(2).find(|w| w[0] >= w[1]) {
+            return bad(format!(
+                "token {} follows {}: the ids must increase",
+                w[1], w[0]
+            ));
+        }
+        match tokens.last() {
+            Some(&last) if last as usize >= self.vocab_size => bad(format!(
+                "token {last} is outside the vocabulary of {}",
+                self.vocab_size
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// RoPE inverse frequencies of layer `layer`, `rotary_dim / 2` of them, scaling applied.
@@ -199,7 +237,12 @@ impl ModelConfig {
                 )
             }
         };
-        let embeddings = self.vocab_size * dim * if self.tied_embeddings { 1 } else { 2 };
+        let head = if self.tied_embeddings {
+            0
+        } else {
+            self.logit_width()
+        };
+        let embeddings = (self.vocab_size + head) * dim;
         let layers = self.num_layers;
         (
             embeddings + layers * (attention + ffn_total),
@@ -299,6 +342,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("num_kv_heads"));
+    }
+
+    #[test]
+    fn a_reduced_output_vocabulary_is_checked() {
+        let mut c = smol();
+        c.tied_embeddings = false;
+        c.output_tokens = Some(vec![0, 5, 49151]);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.logit_width(), 3);
+        let (total, _) = c.parameter_counts();
+        c.output_tokens = None;
+        assert_eq!(c.parameter_counts().0 - total, (49152 - 3) * c.hidden_size);
+        for (tokens, tied, why) in [
+            (vec![], false, "no tokens"),
+            (vec![3, 3], false, "must increase"),
+            (vec![7, 2], false, "must increase"),
+            (vec![1, 49152], false, "outside the vocabulary"),
+            (vec![1, 2], true, "its own matrix"),
+        ] {
+            c.output_tokens = Some(tokens);
+            c.tied_embeddings = tied;
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
     }
 
     #[test]

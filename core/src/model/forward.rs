@@ -517,7 +517,7 @@ impl<B: Backend> Model<B> {
         let shape = self.check_batch(batch, kv)?;
         let Some(place) = &self.placement else {
             let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
-            let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.vocab_size)?;
+            let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.logit_width())?;
             self.forward_into(backend, &mut buffers, shape, kv, &mut logits, extra)?;
             return Ok(logits);
         };
@@ -539,7 +539,7 @@ impl<B: Backend> Model<B> {
         let result = match place.pipeline.stages {
             1 => StepBuffers::upload(backend, &self.config, batch).and_then(|mut buffers| {
                 // Followers compute no logits.
-                let vocab = self.config.vocab_size;
+                let vocab = self.config.logit_width();
                 let len = if place.is_leader() {
                     shape.logit_rows.max(1) * vocab
                 } else {
@@ -566,7 +566,7 @@ impl<B: Backend> Model<B> {
     /// The logits of `n` final hidden states (`[n, hidden]` on the host).
     pub(super) fn head_of(&self, backend: &B, hidden: &[f32], n: usize) -> Result<B::Tensor> {
         let cfg = &self.config;
-        let mut logits = backend.alloc(n.max(1) * cfg.vocab_size)?;
+        let mut logits = backend.alloc(n.max(1) * cfg.logit_width())?;
         if n == 0 {
             return Ok(logits);
         }
@@ -587,7 +587,7 @@ impl<B: Backend> Model<B> {
     /// Divides `n` rows of logits by the architecture's logit divisor, if any.
     fn scale_logits(&self, backend: &B, logits: &mut B::Tensor, n: usize) -> Result<()> {
         match self.config.multipliers.logits {
-            Some(divisor) => backend.scale(logits, n * self.config.vocab_size, 1.0 / divisor),
+            Some(divisor) => backend.scale(logits, n * self.config.logit_width(), 1.0 / divisor),
             None => Ok(()),
         }
     }
@@ -931,7 +931,7 @@ impl<B: Backend> Model<B> {
             };
             let outs = &mut [SplitOut {
                 out: &mut *logits,
-                width: cfg.vocab_size,
+                width: cfg.logit_width(),
             }];
             backend.matmul_rms_norm(final_normed, Some(prologue), out_w, None, logits_mm, outs)?;
         } else {

@@ -258,7 +258,10 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     }
     expected.push(("output_norm.weight".to_string(), vec![hidden]));
     if !config.tied_embeddings {
-        expected.push(("output.weight".to_string(), vec![hidden, vocab]));
+        expected.push((
+            "output.weight".to_string(),
+            vec![hidden, config.logit_width()],
+        ));
     }
     expected
 }

@@ -142,7 +142,7 @@ impl<B: Backend> DecodeRecorder<B> {
                     self.max_rows,
                     self.max_blocks_per_seq,
                 )?,
-                logits: Some(backend.alloc(self.max_rows * model.config.vocab_size)?),
+                logits: Some(backend.alloc(self.max_rows * model.config.logit_width())?),
                 ids: Some(backend.upload_indices(&vec![0; self.max_rows])?),
             });
         }
@@ -156,7 +156,7 @@ impl<B: Backend> DecodeRecorder<B> {
                 r.logits.as_mut().expect("complete"),
                 r.ids.as_mut().expect("complete"),
             );
-            let vocab = model.config.vocab_size;
+            let vocab = model.config.logit_width();
             let mut step = |backend: &B| {
                 model.forward_into(
                     backend,

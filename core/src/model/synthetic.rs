@@ -254,6 +254,7 @@ fn preset_config(name: &str) -> Option<ModelConfig> {
         layers: LayerSpec::uniform(2, None, rope(10000.0)),
         moe: None,
         multipliers: Multipliers::default(),
+        output_tokens: None,
     };
     // The tiny models of the other families: awkward head sizes (Q wider
     // than the hidden size), windows shorter than the test prompts.

@@ -98,7 +98,15 @@ impl<B: Backend> DraftModel<B> {
                 l.len(),
                 files.config.num_layers
             ),
-            None => format!("draft {}", files.path.display()),
+            None => match &files.config.output_tokens {
+                Some(tokens) => format!(
+                    "draft {} ({} of {} tokens)",
+                    files.path.display(),
+                    tokens.len(),
+                    files.config.vocab_size
+                ),
+                None => format!("draft {}", files.path.display()),
+            },
         };
         Ok(Self {
             label,
@@ -114,19 +122,29 @@ impl<B: Backend> DraftModel<B> {
         &self.model
     }
 
-    /// The draft's argmax after every position of `tokens` (teacher forced),
-    /// computed in a temporary sequence.
+    /// The draft's argmax after every position of `tokens` (teacher forced).
     pub fn greedy_predictions(&mut self, backend: &B, tokens: &[u32]) -> Result<Vec<u32>> {
+        let vocab = self.model.config.vocab_size;
+        let logits = self.score(backend, tokens)?;
+        Ok(logits
+            .chunks(vocab)
+            .map(crate::sched::sampling::argmax)
+            .collect())
+    }
+
+    /// The draft's logits after every position of `tokens` (teacher forced,
+    /// `[tokens, vocab]`, the tokens a reduced head never predicts at
+    /// -inf), computed in a temporary sequence.
+    pub fn score(&mut self, backend: &B, tokens: &[u32]) -> Result<Vec<f32>> {
         const SCRATCH: SeqId = SeqId::MAX;
         self.manager.add_sequence(SCRATCH)?;
-        let vocab = self.model.config.vocab_size;
-        let mut out = Vec::with_capacity(tokens.len());
+        let mut out = Vec::new();
         let mut result = Ok(());
         for (i, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
             let start = i * self.config.max_batch_tokens;
             let rows = (0..chunk.len() as u32).collect();
             match self.forward(backend, &[(SCRATCH, start, chunk)], rows) {
-                Ok(logits) => out.extend(logits.chunks(vocab).map(crate::sched::sampling::argmax)),
+                Ok(logits) => out.extend(logits),
                 Err(e) => {
                     result = Err(e);
                     break;
@@ -174,7 +192,7 @@ impl<B: Backend> DraftModel<B> {
 
     /// Feeds `chunks` (sequence, start position, tokens) in one forward pass
     /// and returns the host logits of the requested rows (indices into the
-    /// flattened rows).
+    /// flattened rows), over the whole vocabulary.
     fn forward(
         &mut self,
         backend: &B,
@@ -207,7 +225,12 @@ impl<B: Backend> DraftModel<B> {
         if n == 0 {
             return Ok(Vec::new());
         }
-        backend.download(&logits, n * self.model.config.vocab_size)
+        let config = &self.model.config;
+        let logits = backend.download(&logits, n * config.logit_width())?;
+        Ok(match &config.output_tokens {
+            Some(tokens) => widen_logits(&logits, tokens, config.vocab_size),
+            None => logits,
+        })
     }
 
     /// Feeds all but the last uncomputed token of each sequence, in chunks,
@@ -381,6 +404,23 @@ impl<B: Backend> Proposer<B> for DraftModel<B> {
         }
         Ok(Some(best))
     }
+}
+
+/// Rows of a reduced head's logits (one per token of `tokens`) spread over
+/// the whole vocabulary. The tokens it never predicts get -inf: every
+/// sampler gives them probability zero, so the draft distribution the
+/// acceptance rule sees is exactly the one the draft sampled from.
+fn widen_logits(rows: &[f32], tokens: &[u32], vocab: usize) -> Vec<f32> {
+    let mut out = vec![f32::NEG_INFINITY; rows.len() / tokens.len() * vocab];
+    for (row, wide) in rows
+        .chunks_exact(tokens.len())
+        .zip(out.chunks_exact_mut(vocab))
+    {
+        for (&token, &logit) in tokens.iter().zip(row) {
+            wide[token as usize] = logit;
+        }
+    }
+    out
 }
 
 /// What `self:auto` measured for one candidate layer set.

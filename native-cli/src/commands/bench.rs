@@ -490,15 +490,30 @@ impl BenchArgs {
             let emitted = after.emitted_tokens - before.emitted_tokens;
             let draft_s = after.draft_seconds - before.draft_seconds;
             let verify_s = after.verify_seconds - before.verify_seconds;
+            let verify_steps = after.verify_steps - before.verify_steps;
+            let mean_k = proposed as f64 / verified.max(1) as f64;
+            let accepted_length = emitted as f64 / verified.max(1) as f64;
+            let draft_ms = 1e3 * draft_s / proposed.max(1) as f64;
+            // Where a step of k + 1 rows costs what one row does (a GPU at
+            // small batch), only drafting adds to a decode step; without
+            // drafts it is plain decoding.
+            let decode_ms = 1e3 / rates[0];
+            let free_verification = match verified {
+                0 => 1.0,
+                _ => accepted_length * decode_ms / (mean_k * draft_ms + decode_ms),
+            };
             println!(
-                "spec {name:<6} plain {:7.1} tokens/s | speculative {:7.1} tokens/s | {:.2}x | acceptance {:5.1}% | mean k {:.2} | accepted length {:.2} | draft time {:4.1}% | same output: {}",
+                "spec {name:<6} plain {:7.1} tokens/s | speculative {:7.1} tokens/s | {:.2}x | acceptance {:5.1}% | mean k {:.2} | accepted length {:.2} | draft time {:4.1}% | {:.2} ms per draft token, {:.2} ms per verification | {:.2}x if verifying cost one decode step | same output: {}",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0],
                 100.0 * accepted as f64 / proposed.max(1) as f64,
-                proposed as f64 / verified.max(1) as f64,
-                emitted as f64 / verified.max(1) as f64,
+                mean_k,
+                accepted_length,
                 100.0 * draft_s / (draft_s + verify_s).max(1e-12),
+                draft_ms,
+                1e3 * verify_s / verify_steps.max(1) as f64,
+                free_verification,
                 if outputs[0] == outputs[1] { "yes" } else { "NO" },
             );
             if outputs[0] != outputs[1] {

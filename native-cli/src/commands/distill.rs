@@ -20,7 +20,7 @@ use tandem_core::spec::parse_layers;
 use tandem_distill::corpus::EvalSource;
 use tandem_distill::train::Progress;
 use tandem_distill::write::write_student;
-use tandem_distill::{distill, Corpus, Device, Options, Student};
+use tandem_distill::{distill, vocab, Corpus, Device, Options, Student};
 
 use super::quantize::{check_destination, StagedDir};
 use crate::model_path;
@@ -42,8 +42,16 @@ pub struct DistillArgs {
     #[arg(long, short = 'o')]
     pub out: PathBuf,
     /// Training text.
+    #[arg(long, required_unless_present = "instructions")]
+    pub corpus: Option<PathBuf>,
+    /// Chat instructions, one per line: the target answers each (greedy, up
+    /// to `--answer-tokens`), and the conversations, in its chat template,
+    /// are training text too (after `--corpus`, if given).
     #[arg(long)]
-    pub corpus: PathBuf,
+    pub instructions: Option<PathBuf>,
+    /// Most tokens of each answer to `--instructions`.
+    #[arg(long, default_value_t = 256)]
+    pub answer_tokens: usize,
     /// Evaluation text; without it the last `--eval-tokens` of the corpus
     /// are held out of training and evaluated on.
     #[arg(long)]
@@ -75,6 +83,12 @@ pub struct DistillArgs {
     /// Steps between evaluations and checkpoints.
     #[arg(long, default_value_t = 50)]
     pub eval_every: usize,
+    /// Keep only this many tokens in the draft's output head: the corpus'
+    /// most frequent, plus the chat template's markers and end-of-sequence
+    /// (a reduced draft vocabulary: each drafted token costs less, and the
+    /// draft never proposes the others). By default it keeps them all.
+    #[arg(long)]
+    pub draft_vocab: Option<usize>,
     /// Storage format of the trained matrices: f32, f16, bf16 or q8_0.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -107,8 +121,23 @@ pub fn run(args: DistillArgs) -> Result<()> {
         Some(spec) => parse_layers(spec, target.config.num_layers)?,
         None => spread_layers(target.config.num_layers),
     };
-    let corpus = read_corpus(&args, &target)?;
-    let student = Student::from_target(&target, &layers, &Device::Cpu)?;
+    let conversations = match &args.instructions {
+        Some(path) => answer_instructions(&args, path, &target)?,
+        None => Vec::new(),
+    };
+    let corpus = read_corpus(&args, &target, conversations)?;
+    let mut student = Student::from_target(&target, &layers, &Device::Cpu)?;
+    if let Some(size) = args.draft_vocab {
+        let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, size)?;
+        eprint_line!(
+            "distill: draft vocabulary of {} of {} tokens: {:.1}% of the training tokens, {:.1}% of the evaluation tokens",
+            tokens.len(),
+            target.config.vocab_size,
+            100.0 * vocab::coverage(&tokens, &corpus.train),
+            100.0 * vocab::coverage(&tokens, &corpus.eval)
+        );
+        student = student.with_output_tokens(tokens)?;
+    }
     eprint_line!(
         "distill: student of layers {layers:?} of {}; {} training and {} evaluation windows of {} tokens",
         target.config.num_layers,
@@ -146,13 +175,20 @@ pub fn run(args: DistillArgs) -> Result<()> {
         eprint_line!("interrupted after {} steps", summary.steps_done);
     }
     println!(
-        "distilled {} in {:.0} s: evaluation KL {:.4} -> {:.4} nats/token, top-1 agreement {:.1}% -> {:.1}%",
+        "distilled {} in {:.0} s: evaluation KL {:.4} -> {:.4} nats/token, top-1 agreement {:.1}% -> {:.1}%{}",
         args.out.display(),
         start.elapsed().as_secs_f64(),
         summary.before.kl,
         summary.after.kl,
         100.0 * summary.before.agreement,
-        100.0 * summary.after.agreement
+        100.0 * summary.after.agreement,
+        match student.output_tokens() {
+            Some(_) => format!(
+                " (the target's top-1 token is in the draft's vocabulary at {:.1}%)",
+                100.0 * summary.after.coverage
+            ),
+            None => String::new(),
+        }
     );
     Ok(())
 }
@@ -166,19 +202,64 @@ fn spread_layers(n: usize) -> Vec<usize> {
     (0..k).map(|i| i * (n - 1) / (k - 1)).collect()
 }
 
-fn read_corpus(args: &DistillArgs, target: &ModelFiles) -> Result<Corpus> {
-    let read = |path: &PathBuf| {
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+/// The target's answers to the instructions of the file at `path`, one
+/// token list per conversation.
+fn answer_instructions(
+    args: &DistillArgs,
+    path: &PathBuf,
+    target: &ModelFiles,
+) -> Result<Vec<Vec<u32>>> {
+    let text = read_text(path)?;
+    let instructions: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    if instructions.is_empty() {
+        bail!("{} holds no instructions (one per line)", path.display());
+    }
+    let start = Instant::now();
+    let total = instructions.len();
+    let conversations = tandem_distill::responses::answer(
+        target,
+        &instructions,
+        args.answer_tokens,
+        args.threads,
+        &mut |done, generated| {
+            eprint!(
+                "\ranswering instructions: {done}/{total}, {generated} tokens, {:.0} tokens/s",
+                generated as f64 / start.elapsed().as_secs_f64()
+            );
+        },
+    )?;
+    eprintln!();
+    Ok(conversations)
+}
+
+fn read_text(path: &PathBuf) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The training windows: `--corpus`'s text, then the conversations.
+fn read_corpus(
+    args: &DistillArgs,
+    target: &ModelFiles,
+    conversations: Vec<Vec<u32>>,
+) -> Result<Corpus> {
+    let mut tokens = match &args.corpus {
+        Some(path) => target.tokenizer.encode(&read_text(path)?, false)?,
+        None => Vec::new(),
     };
-    let text = read(&args.corpus)?;
-    let eval_text = args.eval.as_ref().map(read).transpose()?;
+    tokens.extend(conversations.into_iter().flatten());
+    let eval_text = args.eval.as_ref().map(read_text).transpose()?;
     let eval = match &eval_text {
         Some(text) => EvalSource::Text(text),
         None => EvalSource::HeldOutTail {
             tokens: args.eval_tokens,
         },
     };
-    let mut corpus = Corpus::new(&target.tokenizer, &text, eval, args.seq_len)?;
+    let mut corpus = Corpus::from_tokens(&target.tokenizer, tokens, eval, args.seq_len)?;
     corpus.eval.truncate(args.eval_windows.max(1));
     Ok(corpus)
 }

@@ -105,7 +105,14 @@ pub fn run(args: InspectArgs) -> Result<()> {
         "heads:          {} (KV heads {}, head dim {})",
         c.num_heads, c.num_kv_heads, c.head_dim
     );
-    println!("vocabulary:     {}", c.vocab_size);
+    match &c.output_tokens {
+        Some(tokens) => println!(
+            "vocabulary:     {} (a draft's output head: {} of them)",
+            c.vocab_size,
+            tokens.len()
+        ),
+        None => println!("vocabulary:     {}", c.vocab_size),
+    }
     println!("context:        {}", c.max_context);
     println!(
         "rope:           {} of {} dims, {:?}",

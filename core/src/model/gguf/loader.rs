@@ -292,6 +292,7 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         layers,
         moe,
         multipliers,
+        output_tokens: None,
     })
 }
 

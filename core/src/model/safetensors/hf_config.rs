@@ -61,7 +61,13 @@ pub(super) struct HfConfig {
     attn_logit_softcapping: Option<f32>,
     /// Experts and Granite's factors.
     moe: HfMoe,
+    /// A draft's reduced output vocabulary ([`OUTPUT_TOKENS_KEY`]).
+    output_tokens: Option<Vec<u32>>,
 }
+
+/// The `config.json` key of [`ModelConfig::output_tokens`], Tandem's own:
+/// the token id of each row of the draft's output head.
+pub const OUTPUT_TOKENS_KEY: &str = "tandem_output_tokens";
 
 struct HfRopeScaling {
     /// `rope_type`, or `type` in older configs.
@@ -126,6 +132,7 @@ impl HfConfig {
             final_logit_softcapping: f.number("final_logit_softcapping")?,
             attn_logit_softcapping: f.number("attn_logit_softcapping")?,
             moe: HfMoe::read(&f)?,
+            output_tokens: f.optional(OUTPUT_TOKENS_KEY, "a list of token ids")?,
         })
     }
 }
@@ -282,6 +289,7 @@ impl HfConfig {
             layers,
             moe,
             multipliers: self.moe.multipliers(),
+            output_tokens: self.output_tokens.clone(),
         })
     }
 
@@ -447,6 +455,9 @@ pub fn hf_config_json(c: &ModelConfig) -> Result<Value> {
         config["use_sliding_window"] = true.into();
     }
     write_moe_fields(c, family, &mut config);
+    if let Some(tokens) = &c.output_tokens {
+        config[OUTPUT_TOKENS_KEY] = tokens.as_slice().into();
+    }
     Ok(config)
 }
 
