@@ -52,11 +52,12 @@ pub struct DistillArgs {
     /// Most tokens of each answer to `--instructions`.
     #[arg(long, default_value_t = 256)]
     pub answer_tokens: usize,
-    /// Evaluation text; without it the last `--eval-tokens` of the corpus
-    /// are held out of training and evaluated on.
+    /// Evaluation text; without it the last `--eval-tokens` of the
+    /// training text (the corpus, then the conversations) are held out of
+    /// training and evaluated on.
     #[arg(long)]
     pub eval: Option<PathBuf>,
-    /// Tokens held out of `--corpus` for evaluation when there is no `--eval`.
+    /// Tokens held out of the training text for evaluation when there is no `--eval`.
     #[arg(long, default_value_t = 1024)]
     pub eval_tokens: usize,
     /// Evaluation windows at most (the target's logits for them stay in memory).
