@@ -116,6 +116,12 @@ impl Student {
     /// The student with an output head for `tokens` only (increasing ids
     /// of the target's vocabulary): the target's head rows of those tokens.
     pub fn with_output_tokens(mut self, tokens: Vec<u32>) -> Result<Self> {
+        if self.output_ids.is_some() {
+            // Its head rows are no longer the target's token ids.
+            return Err(Error::InvalidInput(
+                "the student already has a reduced output vocabulary".into(),
+            ));
+        }
         let config = ModelConfig {
             tied_embeddings: false,
             output_tokens: Some(tokens.clone()),

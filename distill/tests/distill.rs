@@ -291,6 +291,14 @@ fn bad_layers_and_short_text_are_refused_by_name() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("window of 32"), "{err}");
+    let twice = Student::from_target(&target, &[1], &Device::Cpu)
+        .unwrap()
+        .with_output_tokens(vec![1, 2, 3])
+        .unwrap()
+        .with_output_tokens(vec![1, 2])
+        .err()
+        .unwrap();
+    assert!(twice.to_string().contains("already"), "{twice}");
     let windows = [vec![1, 2, 3]];
     for size in [0, target.config.vocab_size] {
         let err = vocab::frequent_tokens(&target.tokenizer, &windows, size)
