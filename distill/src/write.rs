@@ -35,14 +35,11 @@ pub fn write_student(
         .map(usize::to_string)
         .collect();
     st.add_metadata(SOURCE_LAYERS_KEY, &layers.join(","));
-    let frozen = match (c.tied_embeddings, &c.output_tokens) {
-        (true, _) => vec![("token_embd.weight", None)],
-        (false, None) => vec![("token_embd.weight", None), ("output.weight", None)],
-        (false, Some(tokens)) => vec![
-            ("token_embd.weight", None),
-            ("output.weight", Some(tokens.as_slice())),
-        ],
-    };
+    // Each frozen tensor, and the head rows it keeps of a reduced vocabulary.
+    let mut frozen = vec![("token_embd.weight", None)];
+    if !c.tied_embeddings {
+        frozen.push(("output.weight", c.output_tokens.as_deref()));
+    }
     // The target's head: its own matrix, or the embedding when tied.
     let head = match target.config.tied_embeddings {
         true => "token_embd.weight",

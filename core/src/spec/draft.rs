@@ -125,26 +125,38 @@ impl<B: Backend> DraftModel<B> {
     /// The draft's argmax after every position of `tokens` (teacher forced).
     pub fn greedy_predictions(&mut self, backend: &B, tokens: &[u32]) -> Result<Vec<u32>> {
         let vocab = self.model.config.vocab_size;
-        let logits = self.score(backend, tokens)?;
-        Ok(logits
-            .chunks(vocab)
-            .map(crate::sched::sampling::argmax)
-            .collect())
+        let mut out = Vec::with_capacity(tokens.len());
+        self.score_chunks(backend, tokens, &mut |logits| {
+            out.extend(logits.chunks(vocab).map(crate::sched::sampling::argmax))
+        })?;
+        Ok(out)
     }
 
     /// The draft's logits after every position of `tokens` (teacher forced,
-    /// `[tokens, vocab]`, the tokens a reduced head never predicts at
-    /// -inf), computed in a temporary sequence.
+    /// `[tokens, vocab]`, the tokens a reduced head never predicts at -inf).
     pub fn score(&mut self, backend: &B, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.score_chunks(backend, tokens, &mut |logits| out.extend(logits))?;
+        Ok(out)
+    }
+
+    /// Feeds `tokens` in chunks of the batch size through a temporary
+    /// sequence and hands each chunk's logits to `each`, so a long sample
+    /// never holds all of them at once.
+    fn score_chunks(
+        &mut self,
+        backend: &B,
+        tokens: &[u32],
+        each: &mut dyn FnMut(Vec<f32>),
+    ) -> Result<()> {
         const SCRATCH: SeqId = SeqId::MAX;
         self.manager.add_sequence(SCRATCH)?;
-        let mut out = Vec::new();
         let mut result = Ok(());
         for (i, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
             let start = i * self.config.max_batch_tokens;
             let rows = (0..chunk.len() as u32).collect();
             match self.forward(backend, &[(SCRATCH, start, chunk)], rows) {
-                Ok(logits) => out.extend(logits),
+                Ok(logits) => each(logits),
                 Err(e) => {
                     result = Err(e);
                     break;
@@ -152,7 +164,7 @@ impl<B: Backend> DraftModel<B> {
             }
         }
         self.manager.free(SCRATCH);
-        result.map(|()| out)
+        result
     }
 
     /// Cuts the draft cache of `seq` back to its common prefix with

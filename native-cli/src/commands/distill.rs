@@ -84,10 +84,11 @@ pub struct DistillArgs {
     /// Steps between evaluations and checkpoints.
     #[arg(long, default_value_t = 50)]
     pub eval_every: usize,
-    /// Keep only this many tokens in the draft's output head: the corpus'
-    /// most frequent, plus the chat template's markers and end-of-sequence
-    /// (a reduced draft vocabulary: each drafted token costs less, and the
-    /// draft never proposes the others). By default it keeps them all.
+    /// Keep only this many tokens in the draft's output head: the chat
+    /// template's markers and end-of-sequence, the training text's most
+    /// frequent tokens, then the lowest unused ids (a reduced draft
+    /// vocabulary: each drafted token costs less, and the draft never
+    /// proposes the others). By default it keeps them all.
     #[arg(long)]
     pub draft_vocab: Option<usize>,
     /// Storage format of the trained matrices: f32, f16, bf16 or q8_0.
