@@ -55,6 +55,10 @@ pub struct Student {
     output_ids: Option<Tensor>,
     layers: Vec<Layer>,
     final_norm: Var,
+    /// An EAGLE head's norm and projection of the target's hidden states
+    /// (`eagle_norm.weight`, `eagle_fc.weight`: `[hidden, hidden]`), added
+    /// to each row's token embedding.
+    eagle: Option<(Var, Var)>,
 }
 
 impl Student {
@@ -110,7 +114,33 @@ impl Student {
             output_ids: None,
             layers: student_layers,
             final_norm,
+            eagle: None,
         })
+    }
+
+    /// An EAGLE head: the target's `layers` (in this order) reading, beside
+    /// each token's embedding, the target's final hidden state at the
+    /// position before, normalised (by a copy of the target's output norm,
+    /// as its head reads it) and projected (by a matrix that starts at
+    /// zero, so training starts from the plain student of those layers),
+    /// with the target's final norm and head.
+    pub fn eagle_from_target(
+        target: &ModelFiles,
+        layers: &[usize],
+        device: &Device,
+    ) -> Result<Self> {
+        let mut student = Self::from_target(target, layers, device)?;
+        let dim = student.config.hidden_size;
+        let norm = Var::from_tensor(student.final_norm.as_tensor())?;
+        let fc = Var::zeros((dim, dim), candle_core::DType::F32, device)?;
+        student.eagle = Some((norm, fc));
+        student.config.reads_hidden = true;
+        Ok(student)
+    }
+
+    /// Whether it is an EAGLE head, trained on the target's hidden states.
+    pub fn reads_hidden(&self) -> bool {
+        self.eagle.is_some()
     }
 
     /// The student with an output head for `tokens` only (increasing ids
@@ -165,6 +195,9 @@ impl Student {
             .flat_map(|l| l.weights.iter().map(|(_, v)| v.clone()))
             .collect();
         vars.push(self.final_norm.clone());
+        if let Some((norm, fc)) = &self.eagle {
+            vars.extend([norm.clone(), fc.clone()]);
+        }
         vars
     }
 
@@ -186,22 +219,82 @@ impl Student {
             }
         }
         out.push(tensor("output_norm.weight".into(), &self.final_norm)?);
+        if let Some((norm, fc)) = &self.eagle {
+            out.push(tensor("eagle_norm.weight".into(), norm)?);
+            out.push(tensor("eagle_fc.weight".into(), fc)?);
+        }
         Ok(out)
     }
 
     /// Logits `[batch × len, output tokens]` for `tokens`: `batch` windows
-    /// of `len` tokens each, every window starting at position 0.
-    pub fn forward(&self, tokens: &[u32], batch: usize, len: usize) -> Result<Tensor> {
+    /// of `len` tokens each, every window starting at position 0. A plain
+    /// student gives one tensor. An EAGLE head reads `hidden`, the target's
+    /// final hidden states of the same rows (`[batch × len, hidden]`), and
+    /// gives two: its drafts after the target's hidden states, and the
+    /// next draft's, each row reading the head's own hidden state of the
+    /// row before instead and attending to the first pass's keys before it
+    /// (drafting's second step, trained as EAGLE-3 does).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        len: usize,
+        hidden: Option<&[f32]>,
+    ) -> Result<Vec<Tensor>> {
         if batch * len != tokens.len() || len == 0 {
             return Err(Error::InvalidInput(format!(
                 "{} tokens are not {batch} windows of {len}",
                 tokens.len()
             )));
         }
-        let c = &self.config;
         let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-        let mut x = self.embedding.index_select(&ids, 0)?;
-        let mask = causal_mask(len, &self.device)?;
+        let embedded = self.embedding.index_select(&ids, 0)?;
+        let shape = Windows { batch, len };
+        let Some((norm, fc)) = &self.eagle else {
+            let (x, _) = self.layers_forward(embedded, shape, None)?;
+            return Ok(vec![self.logits(&x)?]);
+        };
+        let dim = self.config.hidden_size;
+        let hidden = match hidden {
+            Some(h) if h.len() == tokens.len() * dim => h,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "an EAGLE head needs the target's hidden state of every row".into(),
+                ))
+            }
+        };
+        let target = Tensor::from_slice(hidden, (tokens.len(), dim), &self.device)?;
+        let eps = self.config.rms_eps;
+        let input = |h: &Tensor| -> Result<Tensor> {
+            let normed = rms_norm(&shape.previous_rows(h)?, norm.as_tensor(), eps)?;
+            Ok((&embedded + linear(&normed, fc.as_tensor(), None)?)?)
+        };
+        let (first, keys) = self.layers_forward(input(&target)?, shape, None)?;
+        let (second, _) = self.layers_forward(input(&first)?, shape, Some(&keys))?;
+        Ok(vec![self.logits(&first)?, self.logits(&second)?])
+    }
+
+    /// The final norm and the output head.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = rms_norm(x, self.final_norm.as_tensor(), self.config.rms_eps)?;
+        let head = self.head.as_ref().unwrap_or(&self.embedding);
+        Ok(x.matmul(&head.t()?)?)
+    }
+
+    /// The layers over `x` (`[rows, hidden]`). Returns the final residual
+    /// stream and each layer's keys and values (RoPE applied, one per query
+    /// head). With `prior` (an earlier pass's keys and values), each row
+    /// attends to the prior's rows before it and to itself.
+    fn layers_forward(
+        &self,
+        mut x: Tensor,
+        shape: Windows,
+        prior: Option<&[(Tensor, Tensor)]>,
+    ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let c = &self.config;
+        let Windows { batch, len } = shape;
+        let mask = causal_mask(len, prior.is_some(), &self.device)?;
+        let mut keys = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let w = |stem: &str| -> &Tensor {
                 let (_, v) = layer
@@ -232,9 +325,23 @@ impl Student {
             let q = rope(&q, &cos, &sin)?;
             let k = repeat_kv(&rope(&k, &cos, &sin)?, c.num_heads / c.num_kv_heads)?;
             let v = repeat_kv(&v, c.num_heads / c.num_kv_heads)?;
-            let scores = (q.matmul(&k.t()?.contiguous()?)? * c.attention_scale as f64)?
-                .broadcast_add(&mask)?;
-            let attended = softmax(&scores)?.matmul(&v)?;
+            let scale = c.attention_scale as f64;
+            let attended = match prior.map(|p| &p[i]) {
+                None => {
+                    let scores =
+                        (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&mask)?;
+                    softmax(&scores)?.matmul(&v)?
+                }
+                Some((prior_k, prior_v)) => {
+                    let scores =
+                        (q.matmul(&prior_k.t()?.contiguous()?)? * scale)?.broadcast_add(&mask)?;
+                    let own = ((&q * &k)?.sum_keepdim(D::Minus1)? * scale)?;
+                    let p = softmax(&Tensor::cat(&[scores, own], D::Minus1)?)?;
+                    let from_prior = p.narrow(D::Minus1, 0, len)?.matmul(prior_v)?;
+                    (from_prior + p.narrow(D::Minus1, len, 1)?.broadcast_mul(&v)?)?
+                }
+            };
+            keys.push((k, v));
             let attended = attended
                 .transpose(1, 2)?
                 .reshape((batch * len, c.num_heads * c.head_dim))?;
@@ -244,9 +351,26 @@ impl Student {
             let up = linear(&h, w("ffn_up.weight"), None)?;
             x = (x + linear(&(gate * up)?, w("ffn_down.weight"), None)?)?;
         }
-        let x = rms_norm(&x, self.final_norm.as_tensor(), c.rms_eps)?;
-        let head = self.head.as_ref().unwrap_or(&self.embedding);
-        Ok(x.matmul(&head.t()?)?)
+        Ok((x, keys))
+    }
+}
+
+/// `batch` windows of `len` rows each, one after the other.
+#[derive(Clone, Copy)]
+struct Windows {
+    batch: usize,
+    len: usize,
+}
+
+impl Windows {
+    /// Each row replaced by the row before it in its window, zeros first:
+    /// what an EAGLE head's row reads of `x` (`[batch × len, width]`).
+    fn previous_rows(self, x: &Tensor) -> Result<Tensor> {
+        let width = x.dim(D::Minus1)?;
+        let x = x.reshape((self.batch, self.len, width))?;
+        let zeros = Tensor::zeros((self.batch, 1, width), x.dtype(), x.device())?;
+        let shifted = Tensor::cat(&[zeros, x.narrow(1, 0, self.len - 1)?], 1)?;
+        Ok(shifted.reshape((self.batch * self.len, width))?)
     }
 }
 
@@ -283,11 +407,13 @@ pub(crate) fn softmax(x: &Tensor) -> Result<Tensor> {
     Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
 }
 
-/// `0` on and below the diagonal, `-inf` above: position `i` sees `0..=i`.
-fn causal_mask(len: usize, device: &Device) -> Result<Tensor> {
+/// `0` where row `i` sees column `j` (`j <= i`, or `j < i` when
+/// `strict`), `-inf` elsewhere.
+fn causal_mask(len: usize, strict: bool, device: &Device) -> Result<Tensor> {
     let mask: Vec<f32> = (0..len * len)
         .map(|i| {
-            if i % len > i / len {
+            let (row, col) = (i / len, i % len);
+            if col > row || (strict && col == row) {
                 f32::NEG_INFINITY
             } else {
                 0.0

@@ -24,17 +24,23 @@ pub struct TeacherBatch {
     pub len: usize,
     /// `[windows × len, vocab]`: row `i` is the distribution of token `i + 1`.
     pub logits: Vec<f32>,
+    /// `[windows × len, hidden]`: the target's final hidden state of each
+    /// row, for an EAGLE head; empty otherwise.
+    pub hidden: Vec<f32>,
 }
 
 /// The target model on a CPU engine sized for one window at a time.
 pub struct Teacher {
     engine: Engine<CpuBackend>,
+    /// Whether to keep the hidden states too.
+    hidden: bool,
 }
 
 impl Teacher {
     /// An engine for `files` that scores windows of up to `len` tokens on
-    /// `threads` CPU threads (0: one per core).
-    pub fn new(files: &ModelFiles, len: usize, threads: usize) -> Result<Self> {
+    /// `threads` CPU threads (0: one per core), keeping the final hidden
+    /// states too with `hidden`.
+    pub fn new(files: &ModelFiles, len: usize, threads: usize, hidden: bool) -> Result<Self> {
         let config = EngineConfig {
             max_context: Some(len + 1),
             max_batch_tokens: len,
@@ -42,7 +48,7 @@ impl Teacher {
         }
         .with_capacity_tokens(len + 1);
         let engine = Engine::new(CpuBackend::new(threads), files, config, &mut |_, _| {})?;
-        Ok(Self { engine })
+        Ok(Self { engine, hidden })
     }
 
     /// The target's logits at every position of each of `windows`.
@@ -53,32 +59,40 @@ impl Teacher {
                 "a batch's windows differ in length".into(),
             ));
         }
-        let mut logits = Vec::new();
+        let (mut logits, mut hidden) = (Vec::new(), Vec::new());
         for window in windows {
-            logits.extend(self.engine.score(window, 0)?);
+            match self.hidden {
+                true => {
+                    let (l, h) = self.engine.score_hidden(window)?;
+                    logits.extend(l);
+                    hidden.extend(h);
+                }
+                false => logits.extend(self.engine.score(window, 0)?),
+            }
         }
         Ok(TeacherBatch {
             tokens: windows.concat(),
             windows: windows.len(),
             len,
             logits,
+            hidden,
         })
     }
 }
 
-/// Scores `batches` in order on a thread of `scope`, the engine built there;
-/// the receiver yields each batch's result. Dropping the receiver stops the
-/// thread after the batch it is computing.
+/// Scores `batches` in order on a thread of `scope`, the engine built there
+/// (a [`Teacher::new`] of these arguments); the receiver yields each
+/// batch's result. Dropping the receiver stops the thread after the batch
+/// it is computing.
 pub fn stream<'scope, 'env>(
     scope: &'scope Scope<'scope, 'env>,
     files: &'env ModelFiles,
-    len: usize,
-    threads: usize,
+    (len, threads, hidden): (usize, usize, bool),
     batches: Vec<Vec<Vec<u32>>>,
 ) -> Receiver<Result<TeacherBatch>> {
     let (tx, rx) = sync_channel(AHEAD);
     scope.spawn(move || {
-        let mut teacher = match Teacher::new(files, len, threads) {
+        let mut teacher = match Teacher::new(files, len, threads, hidden) {
             Ok(t) => t,
             Err(e) => {
                 let _ = tx.send(Err(e));

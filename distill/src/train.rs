@@ -44,13 +44,16 @@ pub struct Eval {
     /// Fraction of positions where the target's most likely token is one
     /// the student can predict (1 with the whole vocabulary).
     pub coverage: f64,
+    /// An EAGLE head's agreement at its second draft (reading its own
+    /// hidden state of the row before, not the target's).
+    pub second_agreement: Option<f64>,
 }
 
 /// One step's report.
 pub struct Progress {
     pub step: usize,
     pub steps: usize,
-    /// This step's training KL.
+    /// This step's training KL (an EAGLE head's: the mean of its two passes).
     pub loss: f64,
     /// Training tokens per second since the start (target and student).
     pub tokens_per_s: f64,
@@ -89,7 +92,8 @@ pub fn distill(
     let mut batches = vec![corpus.eval.clone()];
     batches.extend(schedule(&corpus.train, options));
     std::thread::scope(|scope| {
-        let rx = teacher::stream(scope, target, len, options.teacher_threads, batches);
+        let teacher_args = (len, options.teacher_threads, student.reads_hidden());
+        let rx = teacher::stream(scope, target, teacher_args, batches);
         let eval_batch = teacher::next(&rx)?;
         let before = evaluate(student, &eval_batch)?;
         let mut optimizer = AdamW::new(
@@ -107,9 +111,14 @@ pub fn distill(
         while steps_done < options.steps && !stop.load(Ordering::SeqCst) {
             let batch = teacher::next(&rx)?;
             optimizer.set_learning_rate(learning_rate(options, steps_done));
-            let logits = student.forward(&batch.tokens, batch.windows, batch.len)?;
-            let target = student.restrict(&target_tensor(&batch, &logits)?)?;
-            let loss = loss::kl(&logits, &target)?;
+            let passes =
+                student.forward(&batch.tokens, batch.windows, batch.len, hidden(&batch))?;
+            let target = student.restrict(&target_tensor(&batch, &passes[0])?)?;
+            let mut loss = loss::kl(&passes[0], &target)?;
+            for pass in &passes[1..] {
+                loss = (loss + loss::kl(pass, &target)?)?;
+            }
+            let loss = (loss / passes.len() as f64)?;
             optimizer.backward_step(&loss)?;
             steps_done += 1;
             tokens += batch.tokens.len();
@@ -191,13 +200,22 @@ fn target_tensor(batch: &TeacherBatch, like: &Tensor) -> Result<Tensor> {
     )?)
 }
 
-/// The student against the target on `eval`'s windows, one window at a time.
+/// The target's hidden states of `batch`, where it kept them.
+fn hidden(batch: &TeacherBatch) -> Option<&[f32]> {
+    (!batch.hidden.is_empty()).then_some(batch.hidden.as_slice())
+}
+
+/// The student against the target on `eval`'s windows, one window at a
+/// time: KL, agreement and coverage of its first (or only) pass.
 pub fn evaluate(student: &Student, eval: &TeacherBatch) -> Result<Eval> {
-    let (mut kl, mut agreement, mut coverage) = (0.0, 0.0, 0.0);
+    let (mut kl, mut agreement, mut coverage, mut second) = (0.0, 0.0, 0.0, 0.0);
     let per_window = eval.logits.len() / eval.windows.max(1);
+    let hidden_per_window = eval.hidden.len() / eval.windows.max(1);
     for w in 0..eval.windows {
         let tokens = &eval.tokens[w * eval.len..(w + 1) * eval.len];
-        let logits = student.forward(tokens, 1, eval.len)?.detach();
+        let rows = hidden(eval).map(|h| &h[w * hidden_per_window..(w + 1) * hidden_per_window]);
+        let passes = student.forward(tokens, 1, eval.len, rows)?;
+        let logits = passes[0].detach();
         let target = Tensor::from_slice(
             &eval.logits[w * per_window..(w + 1) * per_window],
             (eval.len, per_window / eval.len.max(1)),
@@ -207,11 +225,15 @@ pub fn evaluate(student: &Student, eval: &TeacherBatch) -> Result<Eval> {
         let top = loss::top_one(&logits, student.output_tokens(), &target)?;
         agreement += top.agreement;
         coverage += top.coverage;
+        if let Some(pass) = passes.get(1) {
+            second += loss::top_one(&pass.detach(), student.output_tokens(), &target)?.agreement;
+        }
     }
     let n = eval.windows as f64;
     Ok(Eval {
         kl: kl / n,
         agreement: agreement / n,
         coverage: coverage / n,
+        second_agreement: student.reads_hidden().then_some(second / n),
     })
 }

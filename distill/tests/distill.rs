@@ -11,7 +11,7 @@ use tandem_core::model::synthetic::SyntheticModel;
 use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::Rng;
-use tandem_core::spec::{DraftModel, DraftModelConfig};
+use tandem_core::spec::{DraftModel, DraftModelConfig, EagleDraft};
 use tandem_core::tokenizer::ChatMessage;
 use tandem_cpu::CpuBackend;
 use tandem_distill::corpus::EvalSource;
@@ -57,11 +57,9 @@ fn sentences(target: &ModelFiles, seed: u64) -> Corpus {
     .unwrap()
 }
 
-/// The student's logits for one window, flattened.
-fn student_logits(student: &Student, window: &[u32]) -> Vec<f32> {
-    student
-        .forward(window, 1, window.len())
-        .unwrap()
+/// The student's logits for one window (its first pass), flattened.
+fn student_logits(student: &Student, window: &[u32], hidden: Option<&[f32]>) -> Vec<f32> {
+    student.forward(window, 1, window.len(), hidden).unwrap()[0]
         .flatten_all()
         .unwrap()
         .to_vec1()
@@ -145,7 +143,7 @@ fn the_written_draft_computes_what_the_student_computes() {
     .with_capacity_tokens(128);
     let mut engine = Engine::new(CpuBackend::new(1), &draft, config, &mut |_, _| {}).unwrap();
     let window = &corpus.eval[0];
-    let want = student_logits(&student, window);
+    let want = student_logits(&student, window, None);
     let got = engine.score(window, 0).unwrap();
     let diff = want
         .iter()
@@ -211,7 +209,7 @@ fn a_reduced_vocabulary_draft_learns_and_loads_as_trained() {
     };
     let mut loaded = DraftModel::load(&backend, &draft, None, draft_config).unwrap();
     let window = &corpus.eval[0];
-    let want = student_logits(&student, window);
+    let want = student_logits(&student, window, None);
     let got = loaded.score(&backend, window).unwrap();
     assert_eq!(got.len(), window.len() * vocab_size);
     for (row, wide) in want.chunks(tokens.len()).zip(got.chunks(vocab_size)) {
@@ -220,6 +218,115 @@ fn a_reduced_vocabulary_draft_learns_and_loads_as_trained() {
                 Ok(i) => assert!((logit - row[i]).abs() < 1e-3, "token {t}"),
                 Err(_) => assert_eq!(logit, f32::NEG_INFINITY, "token {t}"),
             }
+        }
+    }
+}
+
+#[test]
+fn an_eagle_head_learns_from_the_targets_hidden_states_and_loads_as_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_target(dir.path(), 37);
+    let corpus = sentences(&target, 6);
+    let student = Student::eagle_from_target(&target, &[1], &Device::Cpu)
+        .unwrap()
+        .with_output_tokens(vocab::frequent_tokens(&target.tokenizer, &corpus.train, 40).unwrap())
+        .unwrap();
+    assert!(student.reads_hidden());
+    let summary = train(&target, &student, &corpus, 40);
+    let second = summary
+        .after
+        .second_agreement
+        .expect("an EAGLE head's second draft");
+    eprintln!(
+        "EAGLE: KL {:.4} -> {:.4}, agreement {:.3} -> {:.3}, second draft {second:.3}",
+        summary.before.kl, summary.after.kl, summary.before.agreement, summary.after.agreement
+    );
+    assert!(
+        summary.after.kl < 0.6 * summary.before.kl,
+        "KL on held-apart text {:.4} -> {:.4}: not lowered by 40%",
+        summary.before.kl,
+        summary.after.kl
+    );
+
+    let out = dir.path().join("eagle");
+    write_student(&target, &student, WeightFormat::F32, &out).unwrap();
+    let head = tandem_core::model::load(&out).unwrap();
+    assert!(head.config.reads_hidden);
+    assert_eq!(head.config.num_layers, 1);
+    let config = EngineConfig::default().with_capacity_tokens(128);
+    let err = Engine::new(CpuBackend::new(1), &head, config, &mut |_, _| {})
+        .err()
+        .expect("an EAGLE head does not run alone");
+    assert!(err.to_string().contains("EAGLE head"), "{err}");
+
+    // The loaded head, fed the target's hidden states, gives the student's logits.
+    let window = &corpus.eval[0];
+    let config = EngineConfig::default().with_capacity_tokens(128);
+    let mut engine = Engine::new(CpuBackend::new(1), &target, config, &mut |_, _| {}).unwrap();
+    let (_, hidden) = engine.score_hidden(window).unwrap();
+    let backend = CpuBackend::new(1);
+    let draft_config = DraftModelConfig {
+        block_size: 16,
+        capacity_tokens: 256,
+        kv_dtype: Default::default(),
+        // Awkward chunks: the scratch sequence is fed in three passes.
+        max_batch_tokens: 20,
+        cascade: None,
+    };
+    let dim = target.config.hidden_size;
+    let mut loaded = EagleDraft::load(&backend, &head, dim, draft_config.clone()).unwrap();
+    let want = student_logits(&student, window, Some(&hidden));
+    let got = loaded.score(&backend, window, &hidden).unwrap();
+    let tokens = student.output_tokens().unwrap();
+    let vocab_size = target.config.vocab_size;
+    assert_eq!(got.len(), window.len() * vocab_size);
+    for (row, wide) in want.chunks(tokens.len()).zip(got.chunks(vocab_size)) {
+        for (&t, &logit) in tokens.iter().zip(row) {
+            let diff = (wide[t as usize] - logit).abs();
+            assert!(diff < 1e-3, "token {t}: {} vs {logit}", wide[t as usize]);
+        }
+    }
+    let err = EagleDraft::load(&backend, &head, dim + 1, draft_config.clone())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("hidden states of"), "{err}");
+    let err = DraftModel::load(&backend, &head, None, draft_config)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("EAGLE head"), "{err}");
+}
+
+#[test]
+fn the_targets_hidden_states_give_its_logits_through_its_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_target(dir.path(), 38);
+    let config = EngineConfig {
+        max_batch_tokens: 7,
+        ..EngineConfig::default()
+    }
+    .with_capacity_tokens(128);
+    let mut engine = Engine::new(CpuBackend::new(1), &target, config, &mut |_, _| {}).unwrap();
+    let tokens: Vec<u32> = (0..19).map(|i| (i * 37 % 300) as u32).collect();
+    let (logits, hidden) = engine.score_hidden(&tokens).unwrap();
+    assert_eq!(logits, engine.score(&tokens, 0).unwrap());
+    let (dim, vocab) = (target.config.hidden_size, target.config.vocab_size);
+    assert_eq!(hidden.len(), tokens.len() * dim);
+    let norm = tandem_distill::target_weights::load(&target, "output_norm.weight").unwrap();
+    let head_name = match target.config.tied_embeddings {
+        true => "token_embd.weight",
+        false => "output.weight",
+    };
+    let head = tandem_distill::target_weights::load(&target, head_name).unwrap();
+    for (h, want) in hidden.chunks(dim).zip(logits.chunks(vocab)) {
+        let rms =
+            (h.iter().map(|x| x * x).sum::<f32>() / dim as f32 + target.config.rms_eps).sqrt();
+        let normed: Vec<f32> = h.iter().zip(&norm.data).map(|(x, w)| x / rms * w).collect();
+        for (row, &want) in head.data.chunks(dim).zip(want) {
+            let got: f32 = row.iter().zip(&normed).map(|(a, b)| a * b).sum();
+            assert!(
+                (got - want).abs() < 1e-3 * want.abs().max(1.0),
+                "{got} vs {want}"
+            );
         }
     }
 }
@@ -268,7 +375,7 @@ fn a_student_of_the_whole_target_matches_it_exactly() {
     )
     .unwrap();
     let student = Student::from_target(&target, &[0, 1], &Device::Cpu).unwrap();
-    let mut teacher = tandem_distill::teacher::Teacher::new(&target, 32, 1).unwrap();
+    let mut teacher = tandem_distill::teacher::Teacher::new(&target, 32, 1, false).unwrap();
     let eval = teacher.score(&corpus.eval).unwrap();
     let e = evaluate(&student, &eval).unwrap();
     assert!(e.kl < 1e-4 && e.agreement == 1.0, "{e:?}");

@@ -99,6 +99,85 @@ fn a_distilled_draft_with_a_reduced_vocabulary_speculates_and_never_runs_alone()
     assert_clear_error(&out, &["no instructions"]);
 }
 
+#[test]
+fn an_eagle_head_within_a_parameter_budget_speculates_and_never_runs_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("tiny.gguf");
+    SyntheticModel::preset("tiny", WeightFormat::F32, 5)
+        .unwrap()
+        .write_gguf(&target)
+        .unwrap();
+    let corpus = dir.path().join("corpus.txt");
+    std::fs::write(&corpus, "glass bends the light into bands. ".repeat(40)).unwrap();
+    let head = dir.path().join("eagle");
+    let (t, c, h) = (path(&target), path(&corpus), path(&head));
+    let distill = [
+        "distill",
+        "-m",
+        t,
+        "--out",
+        h,
+        "--corpus",
+        c,
+        "--kind",
+        "eagle",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-tokens",
+        "32",
+        "--eval-every",
+        "0",
+        "-t",
+        "1",
+    ];
+    // The tiny target's one layer costs a few thousand parameters; its
+    // embedding alone already exceeds 1K.
+    let out = tandem(&[&distill[..], &["--budget-params", "1K"]].concat());
+    assert_clear_error(&out, &["--budget-params 1000", "one layer"]);
+    let out = tandem(&[&distill[..], &["--budget-params", "50M"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("at the second draft"), "{stderr}");
+    assert!(stderr.contains("student of layers [0, 1]"), "{stderr}");
+
+    let inspect = tandem(&["inspect", h]);
+    let shown = String::from_utf8_lossy(&inspect.stdout);
+    assert!(shown.contains("an EAGLE head"), "{shown}");
+
+    let run = ["run", "--backend", "cpu", "-n", "16", "light bends"];
+    let plain = tandem(&[&run[..], &["-m", t]].concat());
+    assert!(plain.status.success());
+    for k in ["1", "3", "auto"] {
+        let speculate = [
+            "-m",
+            t,
+            "--speculate",
+            &format!("draft:{h}"),
+            "--draft-k",
+            k,
+        ];
+        let speculative = tandem(&[&run[..], &speculate[..]].concat());
+        let stderr = String::from_utf8_lossy(&speculative.stderr);
+        assert!(speculative.status.success(), "{stderr}");
+        assert_eq!(speculative.stdout, plain.stdout, "k {k}");
+        assert!(stderr.contains("EAGLE head"), "{stderr}");
+    }
+    let cascade = tandem(
+        &[
+            &run[..],
+            &["-m", t, "--cascade", &format!("ngram,draft:{h}")],
+        ]
+        .concat(),
+    );
+    assert_clear_error(&cascade, &["cascade inside an EAGLE head"]);
+    let alone = tandem(&[&run[..], &["-m", h]].concat());
+    assert_clear_error(&alone, &["EAGLE head", "--speculate draft:DIR"]);
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }

@@ -3,7 +3,8 @@
 //! distributed exactly as the target's (chi-square against the exact joint
 //! distribution, also with a deliberately bad draft and with drafts
 //! distilled by `tandem-distill` and loaded from their directory, one of
-//! them with a reduced output vocabulary), and the KV bookkeeping
+//! them with a reduced output vocabulary, one an EAGLE head drafting from
+//! the target's hidden states), and the KV bookkeeping
 //! consistent through rejections, preemptions and removals.
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,7 +18,8 @@ use tandem_core::model::ModelFiles;
 use tandem_core::quant::WeightFormat;
 use tandem_core::sched::SamplingParams;
 use tandem_core::spec::{
-    self_draft_candidates, DraftLength, DraftModel, DraftModelConfig, NgramProposer, Proposer,
+    self_draft_candidates, DraftLength, DraftModel, DraftModelConfig, EagleDraft, NgramProposer,
+    Proposer,
 };
 use tandem_cpu::CpuBackend;
 use tandem_distill::write::write_student;
@@ -39,6 +41,17 @@ enum Method {
     SelfLayers,
     /// n-gram drafting for the other model.
     Cascade,
+    /// The other model is an EAGLE head of the target.
+    Eagle,
+}
+
+/// What `distilled_draft` trains.
+#[derive(Clone, Copy, PartialEq)]
+enum Distilled {
+    Layers,
+    /// With an output head of this many tokens.
+    Reduced(usize),
+    Eagle,
 }
 
 fn draft_config(cascade: bool) -> DraftModelConfig {
@@ -67,15 +80,20 @@ fn proposer(
             Box::new(DraftModel::load(b, target, Some(&[1]), draft_config(false)).unwrap())
         }
         Method::Cascade => Box::new(DraftModel::load(b, other, None, draft_config(true)).unwrap()),
+        Method::Eagle => {
+            let hidden = target.config.hidden_size;
+            Box::new(EagleDraft::load(b, other, hidden, draft_config(false)).unwrap())
+        }
     }
 }
 
 /// A one-layer draft distilled from `target` for a few dozen steps on
 /// windows of the test prompt's first 12 tokens followed by random ones
 /// (the sampled test's kind of text), written to `dir` and loaded from
-/// there, as `--speculate draft:DIR` loads it. With `draft_vocab`, its
-/// output head keeps that many of the windows' most frequent tokens.
-fn distilled_draft(target: &ModelFiles, dir: &Path, draft_vocab: Option<usize>) -> ModelFiles {
+/// there, as `--speculate draft:DIR` loads it: of the target's layer 1, a
+/// reduced one keeping the windows' most frequent tokens in its output
+/// head, or an EAGLE head.
+fn distilled_draft(target: &ModelFiles, dir: &Path, kind: Distilled) -> ModelFiles {
     let vocab = target.config.vocab_size as u64;
     let mut rng = tandem_core::sched::Rng::new(5);
     let mut windows = |n: usize| -> Vec<Vec<u32>> {
@@ -90,8 +108,11 @@ fn distilled_draft(target: &ModelFiles, dir: &Path, draft_vocab: Option<usize>) 
         train: windows(64),
         eval: windows(2),
     };
-    let mut student = Student::from_target(target, &[1], &Device::Cpu).unwrap();
-    if let Some(size) = draft_vocab {
+    let mut student = match kind {
+        Distilled::Eagle => Student::eagle_from_target(target, &[1], &Device::Cpu).unwrap(),
+        _ => Student::from_target(target, &[1], &Device::Cpu).unwrap(),
+    };
+    if let Distilled::Reduced(size) = kind {
         let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, size).unwrap();
         student = student.with_output_tokens(tokens).unwrap();
     }
@@ -120,10 +141,12 @@ fn distilled_draft(target: &ModelFiles, dir: &Path, draft_vocab: Option<usize>) 
     );
     write_student(target, &student, WeightFormat::F32, dir).unwrap();
     let draft = tandem_core::model::load(dir).unwrap();
-    assert_eq!(
-        draft.config.output_tokens.as_ref().map(Vec::len),
-        draft_vocab
-    );
+    let reduced = match kind {
+        Distilled::Reduced(size) => Some(size),
+        _ => None,
+    };
+    assert_eq!(draft.config.output_tokens.as_ref().map(Vec::len), reduced);
+    assert_eq!(draft.config.reads_hidden, kind == Distilled::Eagle);
     draft
 }
 
@@ -143,9 +166,11 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
     let other_dir = tempfile::tempdir().unwrap();
     let other = tiny_gguf(other_dir.path(), &tiny(WeightFormat::Q8_0, 12));
     let distilled_dir = tempfile::tempdir().unwrap();
-    let distilled = distilled_draft(&target, distilled_dir.path(), None);
+    let distilled = distilled_draft(&target, distilled_dir.path(), Distilled::Layers);
     let reduced_dir = tempfile::tempdir().unwrap();
-    let reduced = distilled_draft(&target, reduced_dir.path(), Some(100));
+    let reduced = distilled_draft(&target, reduced_dir.path(), Distilled::Reduced(100));
+    let eagle_dir = tempfile::tempdir().unwrap();
+    let eagle = distilled_draft(&target, eagle_dir.path(), Distilled::Eagle);
     let greedy = |_: usize| SamplingParams::default();
     let want = generate(&mut cpu_engine(&target, 1024, 64), &prompts(), &greedy, 40);
     for (method, draft) in [
@@ -153,6 +178,7 @@ fn greedy_output_is_identical_with_every_proposer_and_draft_length() {
         (Method::OtherModel, &other),
         (Method::OtherModel, &distilled),
         (Method::OtherModel, &reduced),
+        (Method::Eagle, &eagle),
         (Method::SelfLayers, &other),
         (Method::Cascade, &other),
     ] {
@@ -227,9 +253,11 @@ fn sampled_output_has_exactly_the_targets_distribution() {
     let near_dir = tempfile::tempdir().unwrap();
     let near = tiny_gguf(near_dir.path(), &tiny(WeightFormat::Q4_0, 21));
     let distilled_dir = tempfile::tempdir().unwrap();
-    let distilled = distilled_draft(&target, distilled_dir.path(), None);
+    let distilled = distilled_draft(&target, distilled_dir.path(), Distilled::Layers);
     let reduced_dir = tempfile::tempdir().unwrap();
-    let reduced = distilled_draft(&target, reduced_dir.path(), Some(100));
+    let reduced = distilled_draft(&target, reduced_dir.path(), Distilled::Reduced(100));
+    let eagle_dir = tempfile::tempdir().unwrap();
+    let eagle = distilled_draft(&target, eagle_dir.path(), Distilled::Eagle);
     let params = SamplingParams {
         temperature: 0.7,
         top_k: 4,
@@ -250,6 +278,7 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         (Method::OtherModel, &other),
         (Method::OtherModel, &distilled),
         (Method::OtherModel, &reduced),
+        (Method::Eagle, &eagle),
         (Method::Cascade, &near),
         (Method::Ngram, &other),
         (Method::SelfLayers, &other),
@@ -276,7 +305,10 @@ fn sampled_output_has_exactly_the_targets_distribution() {
         assert!(stats.proposed_tokens > 0, "{name} proposed nothing");
         // Its drafts must be accepted (the random model's never are) for the
         // test to weigh them.
-        if std::ptr::eq(draft, &distilled) || std::ptr::eq(draft, &reduced) {
+        if [&distilled, &reduced, &eagle]
+            .iter()
+            .any(|d| std::ptr::eq(draft, *d))
+        {
             assert!(
                 stats.acceptance_rate() > 0.05,
                 "{name}: acceptance {:.2}",
@@ -371,14 +403,27 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     #[test]
-    fn kv_bookkeeping_stays_consistent_through_rejections(ops in prop::collection::vec(op(), 1..40)) {
+    fn kv_bookkeeping_stays_consistent_through_rejections(
+        ops in prop::collection::vec(op(), 1..40),
+        eagle in any::<bool>(),
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let target = tiny_gguf(dir.path(), &tiny(WeightFormat::Q8_0, 31));
         let stems = [PROMPT.to_vec(), PROMPT[..17].to_vec(), vec![4; 20]];
         // A small pool: sequences get preempted with drafts in flight.
         let mut engine = cpu_engine(&target, 160, 24);
-        let draft = DraftModel::load(engine.backend(), &target, Some(&[0]), draft_config(true)).unwrap();
-        engine.set_speculation(Box::new(draft), DraftLength::Adaptive { max: 5 }).unwrap();
+        // The self-draft with an n-gram cascade, or an EAGLE head fed the
+        // hidden states of prefix hits, recomputed prompts and removed sequences.
+        let draft: Box<dyn Proposer<CpuBackend>> = match eagle {
+            true => {
+                let head = distilled_draft(&target, &dir.path().join("eagle"), Distilled::Eagle);
+                proposer(&Method::Eagle, &engine, &target, &head)
+            }
+            false => Box::new(
+                DraftModel::load(engine.backend(), &target, Some(&[0]), draft_config(true)).unwrap(),
+            ),
+        };
+        engine.set_speculation(draft, DraftLength::Adaptive { max: 5 }).unwrap();
         let mut plain = cpu_engine(&target, 4096, 512);
         let mut live: Vec<SeqId> = Vec::new();
         let mut prompts: HashMap<SeqId, Vec<u32>> = HashMap::new();

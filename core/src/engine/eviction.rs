@@ -76,25 +76,29 @@ impl<B: Backend> Engine<B> {
 
     /// The forward pass of `batch`, with the attention-score variant when
     /// a row of `rows` feeds its sequence's scores; those are read back and
-    /// added to the sequences' block tables.
+    /// added to the sequences' block tables. Returns the logits, and with
+    /// `hidden` every row's final hidden state.
     pub(super) fn forward_scoring(
         &mut self,
         batch: &ForwardBatch,
         rows: &[ScoredRows],
-    ) -> Result<B::Tensor> {
+        hidden: bool,
+    ) -> Result<(B::Tensor, Option<B::Tensor>)> {
+        let (model, backend) = (&self.model, &self.backend);
+        let forward = |kv: &mut [B::KvCache], extra| match hidden {
+            true => model
+                .forward_hidden(backend, batch, kv, extra)
+                .map(|(logits, h)| (logits, Some(h))),
+            false => Ok((model.forward_with(backend, batch, kv, extra)?, None)),
+        };
         if !rows.iter().any(|r| r.scored(batch).next().is_some()) {
-            return self.model.forward(&self.backend, batch, &mut self.kv);
+            return forward(&mut self.kv, AttentionExtra::None);
         }
         let kv_heads = self.model.config.num_kv_heads;
         let width = batch.max_blocks_per_seq;
         let len = batch.rows() * kv_heads * width;
         let mut scores = self.backend.upload(&vec![0.0; len])?;
-        let logits = self.model.forward_with(
-            &self.backend,
-            batch,
-            &mut self.kv,
-            AttentionExtra::Scores(&mut scores),
-        )?;
+        let out = forward(&mut self.kv, AttentionExtra::Scores(&mut scores))?;
         let scores = self.backend.download(&scores, len)?;
         for r in rows {
             let mut mass = vec![0f32; width];
@@ -108,7 +112,7 @@ impl<B: Backend> Engine<B> {
             let decay = r.plan.score_decay(queries);
             self.kv_manager.add_block_scores(r.seq, &mass, decay)?;
         }
-        Ok(logits)
+        Ok(out)
     }
 
     /// Cuts every sequence of `schedule` back to its budget.

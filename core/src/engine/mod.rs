@@ -187,6 +187,13 @@ impl<B: Backend> Engine<B> {
                 "block size, KV blocks and batch tokens must all be positive".into(),
             ));
         }
+        if files.config.reads_hidden {
+            return Err(Error::InvalidRequest(format!(
+                "{} is an EAGLE head: it drafts from its target's hidden states \
+                 (--speculate draft:DIR) and does not run alone",
+                files.path.display()
+            )));
+        }
         if let Some(tokens) = &files.config.output_tokens {
             return Err(Error::InvalidRequest(format!(
                 "{} predicts {} of its {} tokens (a draft with a reduced output vocabulary): \
@@ -667,6 +674,24 @@ impl<B: Backend> Engine<B> {
     /// chunk of `max_batch_tokens`, the tokens before `first_row` counting
     /// as its prompt.
     pub fn score(&mut self, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+        self.score_sequence(tokens, first_row, None)
+    }
+
+    /// [`Engine::score`] from row 0, with every row's final hidden state
+    /// (`[rows, hidden]`, before the output norm): what an EAGLE head is
+    /// trained on. Returns the logits and the hidden states.
+    pub fn score_hidden(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut hidden = Vec::with_capacity(tokens.len() * self.model.config.hidden_size);
+        let logits = self.score_sequence(tokens, 0, Some(&mut hidden))?;
+        Ok((logits, hidden))
+    }
+
+    fn score_sequence(
+        &mut self,
+        tokens: &[u32],
+        first_row: usize,
+        hidden: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>> {
         if tokens.is_empty() || first_row >= tokens.len() {
             return Err(Error::InvalidRequest("nothing to score".into()));
         }
@@ -675,12 +700,18 @@ impl<B: Backend> Engine<B> {
         let id = self.next_id;
         self.next_id += 1;
         self.kv_manager.add_sequence(id)?;
-        let result = self.score_chunks(id, tokens, first_row);
+        let result = self.score_chunks(id, tokens, first_row, hidden);
         self.kv_manager.free(id);
         result
     }
 
-    fn score_chunks(&mut self, id: SeqId, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
+    fn score_chunks(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        first_row: usize,
+        mut hidden: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>> {
         let vocab = self.model.config.vocab_size;
         let bs = self.kv_manager.block_size();
         let mut out = Vec::with_capacity((tokens.len() - first_row) * vocab);
@@ -696,21 +727,23 @@ impl<B: Backend> Engine<B> {
             batch.logit_rows = (first_row.max(start)..start + chunk.len())
                 .map(|p| (p - start) as u32)
                 .collect();
-            let logits = match self.eviction {
-                Some(plan) => {
-                    let rows = ScoredRows {
-                        seq: id,
-                        first_row: 0,
-                        len: chunk.len(),
-                        plan,
-                        prompt_len,
-                    };
-                    let logits = self.forward_scoring(&batch, &[rows])?;
-                    self.evict_computed(id, &plan, start + chunk.len(), prompt_len)?;
-                    logits
-                }
-                None => self.model.forward(&self.backend, &batch, &mut self.kv)?,
-            };
+            let scored: Vec<ScoredRows> = (self.eviction.iter())
+                .map(|&plan| ScoredRows {
+                    seq: id,
+                    first_row: 0,
+                    len: chunk.len(),
+                    plan,
+                    prompt_len,
+                })
+                .collect();
+            let (logits, chunk_hidden) = self.forward_scoring(&batch, &scored, hidden.is_some())?;
+            if let Some(plan) = self.eviction {
+                self.evict_computed(id, &plan, start + chunk.len(), prompt_len)?;
+            }
+            if let (Some(out), Some(h)) = (hidden.as_deref_mut(), chunk_hidden) {
+                let dim = self.model.config.hidden_size;
+                out.extend(self.backend.download(&h, chunk.len() * dim)?);
+            }
             if !batch.logit_rows.is_empty() {
                 out.extend(
                     self.backend

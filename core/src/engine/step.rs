@@ -32,6 +32,18 @@ pub struct PendingStep<B: Backend> {
     started: Stopwatch,
     /// The readback's buffer is lent by the decode recorder (this generation).
     lent_by_recorder: Option<u64>,
+    /// Every row's final hidden state, for a proposer that reads them.
+    hidden: Option<HiddenRows<B>>,
+}
+
+/// A step's final hidden states (`[rows, hidden]` on the device) and the
+/// rows of each chunk, handed to an EAGLE proposer once the step's drafts
+/// are settled.
+struct HiddenRows<B: Backend> {
+    tensor: B::Tensor,
+    rows: usize,
+    /// Per chunk: its sequence, first row in the batch, first position, rows.
+    chunks: Vec<(SeqId, usize, usize, usize)>,
 }
 
 impl<B: Backend> PendingStep<B> {
@@ -134,6 +146,7 @@ impl<B: Backend> Engine<B> {
                 rows: 0,
                 started,
                 lent_by_recorder: None,
+                hidden: None,
             });
         }
         let involved = self.step_sequences(&schedule);
@@ -169,6 +182,9 @@ impl<B: Backend> Engine<B> {
         let mut batch = ForwardBatch::new(bs, rounded_width(longest));
         let mut sampled: Vec<(SeqId, usize)> = Vec::new();
         let mut scoring: Vec<ScoredRows> = Vec::new();
+        let wants_hidden =
+            (self.speculation.as_ref()).is_some_and(|s| s.proposer.reads_target_hidden());
+        let mut hidden_chunks = Vec::new();
         for c in &schedule.chunks {
             self.model
                 .copy_kv_blocks(&self.backend, &mut self.kv, &c.reservation.copies)?;
@@ -178,6 +194,9 @@ impl<B: Backend> Engine<B> {
                 .table(c.seq)
                 .expect("reserved by the scheduler");
             let first_row = batch.rows();
+            if wants_hidden {
+                hidden_chunks.push((c.seq, first_row, c.start, c.len));
+            }
             if let Some((plan, prompt_len)) = self.plan_of(c.seq) {
                 scoring.push(ScoredRows {
                     seq: c.seq,
@@ -205,18 +224,29 @@ impl<B: Backend> Engine<B> {
             }
         }
         // Scores come from the eager pass only.
-        let recording =
-            self.recording && !scoring.iter().any(|r| r.scored(&batch).next().is_some());
+        // Scores and hidden states come from the eager pass only.
+        let recording = self.recording
+            && !wants_hidden
+            && !scoring.iter().any(|r| r.scored(&batch).next().is_some());
         let recorder = (self.recorder.as_mut()).filter(|r| recording && r.accepts(&batch));
-        let (readback, lent_by_recorder) = match recorder {
+        let (readback, lent_by_recorder, hidden) = match recorder {
             Some(recorder) => {
                 let outputs = recorder.run(&self.backend, &self.model, &batch, &mut self.kv)?;
                 let generation = outputs.generation;
-                (self.lend_readback(outputs, &sampled), Some(generation))
+                (
+                    self.lend_readback(outputs, &sampled),
+                    Some(generation),
+                    None,
+                )
             }
             None => {
-                let logits = self.forward_scoring(&batch, &scoring)?;
-                (self.readback_for(logits, &sampled)?, None)
+                let (logits, hidden) = self.forward_scoring(&batch, &scoring, wants_hidden)?;
+                let hidden = hidden.map(|tensor| HiddenRows {
+                    tensor,
+                    rows: batch.rows(),
+                    chunks: hidden_chunks,
+                });
+                (self.readback_for(logits, &sampled)?, None, hidden)
             }
         };
         Ok(PendingStep {
@@ -226,6 +256,7 @@ impl<B: Backend> Engine<B> {
             rows: batch.rows(),
             started,
             lent_by_recorder,
+            hidden,
         })
     }
 
@@ -309,6 +340,7 @@ impl<B: Backend> Engine<B> {
             rows: step_rows,
             started,
             lent_by_recorder,
+            hidden,
         } = pending;
         let vocab = self.model.config.vocab_size;
         let (rows, argmax) = match (&readback, values) {
@@ -327,6 +359,9 @@ impl<B: Backend> Engine<B> {
         };
         self.scheduler.complete(&schedule, &mut self.kv_manager)?;
         if seqs.is_empty() {
+            if let Some(hidden) = hidden {
+                self.hand_hidden_states(hidden)?;
+            }
             self.evict_after(&schedule)?;
             return Ok(Vec::new());
         }
@@ -386,9 +421,34 @@ impl<B: Backend> Engine<B> {
                 spec.stats.verify_seconds += secs;
             }
         }
+        if let Some(hidden) = hidden {
+            self.hand_hidden_states(hidden)?;
+        }
         // After the drafts are settled: a rollback never reaches an evicted block.
         self.evict_after(&schedule)?;
         Ok(events)
+    }
+
+    /// Gives the proposer the hidden states of each chunk's rows that now
+    /// hold accepted tokens: rejected drafts' rows are left out, and so is
+    /// the row of a token sampled in this step (the target computes it next).
+    fn hand_hidden_states(&mut self, hidden: HiddenRows<B>) -> Result<()> {
+        let dim = self.model.config.hidden_size;
+        let values = self.backend.download(&hidden.tensor, hidden.rows * dim)?;
+        let Some(spec) = &mut self.speculation else {
+            return Ok(());
+        };
+        for (seq, first_row, start, len) in hidden.chunks {
+            let Some(s) = self.scheduler.get(seq) else {
+                continue;
+            };
+            let kept = len.min(s.tokens.len().saturating_sub(1 + start));
+            if kept > 0 {
+                let rows = &values[first_row * dim..(first_row + kept) * dim];
+                spec.proposer.observe_hidden(seq, start, rows);
+            }
+        }
+        Ok(())
     }
 
     /// Appends the next token of `seq`, from its logits row or the device's

@@ -64,6 +64,12 @@ pub struct ModelConfig {
     /// order, and never predicts the others. Such a model drafts for a
     /// target; the engine does not sample from it alone.
     pub output_tokens: Option<Vec<u32>>,
+    /// An EAGLE head: each row's input is its token's embedding plus
+    /// `eagle_fc` times the target's final hidden state (before its output
+    /// norm) at the row before, RMS-normalised by `eagle_norm`, so the
+    /// model drafts from what the target already computed. It reads hidden states of its own width and
+    /// drafts for a target; the engine does not run it alone.
+    pub reads_hidden: bool,
 }
 
 /// Upper bounds that no real model exceeds; a file claiming more is corrupt,
@@ -242,7 +248,12 @@ impl ModelConfig {
         } else {
             self.logit_width()
         };
-        let embeddings = (self.vocab_size + head) * dim;
+        let hidden_input = if self.reads_hidden {
+            dim * dim + dim
+        } else {
+            0
+        };
+        let embeddings = (self.vocab_size + head) * dim + hidden_input;
         let layers = self.num_layers;
         (
             embeddings + layers * (attention + ffn_total),

@@ -81,6 +81,10 @@ pub struct ForwardBatch {
     pub block_size: usize,
     /// Rows whose logits are wanted, in the order they are returned.
     pub logit_rows: Vec<u32>,
+    /// `[rows, hidden]`: for an EAGLE head (`ModelConfig::reads_hidden`),
+    /// the target's hidden state each row reads beside its token; empty
+    /// for any other model.
+    pub input_hidden: Vec<f32>,
 }
 
 impl ForwardBatch {
@@ -126,6 +130,7 @@ impl ForwardBatch {
             slots: self.slots[rows].to_vec(),
             block_tables: self.block_tables.clone(),
             logit_rows: Vec::new(),
+            input_hidden: Vec::new(),
             ..*self
         }
     }
@@ -191,6 +196,8 @@ pub struct Model<B: Backend> {
     /// `None` with tied embeddings: the embedding table is the output matrix.
     output: Option<B::Weight>,
     output_norm: B::Weight,
+    /// An EAGLE head's norm and projection of the target's hidden states.
+    eagle: Option<(B::Weight, B::Weight)>,
     layers: Vec<LayerWeights<B>>,
     /// One RoPE table per distinct [`Rope`](super::Rope) of the layers.
     inv_freqs: Vec<B::Tensor>,
@@ -236,6 +243,11 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self> {
         let placement = match options.parallel {
             Some(job) if job.world.size() > 1 => {
+                if files.config.reads_hidden {
+                    return Err(Error::Unsupported(
+                        "an EAGLE head (a draft reading hidden states) on a split model".into(),
+                    ));
+                }
                 if options.layers.is_some() {
                     return Err(Error::Unsupported(
                         "a layer subset of a split model (a self-speculative draft)".into(),
@@ -373,6 +385,13 @@ impl<B: Backend> Model<B> {
             .then(|| get("token_embd.weight", false))
             .transpose()?;
         let output_norm = get("output_norm.weight", true)?;
+        let eagle = match cfg.reads_hidden {
+            true => Some((
+                get("eagle_norm.weight", true)?,
+                get("eagle_fc.weight", false)?,
+            )),
+            false => None,
+        };
         // Only rank 0 computes logits.
         let output = if cfg.tied_embeddings || !leader {
             None
@@ -439,6 +458,7 @@ impl<B: Backend> Model<B> {
             embed,
             output,
             output_norm,
+            eagle,
             layers: layer_weights,
             inv_freqs,
             weight_bytes: weight_bytes.get(),
@@ -516,10 +536,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<B::Tensor> {
         let shape = self.check_batch(batch, kv)?;
         let Some(place) = &self.placement else {
-            let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
-            let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.logit_width())?;
-            self.forward_into(backend, &mut buffers, shape, kv, &mut logits, extra)?;
-            return Ok(logits);
+            return Ok(self.forward_local(backend, batch, shape, kv, extra)?.0);
         };
         match extra {
             AttentionExtra::None => {}
@@ -563,6 +580,41 @@ impl<B: Backend> Model<B> {
         result
     }
 
+    /// [`Model::forward_with`] that also returns the final hidden state of
+    /// every row (`[rows, hidden]`, the residual stream before the output
+    /// norm): what an EAGLE head drafts from. Not on a split model.
+    pub fn forward_hidden(
+        &self,
+        backend: &B,
+        batch: &ForwardBatch,
+        kv: &mut [B::KvCache],
+        extra: AttentionExtra<'_, B>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let shape = self.check_batch(batch, kv)?;
+        if self.placement.is_some() {
+            return Err(Error::Unsupported(
+                "hidden states of a split model (for an EAGLE head)".into(),
+            ));
+        }
+        self.forward_local(backend, batch, shape, kv, extra)
+    }
+
+    /// The forward pass of a model on one rank: logits, and the final
+    /// hidden states left in the residual stream.
+    fn forward_local(
+        &self,
+        backend: &B,
+        batch: &ForwardBatch,
+        shape: StepShape,
+        kv: &mut [B::KvCache],
+        extra: AttentionExtra<'_, B>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let mut buffers = StepBuffers::upload(backend, &self.config, batch)?;
+        let mut logits = backend.alloc(shape.logit_rows.max(1) * self.config.logit_width())?;
+        self.forward_into(backend, &mut buffers, shape, kv, &mut logits, extra)?;
+        Ok((logits, buffers.residual))
+    }
+
     /// The logits of `n` final hidden states (`[n, hidden]` on the host).
     pub(super) fn head_of(&self, backend: &B, hidden: &[f32], n: usize) -> Result<B::Tensor> {
         let cfg = &self.config;
@@ -600,28 +652,59 @@ impl<B: Backend> Model<B> {
             .ok_or_else(|| Error::Unsupported("logits on a rank without the output head".into()))
     }
 
-    /// The residual stream's first state: the rows' token embeddings.
+    /// The residual stream's first state: the rows' token embeddings, and
+    /// for an EAGLE head the projection of the hidden states it reads
+    /// (normalised first, as the target's head reads them),
+    /// left in `delta` for the first norm to add. Returns whether it did
+    /// (the stream's `pending`).
     pub(super) fn embed_into(
         &self,
         backend: &B,
         buffers: &mut StepBuffers<B>,
         rows: usize,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let embed = self.embed.as_ref().ok_or_else(|| {
             Error::Unsupported("token embedding on a rank without the embedding table".into())
         })?;
         let residual = &mut buffers.residual;
         backend.embedding(embed, &buffers.tokens, rows, residual)?;
-        match self.config.embedding_scale() {
-            Some(factor) => backend.scale(residual, rows * self.config.hidden_size, factor),
-            None => Ok(()),
+        if let Some(factor) = self.config.embedding_scale() {
+            backend.scale(residual, rows * self.config.hidden_size, factor)?;
         }
+        let Some((norm, fc)) = &self.eagle else {
+            return Ok(false);
+        };
+        let hidden = buffers.input_hidden.as_ref().ok_or_else(|| {
+            Error::InvalidRequest("an EAGLE head's forward pass without hidden states".into())
+        })?;
+        let cfg = &self.config;
+        let p = RmsNormParams {
+            rows,
+            dim: cfg.hidden_size,
+            eps: cfg.rms_eps,
+        };
+        backend.rms_norm(hidden, norm, p, &mut buffers.normed)?;
+        let mm = MatmulParams { rows };
+        backend.matmul(&buffers.normed, fc, None, mm, &mut buffers.delta)?;
+        Ok(true)
     }
 
     /// The shape of `batch`, once it is known to fit this model and `kv`.
     pub(crate) fn check_batch(&self, batch: &ForwardBatch, kv: &[B::KvCache]) -> Result<StepShape> {
         if batch.rows() == 0 {
             return Err(Error::InvalidRequest("empty batch".into()));
+        }
+        let hidden_len = match self.config.reads_hidden {
+            true => batch.rows() * self.config.hidden_size,
+            false => 0,
+        };
+        if batch.input_hidden.len() != hidden_len {
+            return Err(Error::InvalidRequest(format!(
+                "{} input hidden values for {} rows of a model that reads {} per row",
+                batch.input_hidden.len(),
+                batch.rows(),
+                hidden_len / batch.rows()
+            )));
         }
         if kv.len() != self.config.num_layers {
             return Err(Error::InvalidRequest(format!(
@@ -652,22 +735,24 @@ impl<B: Backend> Model<B> {
         logits: &mut B::Tensor,
         extra: AttentionExtra<'_, B>,
     ) -> Result<()> {
-        self.embed_into(backend, buffers, shape.rows)?;
-        let pending = self.layers_into(backend, buffers, shape, kv, extra)?;
+        let pending = self.embed_into(backend, buffers, shape.rows)?;
+        let pending = self.layers_into(backend, buffers, shape, kv, pending, extra)?;
         if self.placement.as_ref().is_some_and(|p| !p.is_leader()) {
             return Ok(());
         }
         self.logits_into(backend, buffers, shape, pending, logits)
     }
 
-    /// This model's layers over the residual stream in `buffers`. Returns
-    /// whether the last branch's output still waits in `delta` (pending).
+    /// This model's layers over the residual stream in `buffers`, `delta`
+    /// still to add when `pending`. Returns whether the last branch's
+    /// output still waits in `delta`.
     pub(super) fn layers_into(
         &self,
         backend: &B,
         buffers: &mut StepBuffers<B>,
         shape: StepShape,
         kv: &mut [B::KvCache],
+        pending: bool,
         mut extra: AttentionExtra<'_, B>,
     ) -> Result<bool> {
         let cfg = &self.config;
@@ -745,7 +830,7 @@ impl<B: Backend> Model<B> {
             residual,
             delta,
             normed,
-            pending: false,
+            pending,
             norm,
             comm,
         };

@@ -213,6 +213,12 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (ffn, vocab, head_dim) = (config.intermediate_size, config.vocab_size, config.head_dim);
     let block = config.block;
     let mut expected = vec![("token_embd.weight".to_string(), vec![hidden, vocab])];
+    if config.reads_hidden {
+        expected.extend([
+            ("eagle_norm.weight".to_string(), vec![hidden]),
+            ("eagle_fc.weight".to_string(), vec![hidden, hidden]),
+        ]);
+    }
     for layer in 0..config.num_layers {
         let name = |tensor: &str| format!("blk.{layer}.{tensor}");
         expected.extend([

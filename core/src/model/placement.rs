@@ -101,6 +101,7 @@ impl<B: Backend> Model<B> {
             let shape = self.check_batch(&part, kv)?;
             let mut buffers = StepBuffers::upload(backend, &self.config, &part)?;
             let len = rows.len() * dim;
+            // An EAGLE head never loads split: embedding leaves nothing pending.
             if stage.is_first() {
                 self.embed_into(backend, &mut buffers, rows.len())?;
             } else {
@@ -108,8 +109,8 @@ impl<B: Backend> Model<B> {
                 world.recv(&mut hidden, me - tp)?;
                 buffers.residual = backend.upload(&hidden)?;
             }
-            let pending =
-                self.layers_into(backend, &mut buffers, shape, kv, AttentionExtra::None)?;
+            let extra = AttentionExtra::None;
+            let pending = self.layers_into(backend, &mut buffers, shape, kv, false, extra)?;
             let mut hidden = backend.download(&buffers.residual, len)?;
             if pending {
                 let delta = backend.download(&buffers.delta, len)?;

@@ -106,6 +106,7 @@ impl<B: Backend> DecodeRecorder<B> {
             && batch.logit_rows.len() == rows
             && in_order(&batch.logit_rows)
             && in_order(&batch.row_seq)
+            && batch.input_hidden.is_empty()
     }
 
     /// Runs `batch` (which [`accepts`](Self::accepts) must take): replays

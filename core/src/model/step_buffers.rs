@@ -45,13 +45,15 @@ pub(crate) struct StepBuffers<B: Backend> {
     pub(super) out_raw: Option<B::Tensor>,
     /// Routing and expert activations (MoE models only).
     pub(super) moe: Option<MoeBuffers<B>>,
+    /// The hidden states an EAGLE head reads (`ForwardBatch::input_hidden`).
+    pub(super) input_hidden: Option<B::Tensor>,
 }
 
 impl<B: Backend> StepBuffers<B> {
     /// Buffers holding `batch`.
     pub(super) fn upload(backend: &B, cfg: &ModelConfig, batch: &ForwardBatch) -> Result<Self> {
         let up = |data: &[u32]| backend.upload_indices(data);
-        Self::with_indices(
+        let mut buffers = Self::with_indices(
             backend,
             cfg,
             batch.rows(),
@@ -69,7 +71,11 @@ impl<B: Backend> StepBuffers<B> {
                     &batch.logit_rows
                 })?,
             ],
-        )
+        )?;
+        if !batch.input_hidden.is_empty() {
+            buffers.input_hidden = Some(backend.upload(&batch.input_hidden)?);
+        }
+        Ok(buffers)
     }
 
     /// Buffers for decode batches of up to `rows` rows, row `i` the only
@@ -140,6 +146,7 @@ impl<B: Backend> StepBuffers<B> {
                 .moe
                 .map(|spec| MoeBuffers::alloc(backend, &spec, rows, dim))
                 .transpose()?,
+            input_hidden: None,
         })
     }
 

@@ -255,6 +255,7 @@ fn preset_config(name: &str) -> Option<ModelConfig> {
         moe: None,
         multipliers: Multipliers::default(),
         output_tokens: None,
+        reads_hidden: false,
     };
     // The tiny models of the other families: awkward head sizes (Q wider
     // than the hidden size), windows shorter than the test prompts.

@@ -141,6 +141,7 @@ fn real_moe_shape(name: &str) -> Option<ModelConfig> {
         moe: (!dense).then_some(moe),
         multipliers: Multipliers::default(),
         output_tokens: None,
+        reads_hidden: false,
     })
 }
 

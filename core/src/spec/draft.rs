@@ -16,7 +16,7 @@ use super::verify::{verify, Distribution};
 use super::{Draft, DraftRequest, NgramProposer, Proposer, Target};
 use crate::backend::{Backend, KvDtype};
 use crate::kv::{KvCacheManager, SeqId};
-use crate::model::forward::{ForwardBatch, Model};
+use crate::model::forward::{AttentionExtra, ForwardBatch, Model};
 use crate::model::ModelFiles;
 use crate::sched::{Sampler, SamplingParams};
 use crate::{Error, Result};
@@ -43,13 +43,52 @@ pub struct DraftModelConfig {
     pub cascade: Option<NgramProposer>,
 }
 
-struct DraftSequence {
+/// A draft's state of one sequence.
+pub(super) struct DraftSequence {
     /// Where the draft's view of the sequence starts (0 unless it restarted
     /// on a window); its position 0 is the sequence's position `offset`.
-    offset: usize,
+    pub offset: usize,
     /// Tokens from `offset` on whose K/V the draft cache holds.
-    computed: Vec<u32>,
-    sampler: Sampler,
+    pub computed: Vec<u32>,
+    pub sampler: Sampler,
+}
+
+impl DraftSequence {
+    /// The state of `seq` in `sequences`, made if missing (its sampling
+    /// stream the target's seed with `salt`) and given a table in `manager`
+    /// if it has none (after the pool was emptied: the view starts over).
+    pub fn entry<'a>(
+        sequences: &'a mut HashMap<SeqId, DraftSequence>,
+        manager: &mut KvCacheManager,
+        seq: SeqId,
+        params: &SamplingParams,
+        salt: u64,
+    ) -> Result<&'a mut DraftSequence> {
+        let ds = sequences.entry(seq).or_insert_with(|| DraftSequence {
+            offset: 0,
+            computed: Vec::new(),
+            sampler: Sampler::new(SamplingParams {
+                seed: params.seed ^ salt,
+                ..params.clone()
+            }),
+        });
+        if manager.table(seq).is_none() {
+            manager.add_sequence(seq)?;
+            ds.computed.clear();
+            ds.offset = 0;
+        }
+        Ok(ds)
+    }
+
+    /// How much of its view of `context` the cache holds, short of the
+    /// last token (at least one token is always fed).
+    pub fn common_prefix(&self, context: &[u32]) -> usize {
+        let view = context.get(self.offset..).unwrap_or_default();
+        (self.computed.iter().zip(view))
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(view.len().saturating_sub(1))
+    }
 }
 
 /// See the module documentation.
@@ -63,14 +102,57 @@ pub struct DraftModel<B: Backend> {
 }
 
 /// One sequence's drafting within a call to `propose`.
-struct Work {
-    request: usize,
-    seq: SeqId,
-    k: usize,
+pub(super) struct Work {
+    pub request: usize,
+    pub seq: SeqId,
+    pub k: usize,
     /// The draft's view of the context (see `DraftSequence::offset`), then the drafts so far.
-    history: Vec<u32>,
-    drafts: Vec<u32>,
-    dists: Vec<Distribution>,
+    pub history: Vec<u32>,
+    pub drafts: Vec<u32>,
+    pub dists: Vec<Distribution>,
+    /// An EAGLE head's final hidden state of the last row it fed (empty
+    /// for other drafts).
+    pub hidden: Vec<f32>,
+}
+
+impl Work {
+    pub fn new(request: usize, seq: SeqId, k: usize, history: Vec<u32>) -> Self {
+        Self {
+            request,
+            seq,
+            k,
+            history,
+            drafts: Vec::new(),
+            dists: Vec::new(),
+            hidden: Vec::new(),
+        }
+    }
+
+    /// The drafts of `work` for `requests`, in order (empty where none);
+    /// greedy ones without distributions (they were chosen deterministically).
+    pub fn into_drafts(work: Vec<Work>, requests: &[DraftRequest<'_>]) -> Vec<Draft> {
+        let mut out: Vec<Draft> = requests.iter().map(|_| Draft::default()).collect();
+        for w in work {
+            let deterministic = requests[w.request].params.temperature <= 0.0;
+            out[w.request] = Draft {
+                tokens: w.drafts,
+                dists: (!deterministic).then_some(w.dists),
+            };
+        }
+        out
+    }
+}
+
+impl DraftModelConfig {
+    /// Refuses sizes a draft's KV pool cannot have.
+    pub(super) fn check(&self) -> Result<()> {
+        if self.block_size == 0 || self.capacity_tokens == 0 || self.max_batch_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "the draft model needs a positive block size, KV capacity and batch size".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl<B: Backend> DraftModel<B> {
@@ -81,10 +163,12 @@ impl<B: Backend> DraftModel<B> {
         layers: Option<&[usize]>,
         config: DraftModelConfig,
     ) -> Result<Self> {
-        if config.block_size == 0 || config.capacity_tokens == 0 || config.max_batch_tokens == 0 {
-            return Err(Error::InvalidRequest(
-                "the draft model needs a positive block size, KV capacity and batch size".into(),
-            ));
+        config.check()?;
+        if files.config.reads_hidden {
+            return Err(Error::InvalidRequest(format!(
+                "{} is an EAGLE head: load it as one (EagleDraft)",
+                files.path.display()
+            )));
         }
         let model = match layers {
             Some(l) => Model::load_layers(backend, files, l, &mut |_, _| {})?,
@@ -171,27 +255,10 @@ impl<B: Backend> DraftModel<B> {
     /// `context` (keeping at least one token to feed) and returns the offset
     /// of the draft's view: `context[offset..]` is what it drafts after.
     fn sync(&mut self, seq: SeqId, context: &[u32], params: &SamplingParams) -> Result<usize> {
-        let ds = self.sequences.entry(seq).or_insert_with(|| DraftSequence {
-            offset: 0,
-            computed: Vec::new(),
-            sampler: Sampler::new(SamplingParams {
-                seed: params.seed ^ DRAFT_SEED_SALT,
-                ..params.clone()
-            }),
-        });
-        if self.manager.table(seq).is_none() {
-            self.manager.add_sequence(seq)?;
-            ds.computed.clear();
-            ds.offset = 0;
-        }
+        let (sequences, manager) = (&mut self.sequences, &mut self.manager);
+        let ds = DraftSequence::entry(sequences, manager, seq, params, DRAFT_SEED_SALT)?;
         let view = context.get(ds.offset..).unwrap_or_default();
-        let mut common = ds
-            .computed
-            .iter()
-            .zip(view)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(view.len().saturating_sub(1));
+        let mut common = ds.common_prefix(context);
         let lag = view.len().saturating_sub(common);
         if view.is_empty() || (!ds.computed.is_empty() && lag > MAX_CATCH_UP) {
             ds.offset = context.len().saturating_sub(CATCH_UP_WINDOW);
@@ -211,38 +278,12 @@ impl<B: Backend> DraftModel<B> {
         chunks: &[(SeqId, usize, &[u32])],
         logit_rows: Vec<u32>,
     ) -> Result<Vec<f32>> {
-        let bs = self.manager.block_size();
-        let mut reservations = Vec::with_capacity(chunks.len());
-        for &(seq, _, tokens) in chunks {
-            reservations.push(self.manager.reserve(seq, tokens.len())?);
-        }
-        let max_blocks = chunks
-            .iter()
-            .map(|c| self.manager.table(c.0).map_or(1, |t| t.blocks().len()))
-            .max()
-            .unwrap_or(1);
-        let mut batch = ForwardBatch::new(bs, max_blocks);
-        for (&(seq, start, tokens), res) in chunks.iter().zip(&reservations) {
-            for cache in &mut self.kv {
-                if !res.copies.is_empty() {
-                    backend.copy_kv_blocks(cache, &res.copies)?;
-                }
-            }
-            let table = self.manager.table(seq).expect("reserved above");
-            batch.push_sequence(tokens, start, &res.slots, table.blocks());
-        }
-        let n = logit_rows.len();
-        batch.logit_rows = logit_rows;
-        let logits = self.model.forward(backend, &batch, &mut self.kv)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let config = &self.model.config;
-        let logits = backend.download(&logits, n * config.logit_width())?;
-        Ok(match &config.output_tokens {
-            Some(tokens) => widen_logits(&logits, tokens, config.vocab_size),
-            None => logits,
-        })
+        let pass = DraftPass {
+            model: &self.model,
+            kv: &mut self.kv,
+            manager: &mut self.manager,
+        };
+        Ok(pass.run(backend, chunks, logit_rows, Vec::new())?.0)
     }
 
     /// Feeds all but the last uncomputed token of each sequence, in chunks,
@@ -365,14 +406,7 @@ impl<B: Backend> Proposer<B> for DraftModel<B> {
                 continue;
             }
             let offset = self.sync(r.seq, r.context, r.params)?;
-            work.push(Work {
-                request: i,
-                seq: r.seq,
-                k: r.k,
-                history: r.context[offset..].to_vec(),
-                drafts: Vec::new(),
-                dists: Vec::new(),
-            });
+            work.push(Work::new(i, r.seq, r.k, r.context[offset..].to_vec()));
         }
         // A full draft pool drops every draft sequence; the next calls start over.
         let outcome = self.prefill(backend, &work).and_then(|()| {
@@ -390,15 +424,7 @@ impl<B: Backend> Proposer<B> for DraftModel<B> {
             }
             other => other?,
         }
-        let mut out: Vec<Draft> = requests.iter().map(|_| Draft::default()).collect();
-        for w in work {
-            let deterministic = requests[w.request].params.temperature <= 0.0;
-            out[w.request] = Draft {
-                tokens: w.drafts,
-                dists: (!deterministic).then_some(w.dists),
-            };
-        }
-        Ok(out)
+        Ok(Work::into_drafts(work, requests))
     }
 
     fn forget(&mut self, seq: SeqId) {
@@ -415,6 +441,71 @@ impl<B: Backend> Proposer<B> for DraftModel<B> {
             best = best.min(clock.seconds());
         }
         Ok(Some(best))
+    }
+}
+
+/// A draft model's weights, paged KV and its manager, for one forward pass.
+pub(super) struct DraftPass<'a, B: Backend> {
+    pub model: &'a Model<B>,
+    pub kv: &'a mut [B::KvCache],
+    pub manager: &'a mut KvCacheManager,
+}
+
+impl<B: Backend> DraftPass<'_, B> {
+    /// Feeds `chunks` (sequence, start position, tokens) in one forward
+    /// pass, each row reading its row of `input_hidden` where the model is
+    /// an EAGLE head, and returns the host logits of the requested rows
+    /// (indices into the flattened rows) over the whole vocabulary, and an
+    /// EAGLE head's final hidden state of every row.
+    pub fn run(
+        self,
+        backend: &B,
+        chunks: &[(SeqId, usize, &[u32])],
+        logit_rows: Vec<u32>,
+        input_hidden: Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let bs = self.manager.block_size();
+        let mut reservations = Vec::with_capacity(chunks.len());
+        for &(seq, _, tokens) in chunks {
+            reservations.push(self.manager.reserve(seq, tokens.len())?);
+        }
+        let max_blocks = chunks
+            .iter()
+            .map(|c| self.manager.table(c.0).map_or(1, |t| t.blocks().len()))
+            .max()
+            .unwrap_or(1);
+        let mut batch = ForwardBatch::new(bs, max_blocks);
+        for (&(seq, start, tokens), res) in chunks.iter().zip(&reservations) {
+            for cache in self.kv.iter_mut() {
+                if !res.copies.is_empty() {
+                    backend.copy_kv_blocks(cache, &res.copies)?;
+                }
+            }
+            let table = self.manager.table(seq).expect("reserved above");
+            batch.push_sequence(tokens, start, &res.slots, table.blocks());
+        }
+        let n = logit_rows.len();
+        batch.logit_rows = logit_rows;
+        batch.input_hidden = input_hidden;
+        let config = &self.model.config;
+        let (logits, hidden) = match config.reads_hidden {
+            true => {
+                let extra = AttentionExtra::None;
+                let (logits, h) = self.model.forward_hidden(backend, &batch, self.kv, extra)?;
+                let h = backend.download(&h, batch.rows() * config.hidden_size)?;
+                (logits, h)
+            }
+            false => (self.model.forward(backend, &batch, self.kv)?, Vec::new()),
+        };
+        if n == 0 {
+            return Ok((Vec::new(), hidden));
+        }
+        let logits = backend.download(&logits, n * config.logit_width())?;
+        let logits = match &config.output_tokens {
+            Some(tokens) => widen_logits(&logits, tokens, config.vocab_size),
+            None => logits,
+        };
+        Ok((logits, hidden))
     }
 }
 

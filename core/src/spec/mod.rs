@@ -6,7 +6,8 @@
 //!
 //! Proposers: [`NgramProposer`] (prompt lookup), [`DraftModel`] (a smaller
 //! model, or the target's own first/last layers for self-speculation), the
-//! cascade of both (n-gram drafts for the draft model), and [`SparseDraft`]
+//! cascade of both (n-gram drafts for the draft model), [`EagleDraft`] (an
+//! EAGLE head drafting from the target's hidden states), and [`SparseDraft`]
 //! (the target itself over a few selected KV blocks). The engine
 //! drives them (`Engine::set_speculation`): drafts enter the scheduler as
 //! provisional tokens, rejected ones are rolled back from the block table,
@@ -14,12 +15,14 @@
 
 pub mod adaptive;
 pub mod draft;
+pub mod eagle;
 pub mod ngram;
 pub mod sparse;
 pub mod verify;
 
 pub use adaptive::{DraftLength, DraftLengthController, SequenceAcceptance};
 pub use draft::{choose_self_draft, DraftModel, DraftModelConfig, SelfDraftCandidate};
+pub use eagle::EagleDraft;
 pub use ngram::NgramProposer;
 pub use sparse::SparseDraft;
 pub use verify::{Distribution, Verdict};
@@ -76,6 +79,16 @@ pub trait Proposer<B: Backend> {
     fn drafts_with_target(&self) -> bool {
         false
     }
+    /// Whether it drafts from the target's final hidden states (an EAGLE
+    /// head): the engine then hands it every computed row's hidden state
+    /// through [`Proposer::observe_hidden`].
+    fn reads_target_hidden(&self) -> bool {
+        false
+    }
+    /// The target's final hidden states of `seq` at positions `start..`
+    /// (`[positions, hidden]`), rows of accepted tokens only, in the order
+    /// the target computed them.
+    fn observe_hidden(&mut self, _seq: SeqId, _start: usize, _hidden: &[f32]) {}
     /// Drops any state kept for `seq` (it was removed from the engine).
     fn forget(&mut self, _seq: SeqId) {}
     /// Seconds it takes to draft one token, measured once up front so the

@@ -29,7 +29,10 @@ use crate::model_path;
 pub enum DraftKind {
     /// A few of the target's layers, its embedding and head, trained as a whole model.
     Layers,
-    /// An EAGLE head on the target's last hidden state (not available yet).
+    /// An EAGLE head: one of the target's layers reading each token's
+    /// embedding plus a trained projection of the target's final hidden
+    /// state at the position before; it drafts from the hidden states the
+    /// target already computed.
     Eagle,
 }
 
@@ -66,9 +69,15 @@ pub struct DistillArgs {
     #[arg(long, value_enum, default_value = "layers")]
     pub kind: DraftKind,
     /// The target's layers the student starts from, e.g. `0,7,15,22,29` or
-    /// `0-3,29`; by default a sixth of them, evenly spread, first and last included.
-    #[arg(long)]
+    /// `0-3,29`; by default a sixth of them, evenly spread, first and last
+    /// included (for an EAGLE head too: `--layers 29` makes a one-layer head).
+    #[arg(long, conflicts_with = "budget_params")]
     pub layers: Option<String>,
+    /// Most parameters the draft may have (its embedding and output head
+    /// included), e.g. `40M` or `45000000`: it takes as many of the
+    /// target's layers as fit, evenly spread, first and last included.
+    #[arg(long, value_parser = parse_params)]
+    pub budget_params: Option<usize>,
     /// Optimizer steps.
     #[arg(long, default_value_t = 200)]
     pub steps: usize,
@@ -106,9 +115,6 @@ pub struct DistillArgs {
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: DistillArgs) -> Result<()> {
-    if let DraftKind::Eagle = args.kind {
-        bail!("--kind eagle is not implemented yet; use --kind layers");
-    }
     let format = match WeightFormat::from_name(&args.dtype.to_uppercase()) {
         Some(
             f @ (WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::Q8_0),
@@ -119,16 +125,21 @@ pub fn run(args: DistillArgs) -> Result<()> {
     check_destination(&args.out, &path)?;
     let target =
         tandem_core::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let layers = match &args.layers {
-        Some(spec) => parse_layers(spec, target.config.num_layers)?,
-        None => spread_layers(target.config.num_layers),
+    let n = target.config.num_layers;
+    let layers = match (&args.layers, args.budget_params) {
+        (Some(spec), _) => parse_layers(spec, n)?,
+        (None, Some(budget)) => layers_within(&args, &target, budget)?,
+        (None, None) => spread_layers(n, n.div_ceil(6)),
     };
     let conversations = match &args.instructions {
         Some(path) => answer_instructions(&args, path, &target)?,
         None => Vec::new(),
     };
     let corpus = read_corpus(&args, &target, conversations)?;
-    let mut student = Student::from_target(&target, &layers, &Device::Cpu)?;
+    let mut student = match args.kind {
+        DraftKind::Layers => Student::from_target(&target, &layers, &Device::Cpu)?,
+        DraftKind::Eagle => Student::eagle_from_target(&target, &layers, &Device::Cpu)?,
+    };
     if let Some(size) = args.draft_vocab {
         let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, size)?;
         eprint_line!(
@@ -177,13 +188,14 @@ pub fn run(args: DistillArgs) -> Result<()> {
         eprint_line!("interrupted after {} steps", summary.steps_done);
     }
     println!(
-        "distilled {} in {:.0} s: evaluation KL {:.4} -> {:.4} nats/token, top-1 agreement {:.1}% -> {:.1}%{}",
+        "distilled {} in {:.0} s: evaluation KL {:.4} -> {:.4} nats/token, top-1 agreement {:.1}% -> {:.1}%{}{}",
         args.out.display(),
         start.elapsed().as_secs_f64(),
         summary.before.kl,
         summary.after.kl,
         100.0 * summary.before.agreement,
         100.0 * summary.after.agreement,
+        second_draft(&summary.after),
         match student.output_tokens() {
             Some(_) => format!(
                 " (the target's top-1 token is in the draft's vocabulary at {:.1}%)",
@@ -195,13 +207,64 @@ pub fn run(args: DistillArgs) -> Result<()> {
     Ok(())
 }
 
-/// A sixth of `n` layers (at least one), evenly spread from the first to the last.
-fn spread_layers(n: usize) -> Vec<usize> {
-    let k = n.div_ceil(6).max(1);
+/// An EAGLE head's agreement at its second draft, for the reports.
+fn second_draft(eval: &tandem_distill::train::Eval) -> String {
+    match eval.second_agreement {
+        Some(a) => format!(" ({:.1}% at the second draft)", 100.0 * a),
+        None => String::new(),
+    }
+}
+
+/// `k` of `n` layers (at least one), evenly spread from the first to the last.
+fn spread_layers(n: usize, k: usize) -> Vec<usize> {
+    let k = k.clamp(1, n);
     if k == 1 {
         return vec![0];
     }
     (0..k).map(|i| i * (n - 1) / (k - 1)).collect()
+}
+
+/// The most evenly spread layers whose draft, as `args` shapes it (output
+/// vocabulary, EAGLE input), has at most `budget` parameters.
+fn layers_within(args: &DistillArgs, target: &ModelFiles, budget: usize) -> Result<Vec<usize>> {
+    let c = &target.config;
+    let reduced = args
+        .draft_vocab
+        .map(|v| (0..v.min(c.vocab_size) as u32).collect());
+    let params = |k: usize| {
+        let draft = tandem_core::model::ModelConfig {
+            num_layers: k,
+            layers: c.layers[..k].to_vec(),
+            tied_embeddings: c.tied_embeddings && reduced.is_none(),
+            output_tokens: reduced.clone(),
+            reads_hidden: matches!(args.kind, DraftKind::Eagle),
+            ..c.clone()
+        };
+        draft.parameter_counts().0
+    };
+    match (1..=c.num_layers).rev().find(|&k| params(k) <= budget) {
+        Some(k) => Ok(spread_layers(c.num_layers, k)),
+        None => bail!(
+            "--budget-params {budget}: a draft of one layer already has {} parameters",
+            params(1)
+        ),
+    }
+}
+
+/// A parameter count: a number, or one with a `K`, `M` or `B` suffix.
+fn parse_params(text: &str) -> std::result::Result<usize, String> {
+    let (digits, scale) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 1e3),
+        Some((i, 'M' | 'm')) => (&text[..i], 1e6),
+        Some((i, 'B' | 'b')) => (&text[..i], 1e9),
+        _ => (text, 1.0),
+    };
+    match digits.parse::<f64>() {
+        Ok(x) if x > 0.0 && (x * scale).is_finite() => Ok((x * scale) as usize),
+        _ => Err(format!(
+            "`{text}` is not a parameter count such as 40M or 45000000"
+        )),
+    }
 }
 
 /// The target's answers to the instructions of the file at `path`, one
@@ -277,9 +340,10 @@ fn report(p: &Progress) {
     );
     match p.eval {
         Some(e) => eprint_line!(
-            "  | eval KL {:.4}, agreement {:.1}%",
+            "  | eval KL {:.4}, agreement {:.1}%{}",
             e.kl,
-            100.0 * e.agreement
+            100.0 * e.agreement,
+            second_draft(&e)
         ),
         None => eprintln!(),
     }

@@ -113,6 +113,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
         ),
         None => println!("vocabulary:     {}", c.vocab_size),
     }
+    if c.reads_hidden {
+        println!(
+            "draft input:    each token with its target's hidden state before it (an EAGLE head)"
+        );
+    }
     println!("context:        {}", c.max_context);
     println!(
         "rope:           {} of {} dims, {:?}",

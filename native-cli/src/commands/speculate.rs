@@ -9,7 +9,7 @@ use tandem_core::kv::{KvPlan, KvShape};
 use tandem_core::model::ModelFiles;
 use tandem_core::spec::{
     choose_self_draft, parse_layers, self_draft_candidates, sparse::DEFAULT_SPARSE_BLOCKS,
-    DraftLength, DraftModel, DraftModelConfig, NgramProposer, Proposer, SparseDraft,
+    DraftLength, DraftModel, DraftModelConfig, EagleDraft, NgramProposer, Proposer, SparseDraft,
 };
 use tandem_core::Backend;
 
@@ -29,7 +29,9 @@ const MAX_ADAPTIVE_K: usize = 8;
 pub struct SpeculationArgs {
     /// Speculative decoding: `ngram` (prompt lookup), `draft:MODEL` (a
     /// smaller model with the same tokenizer: a path, a named model such as
-    /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]), `self:auto` or `self:LAYERS`
+    /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]; or an EAGLE head from
+    /// `tandem distill --kind eagle`, which drafts from this model's hidden
+    /// states), `self:auto` or `self:LAYERS`
     /// (this model with only some layers, e.g. `self:0-9,29`), `sparse` or
     /// `sparse:BLOCKS` (this model attending only to the BLOCKS KV blocks
     /// per KV head whose keys could score highest, default 16, plus the
@@ -193,7 +195,7 @@ impl Speculation {
             }
             Method::Model(source) => {
                 let config = draft_config(engine, cascade);
-                Box::new(draft_model(engine, files, source, config, length)?)
+                draft_model(engine, files, source, config, length)?
             }
         };
         eprint_line!(
@@ -244,15 +246,25 @@ fn draft_model<B: Backend>(
     source: DraftSource,
     config: DraftModelConfig,
     length: DraftLength,
-) -> Result<DraftModel<B>> {
+) -> Result<Box<dyn Proposer<B>>> {
     match source {
-        DraftSource::File(draft) => Ok(DraftModel::load(engine.backend(), &draft, None, config)?),
-        DraftSource::SelfLayers(layers) => Ok(DraftModel::load(
+        DraftSource::File(draft) if draft.config.reads_hidden => {
+            let hidden = engine.model().config.hidden_size;
+            let head = EagleDraft::load(engine.backend(), &draft, hidden, config)?;
+            Ok(Box::new(head))
+        }
+        DraftSource::File(draft) => Ok(Box::new(DraftModel::load(
+            engine.backend(),
+            &draft,
+            None,
+            config,
+        )?)),
+        DraftSource::SelfLayers(layers) => Ok(Box::new(DraftModel::load(
             engine.backend(),
             files,
             Some(&layers),
             config,
-        )?),
+        )?)),
         DraftSource::SelfAuto => {
             let sample = files.tokenizer.encode(SELF_AUTO_SAMPLE, false)?;
             let max_k = match length {
@@ -276,7 +288,7 @@ fn draft_model<B: Backend>(
                      with --draft-k auto speculation stays off until it measures otherwise"
                 );
             }
-            Ok(draft)
+            Ok(Box::new(draft))
         }
     }
 }

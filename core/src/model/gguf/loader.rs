@@ -293,6 +293,7 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         moe,
         multipliers,
         output_tokens: None,
+        reads_hidden: false,
     })
 }
 

@@ -63,11 +63,17 @@ pub(super) struct HfConfig {
     moe: HfMoe,
     /// A draft's reduced output vocabulary ([`OUTPUT_TOKENS_KEY`]).
     output_tokens: Option<Vec<u32>>,
+    /// An EAGLE head ([`READS_HIDDEN_KEY`]).
+    reads_hidden: Option<bool>,
 }
 
 /// The `config.json` key of [`ModelConfig::output_tokens`], Tandem's own:
 /// the token id of each row of the draft's output head.
 pub const OUTPUT_TOKENS_KEY: &str = "tandem_output_tokens";
+
+/// The `config.json` key of [`ModelConfig::reads_hidden`], Tandem's own:
+/// `true` for an EAGLE head that reads its target's hidden states.
+pub const READS_HIDDEN_KEY: &str = "tandem_reads_hidden";
 
 struct HfRopeScaling {
     /// `rope_type`, or `type` in older configs.
@@ -133,6 +139,7 @@ impl HfConfig {
             attn_logit_softcapping: f.number("attn_logit_softcapping")?,
             moe: HfMoe::read(&f)?,
             output_tokens: f.optional(OUTPUT_TOKENS_KEY, "a list of token ids")?,
+            reads_hidden: f.flag(READS_HIDDEN_KEY)?,
         })
     }
 }
@@ -290,6 +297,7 @@ impl HfConfig {
             moe,
             multipliers: self.moe.multipliers(),
             output_tokens: self.output_tokens.clone(),
+            reads_hidden: self.reads_hidden.unwrap_or(false),
         })
     }
 
@@ -457,6 +465,9 @@ pub fn hf_config_json(c: &ModelConfig) -> Result<Value> {
     write_moe_fields(c, family, &mut config);
     if let Some(tokens) = &c.output_tokens {
         config[OUTPUT_TOKENS_KEY] = tokens.as_slice().into();
+    }
+    if c.reads_hidden {
+        config[READS_HIDDEN_KEY] = true.into();
     }
     Ok(config)
 }

@@ -48,8 +48,11 @@ fn layer_modules(post_norms: bool) -> impl Iterator<Item = &'static (&'static st
 }
 
 /// `(Hugging Face name, canonical name)` of the tensors outside the layers.
-const HF_GLOBAL_NAMES: [(&str, &str); 3] = [
+const HF_GLOBAL_NAMES: [(&str, &str); 5] = [
     ("model.embed_tokens.weight", "token_embd.weight"),
+    // Tandem's EAGLE heads (`ModelConfig::reads_hidden`).
+    ("model.eagle_norm.weight", "eagle_norm.weight"),
+    ("model.eagle_fc.weight", "eagle_fc.weight"),
     ("model.norm.weight", "output_norm.weight"),
     ("lm_head.weight", "output.weight"),
 ];
