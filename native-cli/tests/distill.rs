@@ -33,27 +33,7 @@ fn a_distilled_draft_with_a_reduced_vocabulary_speculates_and_never_runs_alone()
         path(&instructions),
         path(&draft),
     );
-    let distill = [
-        "distill",
-        "-m",
-        t,
-        "--out",
-        d,
-        "--layers",
-        "1",
-        "--steps",
-        "3",
-        "--batch",
-        "2",
-        "--seq-len",
-        "16",
-        "--eval-tokens",
-        "32",
-        "--eval-every",
-        "0",
-        "-t",
-        "1",
-    ];
+    let distill = [&short_run(t, d)[..], &["--layers", "1"]].concat();
     let out = tandem(
         &[
             &distill[..],
@@ -111,29 +91,7 @@ fn an_eagle_head_within_a_parameter_budget_speculates_and_never_runs_alone() {
     std::fs::write(&corpus, "glass bends the light into bands. ".repeat(40)).unwrap();
     let head = dir.path().join("eagle");
     let (t, c, h) = (path(&target), path(&corpus), path(&head));
-    let distill = [
-        "distill",
-        "-m",
-        t,
-        "--out",
-        h,
-        "--corpus",
-        c,
-        "--kind",
-        "eagle",
-        "--steps",
-        "3",
-        "--batch",
-        "2",
-        "--seq-len",
-        "16",
-        "--eval-tokens",
-        "32",
-        "--eval-every",
-        "0",
-        "-t",
-        "1",
-    ];
+    let distill = [&short_run(t, h)[..], &["--corpus", c, "--kind", "eagle"]].concat();
     // The tiny target's one layer costs a few thousand parameters; its
     // embedding alone already exceeds 1K.
     let out = tandem(&[&distill[..], &["--budget-params", "1K"]].concat());
@@ -176,6 +134,22 @@ fn an_eagle_head_within_a_parameter_budget_speculates_and_never_runs_alone() {
     assert_clear_error(&cascade, &["cascade inside an EAGLE head"]);
     let alone = tandem(&[&run[..], &["-m", h]].concat());
     assert_clear_error(&alone, &["EAGLE head", "--speculate draft:DIR"]);
+}
+
+/// `tandem distill` of `target` into `out` for three short steps on one thread.
+fn short_run<'a>(target: &'a str, out: &'a str) -> Vec<&'a str> {
+    let steps = [
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-tokens",
+        "32",
+    ];
+    let rest = ["--eval-every", "0", "-t", "1"];
+    [&["distill", "-m", target, "--out", out][..], &steps, &rest].concat()
 }
 
 fn path(p: &Path) -> &str {

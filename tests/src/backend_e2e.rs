@@ -296,3 +296,55 @@ pub fn sparse_speculation_keeps_the_greedy_output<B: Backend>(make_backend: impl
     );
     assert_eq!(sparse.kv_manager().num_used_blocks(), 0);
 }
+
+/// An EAGLE head on the backend under test, drafting for the target there:
+/// the target's greedy tokens with drafts accepted, no block leaked; and
+/// the head's logits from the target's hidden states as the CPU's within
+/// `tolerance`.
+pub fn eagle_head_keeps_the_greedy_output<B: Backend>(
+    make_backend: impl Fn() -> B,
+    tolerance: f32,
+) {
+    use crate::distilled::{draft, Distilled};
+    use tandem_core::spec::{DraftLength, DraftModelConfig, EagleDraft};
+    let dir = tempfile::tempdir().unwrap();
+    let target = tiny_gguf(dir.path(), &tiny(WeightFormat::F32, 19));
+    let stem: Vec<u32> = (0..12).map(|i| (i * 41 + 3) % 317).collect();
+    let head = draft(&target, &dir.path().join("eagle"), Distilled::Eagle, &stem);
+    let config = DraftModelConfig {
+        block_size: 16,
+        capacity_tokens: 1024,
+        kv_dtype: Default::default(),
+        max_batch_tokens: 64,
+        cascade: None,
+    };
+    let hidden = target.config.hidden_size;
+    let prompts = [stem.clone(), stem[..7].to_vec()];
+    let mut plain = engine_on(make_backend(), &target, 1024, 64);
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut plain, p, 20)).collect();
+    let mut engine = engine_on(make_backend(), &target, 1024, 64);
+    let eagle = EagleDraft::load(engine.backend(), &head, hidden, config.clone()).unwrap();
+    engine
+        .set_speculation(Box::new(eagle), DraftLength::Fixed(3))
+        .unwrap();
+    let got: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut engine, p, 20)).collect();
+    assert_eq!(got, want);
+    let stats = engine.stats().speculation;
+    assert!(
+        stats.proposed_tokens > 0 && stats.accepted_tokens > 0,
+        "{stats:?}"
+    );
+    assert_eq!(engine.kv_manager().num_used_blocks(), 0);
+
+    let mut cpu = cpu_engine(&target, 256, 64);
+    let (_, states) = cpu.score_hidden(&stem).unwrap();
+    let cpu_backend = tandem_cpu::CpuBackend::new(1);
+    let mut on_cpu = EagleDraft::load(&cpu_backend, &head, hidden, config.clone()).unwrap();
+    let backend = make_backend();
+    let mut on_backend = EagleDraft::load(&backend, &head, hidden, config).unwrap();
+    let diff = max_abs_diff(
+        &on_backend.score(&backend, &stem, &states).unwrap(),
+        &on_cpu.score(&cpu_backend, &stem, &states).unwrap(),
+    );
+    assert!(diff < tolerance, "the head's logits differ by {diff}");
+}

@@ -5,12 +5,14 @@
 //! that fails chosen calls on purpose (`faulty_cpu`); MoE models in
 //! k-quants and the NumPy MoE reference (`kquant_moe`); and a minimal HTTP
 //! client for the server (`http_client`); the exact-distribution test of
-//! speculative sampling (`exact_sampling`).
+//! speculative sampling (`exact_sampling`); drafts distilled from tiny
+//! targets (`distilled`).
 
 pub mod backend_e2e;
 pub mod conformance;
 pub mod decode_mix;
 pub mod dense_reference;
+pub mod distilled;
 pub mod exact_sampling;
 pub mod faulty_cpu;
 pub mod http_client;

@@ -99,6 +99,17 @@ fn nccl_all_reduce_on_one_rank() {
 }
 
 #[test]
+fn eagle_head_keeps_the_greedy_output() {
+    if cuda().is_none() {
+        return;
+    }
+    backend_e2e::eagle_head_keeps_the_greedy_output(
+        || CudaBackend::new(0).expect("CUDA device"),
+        2e-3,
+    );
+}
+
+#[test]
 fn sparse_speculation_keeps_the_greedy_output() {
     if cuda().is_none() {
         return;

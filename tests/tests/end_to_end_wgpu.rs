@@ -76,6 +76,11 @@ fn fused_decode_launches_fewer_kernels_per_layer() {
 }
 
 #[test]
+fn eagle_head_keeps_the_greedy_output() {
+    backend_e2e::eagle_head_keeps_the_greedy_output(|| backend(WgpuOptions::default()), 2e-3);
+}
+
+#[test]
 fn sparse_speculation_keeps_the_greedy_output() {
     backend_e2e::sparse_speculation_keeps_the_greedy_output(|| backend(WgpuOptions::default()));
 }

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 
 use proptest::prelude::*;
 use tandem_core::engine::Engine;
@@ -22,8 +21,7 @@ use tandem_core::spec::{
     Proposer,
 };
 use tandem_cpu::CpuBackend;
-use tandem_distill::write::write_student;
-use tandem_distill::{distill, vocab, Corpus, Device, Options, Student};
+use tandem_tests::distilled::Distilled;
 use tandem_tests::exact_sampling::{assert_sampled_as, exact_joint};
 use tandem_tests::{cpu_engine, generate, tiny, tiny_gguf};
 
@@ -42,15 +40,6 @@ enum Method {
     /// n-gram drafting for the other model.
     Cascade,
     /// The other model is an EAGLE head of the target.
-    Eagle,
-}
-
-/// What `distilled_draft` trains.
-#[derive(Clone, Copy, PartialEq)]
-enum Distilled {
-    Layers,
-    /// With an output head of this many tokens.
-    Reduced(usize),
     Eagle,
 }
 
@@ -87,67 +76,10 @@ fn proposer(
     }
 }
 
-/// A one-layer draft distilled from `target` for a few dozen steps on
-/// windows of the test prompt's first 12 tokens followed by random ones
-/// (the sampled test's kind of text), written to `dir` and loaded from
-/// there, as `--speculate draft:DIR` loads it: of the target's layer 1, a
-/// reduced one keeping the windows' most frequent tokens in its output
-/// head, or an EAGLE head.
+/// A draft distilled from `target` on windows of the test prompt's first
+/// 12 tokens followed by random ones (the sampled test's kind of text).
 fn distilled_draft(target: &ModelFiles, dir: &Path, kind: Distilled) -> ModelFiles {
-    let vocab = target.config.vocab_size as u64;
-    let mut rng = tandem_core::sched::Rng::new(5);
-    let mut windows = |n: usize| -> Vec<Vec<u32>> {
-        (0..n)
-            .map(|_| {
-                let random = (0..20).map(|_| (rng.next_u64() % vocab) as u32);
-                PROMPT[..12].iter().copied().chain(random).collect()
-            })
-            .collect()
-    };
-    let corpus = Corpus {
-        train: windows(64),
-        eval: windows(2),
-    };
-    let mut student = match kind {
-        Distilled::Eagle => Student::eagle_from_target(target, &[1], &Device::Cpu).unwrap(),
-        _ => Student::from_target(target, &[1], &Device::Cpu).unwrap(),
-    };
-    if let Distilled::Reduced(size) = kind {
-        let tokens = vocab::frequent_tokens(&target.tokenizer, &corpus.train, size).unwrap();
-        student = student.with_output_tokens(tokens).unwrap();
-    }
-    let options = Options {
-        steps: 40,
-        batch: 4,
-        lr: 3e-3,
-        seed: 1,
-        eval_every: 0,
-        teacher_threads: 1,
-    };
-    let stop = AtomicBool::new(false);
-    let summary = distill(
-        target,
-        &student,
-        &corpus,
-        &options,
-        &stop,
-        &mut |_| {},
-        &mut |_, _| Ok(()),
-    )
-    .unwrap();
-    eprintln!(
-        "distilled draft: KL {:.3} -> {:.3}, agreement {:.2} -> {:.2}",
-        summary.before.kl, summary.after.kl, summary.before.agreement, summary.after.agreement
-    );
-    write_student(target, &student, WeightFormat::F32, dir).unwrap();
-    let draft = tandem_core::model::load(dir).unwrap();
-    let reduced = match kind {
-        Distilled::Reduced(size) => Some(size),
-        _ => None,
-    };
-    assert_eq!(draft.config.output_tokens.as_ref().map(Vec::len), reduced);
-    assert_eq!(draft.config.reads_hidden, kind == Distilled::Eagle);
-    draft
+    tandem_tests::distilled::draft(target, dir, kind, &PROMPT[..12])
 }
 
 fn prompts() -> Vec<Vec<u32>> {

@@ -291,6 +291,11 @@ impl<B: Backend> Engine<B> {
             ));
         }
         let mut proposer = proposer;
+        if proposer.reads_target_hidden() && self.model.placement().is_some() {
+            return Err(Error::Unsupported(
+                "an EAGLE head on a split model (it reads the target's hidden states)".into(),
+            ));
+        }
         if proposer.drafts_with_target() {
             if self.model.placement().is_some() {
                 return Err(Error::Unsupported(
