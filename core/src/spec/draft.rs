@@ -224,31 +224,24 @@ impl<B: Backend> DraftModel<B> {
         Ok(out)
     }
 
-    /// Feeds `tokens` in chunks of the batch size through a temporary
-    /// sequence and hands each chunk's logits to `each`, so a long sample
-    /// never holds all of them at once.
+    /// Feeds `tokens` in chunks of the batch size (see
+    /// [`DraftPass::score_chunks`]).
     fn score_chunks(
         &mut self,
         backend: &B,
         tokens: &[u32],
         each: &mut dyn FnMut(Vec<f32>),
     ) -> Result<()> {
-        const SCRATCH: SeqId = SeqId::MAX;
-        self.manager.add_sequence(SCRATCH)?;
-        let mut result = Ok(());
-        for (i, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
-            let start = i * self.config.max_batch_tokens;
-            let rows = (0..chunk.len() as u32).collect();
-            match self.forward(backend, &[(SCRATCH, start, chunk)], rows) {
-                Ok(logits) => each(logits),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
+        let chunk = self.config.max_batch_tokens;
+        self.pass().score_chunks(backend, tokens, chunk, &[], each)
+    }
+
+    fn pass(&mut self) -> DraftPass<'_, B> {
+        DraftPass {
+            model: &self.model,
+            kv: &mut self.kv,
+            manager: &mut self.manager,
         }
-        self.manager.free(SCRATCH);
-        result
     }
 
     /// Cuts the draft cache of `seq` back to its common prefix with
@@ -278,12 +271,7 @@ impl<B: Backend> DraftModel<B> {
         chunks: &[(SeqId, usize, &[u32])],
         logit_rows: Vec<u32>,
     ) -> Result<Vec<f32>> {
-        let pass = DraftPass {
-            model: &self.model,
-            kv: &mut self.kv,
-            manager: &mut self.manager,
-        };
-        Ok(pass.run(backend, chunks, logit_rows, Vec::new())?.0)
+        Ok(self.pass().run(backend, chunks, logit_rows, Vec::new())?.0)
     }
 
     /// Feeds all but the last uncomputed token of each sequence, in chunks,
@@ -458,7 +446,7 @@ impl<B: Backend> DraftPass<'_, B> {
     /// (indices into the flattened rows) over the whole vocabulary, and an
     /// EAGLE head's final hidden state of every row.
     pub fn run(
-        self,
+        &mut self,
         backend: &B,
         chunks: &[(SeqId, usize, &[u32])],
         logit_rows: Vec<u32>,
@@ -506,6 +494,38 @@ impl<B: Backend> DraftPass<'_, B> {
             None => logits,
         };
         Ok((logits, hidden))
+    }
+
+    /// Feeds `tokens` teacher forced through a scratch sequence, in chunks
+    /// of `chunk` rows, each row reading its row of `input_hidden` (empty
+    /// for a model that reads none), and hands each chunk's logits to
+    /// `each`, so a long sample never holds all of them at once.
+    pub fn score_chunks(
+        mut self,
+        backend: &B,
+        tokens: &[u32],
+        chunk: usize,
+        input_hidden: &[f32],
+        each: &mut dyn FnMut(Vec<f32>),
+    ) -> Result<()> {
+        const SCRATCH: SeqId = SeqId::MAX;
+        let dim = input_hidden.len() / tokens.len().max(1);
+        self.manager.add_sequence(SCRATCH)?;
+        let mut result = Ok(());
+        for (i, piece) in tokens.chunks(chunk).enumerate() {
+            let start = i * chunk;
+            let rows = (0..piece.len() as u32).collect();
+            let input = input_hidden[start * dim..(start + piece.len()) * dim].to_vec();
+            match self.run(backend, &[(SCRATCH, start, piece)], rows, input) {
+                Ok((logits, _)) => each(logits),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.manager.free(SCRATCH);
+        result
     }
 }
 

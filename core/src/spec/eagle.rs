@@ -153,7 +153,6 @@ impl<B: Backend> EagleDraft<B> {
     /// `[tokens, hidden]`, as [`Engine::score_hidden`](crate::engine::Engine::score_hidden)
     /// gives them): its first drafts, teacher forced.
     pub fn score(&mut self, backend: &B, tokens: &[u32], hidden: &[f32]) -> Result<Vec<f32>> {
-        const SCRATCH: SeqId = SeqId::MAX;
         let dim = self.dim();
         if hidden.len() != tokens.len() * dim {
             return Err(Error::InvalidRequest(format!(
@@ -164,29 +163,19 @@ impl<B: Backend> EagleDraft<B> {
         }
         let mut input = vec![0.0; dim];
         input.extend_from_slice(&hidden[..hidden.len().saturating_sub(dim)]);
-        self.manager.add_sequence(SCRATCH)?;
-        let mut out = Vec::new();
-        let mut result = Ok(());
         let chunk = self.config.max_batch_tokens;
-        for (i, piece) in tokens.chunks(chunk).enumerate() {
-            let start = i * chunk;
-            let pass = DraftPass {
-                model: &self.model,
-                kv: &mut self.kv,
-                manager: &mut self.manager,
-            };
-            let rows = (0..piece.len() as u32).collect();
-            let input = input[start * dim..(start + piece.len()) * dim].to_vec();
-            match pass.run(backend, &[(SCRATCH, start, piece)], rows, input) {
-                Ok((logits, _)) => out.extend(logits),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
+        let mut out = Vec::new();
+        self.pass()
+            .score_chunks(backend, tokens, chunk, &input, &mut |l| out.extend(l))?;
+        Ok(out)
+    }
+
+    fn pass(&mut self) -> DraftPass<'_, B> {
+        DraftPass {
+            model: &self.model,
+            kv: &mut self.kv,
+            manager: &mut self.manager,
         }
-        self.manager.free(SCRATCH);
-        result.map(|()| out)
     }
 
     /// The rows `seq` must feed before drafting after `context` (its
@@ -260,12 +249,9 @@ impl<B: Backend> EagleDraft<B> {
             logit_rows.push(row as u32 - 1);
             input.extend_from_slice(&fed.hidden);
         }
-        let pass = DraftPass {
-            model: &self.model,
-            kv: &mut self.kv,
-            manager: &mut self.manager,
-        };
-        let (logits, hidden) = pass.run(backend, &chunks, logit_rows.clone(), input)?;
+        let (logits, hidden) = self
+            .pass()
+            .run(backend, &chunks, logit_rows.clone(), input)?;
         for ((fed, logits), &last) in rows.iter().zip(logits.chunks(vocab)).zip(&logit_rows) {
             let w = &mut work[fed.work];
             let s = self.sequences.get_mut(&w.seq).expect("caught up");
@@ -389,22 +375,13 @@ impl<B: Backend> Proposer<B> for EagleDraft<B> {
     }
 
     fn measure_cost(&mut self, backend: &B) -> Result<Option<f64>> {
-        // One-row passes of a scratch sequence; the first one warms up.
-        const SCRATCH: SeqId = SeqId::MAX;
+        // One-row passes; the first one warms up.
+        let zeros = vec![0.0; self.dim()];
         let mut best = f64::INFINITY;
         for _ in 0..3 {
-            self.manager.add_sequence(SCRATCH)?;
             let clock = super::Stopwatch::start();
-            let pass = DraftPass {
-                model: &self.model,
-                kv: &mut self.kv,
-                manager: &mut self.manager,
-            };
-            let input = vec![0.0; self.model.config.hidden_size];
-            let result = pass.run(backend, &[(SCRATCH, 0, &[0][..])], vec![0], input);
+            self.score(backend, &[0], &zeros)?;
             best = best.min(clock.seconds());
-            self.manager.free(SCRATCH);
-            result?;
         }
         Ok(Some(best))
     }
