@@ -7,9 +7,13 @@
 //   row_seq[r]    the row's sequence (its row of block_tables)
 //   positions[r]  the row's position p: it sees keys at positions
 //                 max(0, p - window + 1) ..= p (window 0: no window)
-//   block_tables  [seqs, max_blocks] physical block ids; key position j lives
-//                 in slot block_tables[seq][j / block_size] * block_size + j % block_size;
-//                 EVICTED_BLOCK entries (KV eviction) are skipped
+//   block_tables  [seqs, max_blocks] physical block ids, read by all of a
+//                 sequence's KV heads; with head_tables set, [seqs, kv_heads,
+//                 max_blocks]: KV head g of sequence seq reads table
+//                 seq * kv_heads + g (select_kv_blocks.cu writes them). Key
+//                 position j lives in slot table[j / block_size] * block_size
+//                 + j % block_size; EVICTED_BLOCK entries (KV eviction,
+//                 blocks a sparse head does not read) are skipped
 //
 // Query head h reads KV head h / (heads / kv_heads) (grouped-query attention).
 // head_dim <= MAX_HEAD_DIM; lane l of a warp owns dims l, l + 32, ...
@@ -76,9 +80,12 @@ __device__ __forceinline__ float dot_q_key(const float* qs, const KV* k, u32 hd)
     return dot;
 }
 
+// Mirror of `AttentionShape` in backend-cuda/src/backend.rs.
 struct AttentionShape {
     u32 rows, heads, kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
+    // 1: one block table per sequence and KV head; 0: one per sequence.
+    u32 head_tables;
 };
 
 // The first key position row `pos` sees.
@@ -88,6 +95,12 @@ __device__ __forceinline__ u32 first_key(u32 pos, u32 window) {
 
 // A block-table entry of an evicted block (tandem_core::kv::EVICTED_BLOCK).
 #define EVICTED_BLOCK 0xffffffffu
+
+// The block table KV head g of sequence seq reads.
+__device__ __forceinline__ const u32* table_of(const u32* block_tables, u32 seq, u32 g, const AttentionShape& s) {
+    const u64 table = s.head_tables ? (u64)seq * s.kv_heads + g : (u64)seq;
+    return block_tables + table * s.max_blocks;
+}
 
 // The cache slot of key position j of a sequence, or -1 past its block table
 // or in an evicted block.
@@ -145,7 +158,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     const u32 hd = s.head_dim;
     const u32 kvh = h / (s.heads / s.kv_heads);
     const u64 kv_width = (u64)s.kv_heads * hd;
-    const u32* table_row = block_tables + (u64)row_seq[r] * s.max_blocks;
+    const u32* table_row = table_of(block_tables, row_seq[r], kvh, s);
 
     for (u32 d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = q[((u64)r * s.heads + h) * hd + d] * s.scale;
     __syncthreads();
@@ -301,7 +314,7 @@ __device__ __forceinline__ void prefill(const float* __restrict__ q, const KV* _
             key_lo = min(key_lo, first_key(positions[r], s.window));
             key_hi = max(key_hi, positions[r] + 1);
         }
-        const u32* table_row = block_tables + (u64)seq * s.max_blocks;
+        const u32* table_row = table_of(block_tables, seq, kvh, s);  // one KV head per block
 
         for (u32 tile = key_lo; tile < key_hi; tile += KEY_TILE) {
             __syncthreads();  // the previous tile is no longer read
@@ -391,7 +404,8 @@ extern "C" __global__ void paged_attention_prefill_f16(PREFILL_ARGS) { prefill<u
 // so no two warps add to one entry. Per head a first pass over 32-key tiles
 // finds the softmax's max and sum, a second scores the keys again and the
 // lanes owning one block of the tile add its share. Keys only; no score
-// leaves the warp.
+// leaves the warp. One table per sequence: the host refuses per-head tables
+// (Backend::paged_attention_scores' contract), so head_tables is not read.
 template <typename SCORE_KEY>
 __device__ __forceinline__ void block_scores(const float* __restrict__ q, const u32* __restrict__ row_seq,
                                              const u32* __restrict__ positions,

@@ -3,9 +3,11 @@
 // INT4 keys are per-channel blocks: paged_kv_write_int4_keys.cu),
 // read through the block table and dequantized as it is read, with an online
 // softmax. Inputs as paged_attention.cu: q, out [rows, heads * head_dim] f32,
-// row_seq, positions [rows], block_tables [seqs, max_blocks]; a row at
-// position p sees keys max(0, p - window + 1) ..= p (window 0: no window);
-// query head h reads KV head h / (heads / kv_heads).
+// row_seq, positions [rows], block_tables [seqs, max_blocks] (with
+// head_tables, [seqs, kv_heads, max_blocks]: KV head g of sequence seq reads
+// table seq * kv_heads + g); a row at position p sees keys
+// max(0, p - window + 1) ..= p (window 0: no window); query head h reads KV
+// head h / (heads / kv_heads).
 //
 // One warp per (head, row): grid (heads, rows). Lane l scores key tile + l of
 // each 32-key tile, the tile's softmax folds into the running state, then
@@ -22,6 +24,8 @@
 struct QuantAttentionShape {
     u32 rows, heads, kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
+    // 1: one block table per sequence and KV head; 0: one per sequence.
+    u32 head_tables;
     // The values' bits and words per slot.
     u32 groups_per_head, bits, slot_words;
     // INT4, INT2: kv_heads * head_dim, keys in per-channel blocks; 0: keys in
@@ -58,6 +62,13 @@ __device__ __forceinline__ float dequantize_key_block(const u32* __restrict__ k_
 // A block-table entry of an evicted block (tandem_core::kv::EVICTED_BLOCK).
 #define EVICTED_BLOCK 0xffffffffu
 
+// The block table KV head g of sequence seq reads.
+__device__ __forceinline__ const u32* table_of(const u32* block_tables, u32 seq, u32 g,
+                                               const QuantAttentionShape& s) {
+    const u64 table = s.head_tables ? (u64)seq * s.kv_heads + g : (u64)seq;
+    return block_tables + table * s.max_blocks;
+}
+
 // The cache slot of key position j of a sequence, or -1 past its block table
 // or in an evicted block.
 __device__ __forceinline__ long long key_slot(const u32* table_row, u32 j, const QuantAttentionShape& s) {
@@ -91,8 +102,8 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
     __shared__ float qs[MAX_HEAD_DIM];
     const u32 h = blockIdx.x, r = blockIdx.y, lane = threadIdx.x;
     const u32 hd = s.head_dim;
-    const u32 kv_base = h / (s.heads / s.kv_heads) * hd;
-    const u32* table_row = block_tables + (u64)row_seq[r] * s.max_blocks;
+    const u32 kvh = h / (s.heads / s.kv_heads), kv_base = kvh * hd;
+    const u32* table_row = table_of(block_tables, row_seq[r], kvh, s);
     const u64 head_row = (u64)r * s.heads + h;
 
     for (u32 d = lane; d < hd; d += WARP) qs[d] = q[head_row * hd + d] * s.scale;
@@ -143,7 +154,8 @@ extern "C" __global__ void paged_attention_quant(const float* __restrict__ q, co
 // heads reading KV head g give the keys of table entry b, as
 // paged_attention_scores_* in paged_attention.cu. One warp per (KV head,
 // row), grid (kv_heads, rows), the group's heads in turn; per head a pass
-// for the softmax's max and sum, then one adding each block's share.
+// for the softmax's max and sum, then one adding each block's share. One
+// table per sequence: the host refuses per-head tables (head_tables unread).
 extern "C" __global__ void paged_attention_quant_scores(const float* __restrict__ q,
                                                         const u32* __restrict__ k_cache,
                                                         const u32* __restrict__ row_seq,

@@ -1,10 +1,14 @@
-// select_kv_blocks: sparse attention's block selection. out ([seqs,
-// max_blocks] u32) is each sequence's block table with the entries it does
-// not read made holes (EVICTED_BLOCK). The visible entries are those up to
-// the block of the sequence's last row; of those the first `sinks` and the
-// last `recent` are kept, and among the others that are not holes (the
-// candidates) each KV head keeps the `top` of highest bound, ties to the
-// earlier entry. A sequence without rows keeps its table.
+// select_kv_blocks: sparse attention's block selection. tables ([seqs,
+// max_blocks] u32) hold one table per sequence; out ([seqs, kv_heads,
+// max_blocks] u32, read by paged_attention with head_tables) one per
+// sequence and KV head: KV head g's is the sequence's table with the entries
+// g does not read made holes (EVICTED_BLOCK). The visible entries are those
+// up to the block of the sequence's last row; of those the first `sinks` and
+// the last `recent` are kept by every head, and among the others that are
+// not holes (the candidates) each KV head keeps only the `top` of its own
+// highest bound, ties to the earlier entry. Entries past the visible ones
+// are copied. A sequence without rows, or with no more than `top`
+// candidates, gives every head its table unchanged.
 //
 // A block's bound for KV head g is sum_c max(q_c min_c, q_c max_c) over its
 // key bounds (kv_key_bounds.cu), summed over the sequence's rows and g's
@@ -12,9 +16,11 @@
 // negative parts summed first and the dot products in eight lanes, as the
 // CPU does, without fused multiply-adds.
 //
-// One block per sequence: its threads write each (KV head, candidate) bound
-// into scratch ([seqs, kv_heads, max_blocks] f32), then rank each candidate
-// among its head's by counting the candidates that beat it.
+// One block per sequence: its threads copy the table into each KV head's
+// with the candidates made holes and write each (KV head, candidate) bound
+// into scratch ([seqs, kv_heads, max_blocks] f32, laid out as out), then
+// rank each candidate among its head's by counting the candidates that beat
+// it and put it back into that head's table if it ranks below `top`.
 
 #include "common.cuh"
 
@@ -55,17 +61,17 @@ extern "C" __global__ void select_kv_blocks(const float* __restrict__ q, const u
     u32 candidates = 0;
     for (u32 e = first; e < end; ++e) candidates += tables[base + e] != EVICTED;
     const bool selecting = candidates > top;
-    float* sc = scratch + (u64)seq * kv_heads * max_blocks;
-    for (u32 e = threadIdx.x; e < max_blocks; e += blockDim.x) {
-        const u32 entry = tables[base + e];
-        const bool candidate = selecting && e >= first && e < end && entry != EVICTED;
-        out[base + e] = candidate ? EVICTED : entry;
-    }
+    // This sequence's tables in out and bounds in scratch: index i = g * max_blocks + e.
+    const u64 head_base = (u64)seq * kv_heads * max_blocks;
+    float* sc = scratch + head_base;
+    u32* head_out = out + head_base;
     const u32 group = heads / kv_heads;
     for (u32 i = threadIdx.x; i < kv_heads * max_blocks; i += blockDim.x) {
         const u32 e = i % max_blocks, g = i / max_blocks;
         const u32 entry = tables[base + e];
-        if (!(selecting && e >= first && e < end && entry != EVICTED)) continue;
+        const bool candidate = selecting && e >= first && e < end && entry != EVICTED;
+        head_out[i] = candidate ? EVICTED : entry;
+        if (!candidate) continue;
         float pos[SELECT_MAX_HEAD_DIM], neg[SELECT_MAX_HEAD_DIM];
         for (u32 c = 0; c < head_dim; ++c) pos[c] = neg[c] = 0.f;
         for (u32 t = 0; t < rows; ++t) {
@@ -93,6 +99,6 @@ extern "C" __global__ void select_kv_blocks(const float* __restrict__ q, const u
             if (tables[base + o] == EVICTED || o == e) continue;
             rank += row[o] > mine || (row[o] == mine && o < e);
         }
-        if (rank < top) out[base + e] = entry;
+        if (rank < top) head_out[i] = entry;
     }
 }

@@ -17,6 +17,10 @@ struct Params {
     // Storage units per slot: f32 values, or u32 words (pairs) for F16 caches.
     slot_units: u32,
     scale: f32,
+    // 1: one block table per sequence and KV head ([seqs, kv_heads,
+    // max_blocks], select_kv_blocks' output); 0: one per sequence. Word 10 in
+    // both Params structs, which the host fills as one prefix.
+    head_tables: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

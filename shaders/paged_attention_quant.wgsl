@@ -19,6 +19,10 @@ struct Params {
     // u32 words per value slot.
     value_slot_words: u32,
     scale: f32,
+    // 1: one block table per sequence and KV head ([seqs, kv_heads,
+    // max_blocks], select_kv_blocks' output); 0: one per sequence. Word 10 in
+    // both Params structs, which the host fills as one prefix.
+    head_tables: u32,
     groups_per_head: u32,
     value_bits: u32,
     // INT4, INT2: kv_heads * head_dim, keys in per-channel blocks; 0: keys

@@ -1,10 +1,15 @@
-// Sparse attention's block selection (Backend::select_kv_blocks): OUT
-// ([seqs, max_blocks] u32) is each sequence's block table with the entries
-// it does not read made holes (EVICTED_BLOCK). The visible entries are those
-// up to the block of the sequence's last row; of those the first `sinks`
-// and the last `recent` are kept, and among the others that are not holes
-// (the candidates) each KV head keeps the `top` of highest bound, ties to
-// the earlier entry. A sequence without rows keeps its table.
+// Sparse attention's block selection (Backend::select_kv_blocks): from
+// TABLES ([seqs, max_blocks] u32, one table per sequence) it writes OUT
+// ([seqs, kv_heads, max_blocks] u32, one table per sequence and KV head,
+// which paged attention reads with head_tables): KV head g's is the
+// sequence's table with the entries g does not read made holes
+// (EVICTED_BLOCK). The visible entries are those up to the block of the
+// sequence's last row; of those the first `sinks` and the last `recent` are
+// kept, and among the others that are not holes (the candidates) each KV
+// head keeps the `top` of highest bound, ties to the earlier entry; no union
+// over the heads. Entries past the visible ones are copied. A sequence
+// without rows, or with no more than `top` candidates, gives every head its
+// table unchanged.
 //
 // A block's bound for KV head g is Σ_c max(q_c·min_c, q_c·max_c) over its
 // key bounds (kv_key_bounds.wgsl), summed over the sequence's rows and g's
@@ -12,8 +17,11 @@
 // parts summed first and the dot products in eight lanes, as the CPU does.
 //
 // One workgroup per sequence: its threads write each (KV head, candidate)
-// bound into SCRATCH ([seqs, kv_heads, max_blocks] f32), then rank each
-// candidate among its head's by counting the candidates that beat it.
+// bound into SCRATCH ([seqs, kv_heads, max_blocks] f32, laid out as OUT),
+// then rank each candidate among its head's by counting the candidates that
+// beat it. Element i of the sequence's kv_heads * max_blocks (KV head
+// i / max_blocks, entry i % max_blocks) is owned by one thread in both
+// passes, so each OUT element is written once.
 
 struct Params {
     rows: u32,
@@ -103,17 +111,17 @@ fn main(ids: Ids, group: Group) {
         candidates += u32(TABLES[base + e] != EVICTED);
     }
     let selecting = candidates > P.top;
-    let scratch = seq * P.kv_heads * P.max_blocks;
-    for (var e = ids.lid; e < P.max_blocks; e += WG) {
-        let entry = TABLES[base + e];
-        let candidate = selecting && e >= first && e < end && entry != EVICTED;
-        OUT[base + e] = select(entry, EVICTED, candidate);
-    }
+    // This sequence's tables in OUT, and its bounds in SCRATCH.
+    let heads_base = seq * P.kv_heads * P.max_blocks;
     for (var i = ids.lid; i < P.kv_heads * P.max_blocks; i += WG) {
         let e = i % P.max_blocks;
         let entry = TABLES[base + e];
         if selecting && e >= first && e < end && entry != EVICTED {
-            SCRATCH[scratch + i] = bound(seq, i / P.max_blocks, entry);
+            SCRATCH[heads_base + i] = bound(seq, i / P.max_blocks, entry);
+        } else {
+            // Sinks, recent entries, holes and entries past the visible
+            // ones: every head's table has them as they are.
+            OUT[heads_base + i] = entry;
         }
     }
     storageBarrier();
@@ -124,8 +132,8 @@ fn main(ids: Ids, group: Group) {
         if !(selecting && e >= first && e < end && entry != EVICTED) {
             continue;
         }
-        let row = scratch + i - e;
-        let mine = SCRATCH[scratch + i];
+        let row = heads_base + i - e;
+        let mine = SCRATCH[heads_base + i];
         var rank = 0u;
         for (var o = first; o < end; o++) {
             if TABLES[base + o] == EVICTED || o == e {
@@ -134,8 +142,6 @@ fn main(ids: Ids, group: Group) {
             let theirs = SCRATCH[row + o];
             rank += u32(theirs > mine || (theirs == mine && o < e));
         }
-        if rank < P.top {
-            OUT[base + e] = entry;
-        }
+        OUT[heads_base + i] = select(EVICTED, entry, rank < P.top);
     }
 }

@@ -13,8 +13,8 @@
 //! 16k and 32k cached positions (F16 cache, the sparse figures' dtype):
 //! `full` reads every block, `sparse16` is what `--speculate sparse` drafts
 //! with, the block selection (key bounds, top 16 blocks per KV head, plus
-//! the sink and recent blocks; `select16` alone) and the attention over the
-//! selected blocks.
+//! the sink and recent blocks; `select16` alone) and the attention of each
+//! KV head over its selected blocks.
 //!
 //! Run with `cargo bench -p tandem-cpu --bench attention -- --quick`.
 
@@ -125,6 +125,7 @@ fn params(rows: usize, heads: usize, kv_heads: usize, context: usize) -> Attenti
         max_blocks_per_seq: context / BLOCK,
         scale: 1.0 / (HEAD_DIM as f32).sqrt(),
         sliding_window: None,
+        per_head_tables: false,
     }
 }
 
@@ -173,7 +174,14 @@ fn decode_context(c: &mut Criterion) {
             let p = params(1, heads, kv_heads, context);
             let (row_seq, positions, q, mut out) =
                 query_rows(&backend, &mut rng, context, 1, heads);
-            let mut selected = backend.upload_indices(&vec![0; context / BLOCK]).unwrap();
+            // A table per KV head, which the selected attention reads.
+            let mut selected = backend
+                .upload_indices(&vec![0; kv_heads * context / BLOCK])
+                .unwrap();
+            let per_head = AttentionParams {
+                per_head_tables: true,
+                ..p
+            };
             group.bench_function(BenchmarkId::new(format!("{model}/full"), context), |b| {
                 b.iter(|| {
                     backend
@@ -217,7 +225,7 @@ fn decode_context(c: &mut Criterion) {
                                 &q,
                                 &cache,
                                 indices(&row_seq, &positions, &selected),
-                                p,
+                                per_head,
                                 &mut out,
                             )
                             .unwrap()

@@ -198,8 +198,9 @@ pub fn copy_kv_blocks(
 
 /// Causal attention of each query row over the cached keys at positions
 /// `0..=positions[t]` of its sequence (only the last `sliding_window` of them
-/// when set), read through the sequence's block-table row; query head `h`
-/// uses KV head `h / (heads / kv_heads)`. Plain two-pass softmax.
+/// when set), read through the sequence's block-table row (or its KV head's,
+/// with per-head tables); query head `h` uses KV head `h / (heads /
+/// kv_heads)`. Plain two-pass softmax.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &[f32],
@@ -258,9 +259,10 @@ pub fn paged_attention_scores(
 /// bounds are the minimum and maximum of its first `filled[block]` slots
 /// of `k_cache`, a table entry's bound for KV head `g` is
 /// `Σ_c max(q_c · min_c, q_c · max_c)` summed over the sequence's rows and
-/// the group's heads (float64), and each group's `top_blocks` highest
-/// candidates (ties to the earlier entry) are kept with the sinks and the
-/// recent window. `out` as `Backend::select_kv_blocks` writes it.
+/// the group's heads (float64), and KV head `g`'s table keeps its
+/// `top_blocks` highest candidates (ties to the earlier entry) with the
+/// sinks and the recent window. `out` (`[seqs, kv_heads,
+/// max_blocks_per_seq]`) as `Backend::select_kv_blocks` writes it.
 #[allow(clippy::too_many_arguments)]
 pub fn select_kv_blocks(
     q: &[f32],
@@ -275,8 +277,11 @@ pub fn select_kv_blocks(
 ) {
     let (w, d) = (p.max_blocks_per_seq, p.head_dim);
     let kv_width = p.kv_heads * d;
-    out[..block_tables.len()].copy_from_slice(block_tables);
-    for (seq, table) in out.chunks_mut(w).enumerate() {
+    for (seq, table) in block_tables.chunks_exact(w).enumerate() {
+        let out = &mut out[seq * p.kv_heads * w..][..p.kv_heads * w];
+        for head_table in out.chunks_exact_mut(w) {
+            head_table.copy_from_slice(table);
+        }
         let rows: Vec<usize> = (0..p.rows)
             .filter(|&t| row_seq[t] as usize == seq)
             .collect();
@@ -291,8 +296,7 @@ pub fn select_kv_blocks(
         if candidates.len() <= s.top_blocks {
             continue;
         }
-        let mut keep = vec![false; w];
-        for g in 0..p.kv_heads {
+        for (g, head_table) in out.chunks_exact_mut(w).enumerate() {
             let mut bounds: Vec<(f64, usize)> = candidates
                 .iter()
                 .map(|&e| {
@@ -316,13 +320,8 @@ pub fn select_kv_blocks(
                 })
                 .collect();
             bounds.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            for &(_, e) in &bounds[..s.top_blocks] {
-                keep[e] = true;
-            }
-        }
-        for e in candidates {
-            if !keep[e] {
-                table[e] = EVICTED_BLOCK;
+            for &(_, e) in &bounds[s.top_blocks..] {
+                head_table[e] = EVICTED_BLOCK;
             }
         }
     }
@@ -341,7 +340,8 @@ fn attention_weights(
     let kv_width = p.kv_heads * p.head_dim;
     let kv_offset = h / (p.heads / p.kv_heads) * p.head_dim;
     let pos = positions[t] as usize;
-    let table = &block_tables[row_seq[t] as usize * p.max_blocks_per_seq..];
+    let table = p.table_of(row_seq[t] as usize, h / (p.heads / p.kv_heads));
+    let table = &block_tables[table * p.max_blocks_per_seq..][..p.max_blocks_per_seq];
     let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let q_head = &q[(t * p.heads + h) * p.head_dim..][..p.head_dim];
     let logits: Vec<(usize, usize, f64)> = (first..=pos)

@@ -577,6 +577,7 @@ impl AttentionCase {
             max_blocks_per_seq: self.max_blocks_per_seq,
             scale: 1.0 / (self.layout.head_dim as f32).sqrt(),
             sliding_window,
+            per_head_tables: false,
         }
     }
 }
@@ -859,6 +860,7 @@ fn too_short_buffers_and_bad_indices_are_errors() {
         max_blocks_per_seq: 2,
         scale: 0.3,
         sliding_window: None,
+        per_head_tables: false,
     };
     let run = |q: usize, row_seq: &[u32], positions: &[u32], tables: &[u32], p: AttentionParams| {
         let (row_seq, positions, tables) = (ids(row_seq), ids(positions), ids(tables));
@@ -919,6 +921,20 @@ fn too_short_buffers_and_bad_indices_are_errors() {
             },
         ),
         "sliding_window",
+    );
+    let (row_seq, positions, tables) = (ids(&[0, 0]), ids(&[6, 7]), ids(&[1, 0]));
+    let idx = AttentionIndices {
+        row_seq: &row_seq,
+        positions: &positions,
+        block_tables: &tables,
+    };
+    let per_head = AttentionParams {
+        per_head_tables: true,
+        ..attention
+    };
+    assert_backend_error(
+        b.paged_attention_scores(&t(32), &cache, idx, per_head, &mut t(4)),
+        "per-head block tables",
     );
 
     assert_backend_error(b.swiglu(&t(10), &t(9), 10, &mut t(10)), "up holds 9");

@@ -9,6 +9,7 @@ use tandem_core::backend::{
     AttentionIndices, AttentionParams, KvCacheLayout, KvDtype, MatmulParams,
 };
 use tandem_core::kernels::matmul_kernel_name;
+use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::quant::WeightFormat;
 use tandem_core::Backend;
 use tandem_cpu::{reference, CpuBackend};
@@ -65,6 +66,7 @@ proptest! {
         seq_lens in prop::collection::vec(1usize..40, 1..4),
         window in prop::option::of(1usize..20),
         f16_cache: bool,
+        per_head_tables: bool,
         threads in 1usize..4,
         seed: u64,
     ) {
@@ -99,6 +101,23 @@ proptest! {
                 positions.push(pos as u32);
             }
         }
+        // Per-head tables: each KV head's copy of its sequence's table with
+        // holes of its own (sparse attention's), the first block kept.
+        if per_head_tables {
+            block_tables = block_tables
+                .chunks_exact(max_blocks_per_seq)
+                .flat_map(|table| (0..kv_heads).map(move |_| table))
+                .flat_map(|table| {
+                    let mut table = table.to_vec();
+                    for entry in &mut table[1..] {
+                        if rng.below(3) == 0 {
+                            *entry = EVICTED_BLOCK;
+                        }
+                    }
+                    table
+                })
+                .collect();
+        }
         let heads = kv_heads * group;
         let p = AttentionParams {
             rows: row_seq.len(),
@@ -109,6 +128,7 @@ proptest! {
             max_blocks_per_seq,
             scale: 1.0 / (head_dim as f32).sqrt(),
             sliding_window: window,
+            per_head_tables,
         };
         let q = rng.vec(p.rows * heads * head_dim, 2.0);
         let (rs, ps, bt) = (

@@ -170,6 +170,9 @@ pub(crate) struct AttentionShape {
     max_blocks: u32,
     window: u32,
     scale: f32,
+    /// 1: one block table per sequence and KV head
+    /// (`AttentionParams::per_head_tables`); 0: one per sequence.
+    head_tables: u32,
 }
 
 // SAFETY: plain `#[repr(C)]` data with the kernel's field order and types.
@@ -214,6 +217,18 @@ fn attention_shape(
     check_len("paged_attention: out", out.0, out.1)?;
     check_len("paged_attention: row_seq", idx.row_seq.len(), p.rows)?;
     check_len("paged_attention: positions", idx.positions.len(), p.rows)?;
+    // Per-head tables come whole: `kv_heads` tables of `max_blocks_per_seq`
+    // per sequence (the rows' sequences are on the device, not checked).
+    let per_seq = p.max_blocks_per_seq * p.tables_per_seq();
+    if p.per_head_tables && per_seq != 0 && !idx.block_tables.len().is_multiple_of(per_seq) {
+        return Err(backend_error(format!(
+            "paged_attention: {} block-table entries are not whole sequences of {} KV heads' \
+             tables of {} entries",
+            idx.block_tables.len(),
+            p.kv_heads,
+            p.max_blocks_per_seq
+        )));
+    }
     if p.rows == 0 || p.heads == 0 {
         return Ok(None);
     }
@@ -226,6 +241,7 @@ fn attention_shape(
         max_blocks: to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
         window: to_u32(p.sliding_window.unwrap_or(0), "sliding_window")?,
         scale: p.scale,
+        head_tables: u32::from(p.per_head_tables),
     }))
 }
 
@@ -1627,6 +1643,12 @@ impl Backend for CudaBackend {
         select: BlockSelectParams,
         out: &mut CudaIndices,
     ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "select_kv_blocks: per-head block tables are not supported as input; \
+                 one table per sequence",
+            ));
+        }
         let bounds = cache.bounds.as_ref().ok_or_else(|| {
             backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
         })?;
@@ -1661,10 +1683,11 @@ impl Backend for CudaBackend {
         )?;
         check_len("select_kv_blocks: row_seq", idx.row_seq.len(), p.rows)?;
         check_len("select_kv_blocks: positions", idx.positions.len(), p.rows)?;
+        // One table per sequence and KV head.
         check_len(
             "select_kv_blocks: out",
             out.len(),
-            seqs * p.max_blocks_per_seq,
+            seqs * p.kv_heads * p.max_blocks_per_seq,
         )?;
         if seqs == 0 {
             return Ok(());
@@ -1758,6 +1781,12 @@ impl Backend for CudaBackend {
         p: AttentionParams,
         scores: &mut CudaTensor,
     ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "paged_attention_scores: per-head block tables are not supported; \
+                 one table per sequence",
+            ));
+        }
         let layout = cache.layout;
         let scores_len = (scores.len(), p.rows * p.kv_heads * p.max_blocks_per_seq);
         let Some(shape) = attention_shape(&layout, &idx, p, q.len(), scores_len)? else {

@@ -442,6 +442,15 @@ impl WgpuBackend {
         check_len("paged_attention out", out.len, out_len)?;
         check_len("paged_attention row_seq", idx.row_seq.len, p.rows)?;
         check_len("paged_attention positions", idx.positions.len, p.rows)?;
+        if p.rows > 0 {
+            // At least one sequence's tables (kv_heads of them when per head);
+            // the rows' sequences themselves are on the device.
+            check_len(
+                "paged_attention block_tables",
+                idx.block_tables.len,
+                p.tables_per_seq() * p.max_blocks_per_seq,
+            )?;
+        }
         // The score variant runs one workgroup per (row, KV head).
         let workgroups = p.rows * if scored { p.kv_heads } else { p.heads };
         let mut params = vec![
@@ -455,6 +464,8 @@ impl WgpuBackend {
             window,
             u32_of(cache.slot_units, "slot width")?,
             p.scale.to_bits(),
+            // `head_tables`, word 10 of both attention Params structs.
+            u32::from(p.per_head_tables),
         ];
         let buffers = [
             &q.buf,
@@ -1132,6 +1143,12 @@ impl Backend for WgpuBackend {
         select: BlockSelectParams,
         out: &mut WgpuIndices,
     ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "select_kv_blocks: its input is one block table per sequence \
+                 (it writes one per KV head); per-head input tables are refused",
+            ));
+        }
         let bounds = cache.bounds.as_ref().ok_or_else(|| {
             backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
         })?;
@@ -1146,7 +1163,9 @@ impl Backend for WgpuBackend {
         check_len("select_kv_blocks q", q.len, p.rows * p.heads * p.head_dim)?;
         check_len("select_kv_blocks row_seq", idx.row_seq.len, p.rows)?;
         check_len("select_kv_blocks positions", idx.positions.len, p.rows)?;
-        check_len("select_kv_blocks out", out.len, seqs * p.max_blocks_per_seq)?;
+        // One table per sequence and KV head.
+        let out_len = seqs * p.kv_heads * p.max_blocks_per_seq;
+        check_len("select_kv_blocks out", out.len, out_len)?;
         let scratch = self
             .gpu
             .pooled(4 * (seqs * p.kv_heads * p.max_blocks_per_seq).max(1) as u64)?;
@@ -1199,6 +1218,12 @@ impl Backend for WgpuBackend {
         p: AttentionParams,
         scores: &mut WgpuTensor,
     ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "paged_attention_scores: per-head block tables are not supported; \
+                 one table per sequence",
+            ));
+        }
         self.attention_kernel(q, cache, idx, p, scores, true)
     }
 

@@ -356,6 +356,34 @@ pub struct AttentionParams {
     /// Mistral-style sliding window: a query at position p sees keys at
     /// positions `> p - window`. `None` sees the whole prefix.
     pub sliding_window: Option<usize>,
+    /// The block tables hold one table per sequence and KV head
+    /// (`[seqs, kv_heads, max_blocks_per_seq]`, as
+    /// [`Backend::select_kv_blocks`] writes them): KV head `g` of sequence
+    /// `s` reads table `s * kv_heads + g`. `false`: one table per sequence,
+    /// read by all of its KV heads. Only [`Backend::paged_attention`] takes
+    /// per-head tables.
+    pub per_head_tables: bool,
+}
+
+impl AttentionParams {
+    /// Block tables per sequence: `kv_heads` with [`Self::per_head_tables`],
+    /// else 1.
+    pub fn tables_per_seq(&self) -> usize {
+        if self.per_head_tables {
+            self.kv_heads
+        } else {
+            1
+        }
+    }
+
+    /// The index of the table KV head `kv_head` of sequence `seq` reads.
+    pub fn table_of(&self, seq: usize, kv_head: usize) -> usize {
+        if self.per_head_tables {
+            seq * self.kv_heads + kv_head
+        } else {
+            seq
+        }
+    }
 }
 
 /// Which KV blocks a sparse attention reads ([`Backend::select_kv_blocks`]):
@@ -678,7 +706,8 @@ pub trait Backend: 'static {
     ) -> Result<()>;
 
     /// Causal attention of each query row over its sequence's cached K/V, read
-    /// through the block table; grouped-query heads share KV heads.
+    /// through the block table (or, with [`AttentionParams::per_head_tables`],
+    /// each KV head through its own); grouped-query heads share KV heads.
     /// `q` and `out` are `[rows, heads * head_dim]`.
     fn paged_attention(
         &self,
@@ -697,7 +726,7 @@ pub trait Backend: 'static {
     /// visible blocks). Evicted entries ([`crate::kv::EVICTED_BLOCK`]) get
     /// nothing. A variant of the attention kernel that reads the keys only
     /// and never materialises the attention matrix; the plain kernel pays
-    /// nothing for it.
+    /// nothing for it. One table per sequence: per-head tables are refused.
     fn paged_attention_scores(
         &self,
         q: &Self::Tensor,
@@ -729,17 +758,20 @@ pub trait Backend: 'static {
     }
 
     /// Sparse attention's block selection: with the inputs of
-    /// [`Backend::paged_attention`] (a cache that tracks key bounds), writes
-    /// to `out` (`[num_seqs, max_blocks_per_seq]`, like the block tables)
-    /// each sequence's table with the entries it does not select made holes
+    /// [`Backend::paged_attention`] (a cache that tracks key bounds; one
+    /// table per sequence), writes to `out` one table per sequence and KV
+    /// head (`[num_seqs, kv_heads, max_blocks_per_seq]`, read by
+    /// [`Backend::paged_attention`] with
+    /// [`AttentionParams::per_head_tables`]): KV head `g`'s is the
+    /// sequence's table with the entries `g` does not select made holes
     /// ([`crate::kv::EVICTED_BLOCK`]). An entry's bound for KV head `g` is
     /// the sum, over the sequence's rows and the query heads reading `g`, of
     /// `Σ_c max(q_c · min_c, q_c · max_c)` over the block's key bounds: no
-    /// key of the block scores higher. Each KV head picks its `top_blocks`
+    /// key of the block scores higher. Each KV head keeps its `top_blocks`
     /// highest entries (ties to the earlier entry) among the visible ones
-    /// that are neither sinks nor recent; a sequence keeps the union. Only
-    /// the entries up to its last row's position are visible; the rest are
-    /// copied as they are.
+    /// that are neither sinks nor recent, and the sinks and recent ones.
+    /// Only the entries up to the sequence's last row's position are
+    /// visible; the rest are copied as they are.
     fn select_kv_blocks(
         &self,
         q: &Self::Tensor,

@@ -218,7 +218,7 @@ pub const MANIFEST: &[KernelSpec] = &[
     KernelSpec {
         name: "paged_attention",
         method: "paged_attention",
-        inputs: "q [rows, heads*head_dim]; K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
+        inputs: "q [rows, heads*head_dim]; K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32 ([seqs, kv_heads, max_blocks] with per_head_tables)",
         outputs: "out [rows, heads*head_dim] f32 (causal, online softmax; EVICTED_BLOCK table entries skipped); variant paged_attention_scores: scores [rows, kv_heads, max_blocks] f32 += softmax mass per table entry, summed over each KV head's query heads",
         tolerance: 2e-3,
     },
@@ -239,7 +239,7 @@ pub const MANIFEST: &[KernelSpec] = &[
     KernelSpec {
         name: "paged_attention_quant",
         method: "paged_attention",
-        inputs: "q [rows, heads*head_dim]; INT8/INT4 K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32",
+        inputs: "q [rows, heads*head_dim]; INT8/INT4 K/V cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32 ([seqs, kv_heads, max_blocks] with per_head_tables)",
         outputs: "out [rows, heads*head_dim] f32 (causal, online softmax, K/V dequantized on read; EVICTED_BLOCK table entries skipped); variant paged_attention_scores as for paged_attention",
         tolerance: 2e-3,
     },
@@ -254,7 +254,7 @@ pub const MANIFEST: &[KernelSpec] = &[
         name: "select_kv_blocks",
         method: "select_kv_blocks",
         inputs: "q [rows, heads*head_dim]; key bounds of the cache; row_seq, positions [rows] u32; block_tables [seqs, max_blocks] u32; top, sink and recent block counts",
-        outputs: "tables [seqs, max_blocks] u32: entries outside the sinks, the recent window and each KV head's top blocks by Σ_c max(q_c·min_c, q_c·max_c) made EVICTED_BLOCK",
+        outputs: "tables [seqs, kv_heads, max_blocks] u32: per KV head, the sequence's table with entries outside the sinks, the recent window and that head's top blocks by Σ_c max(q_c·min_c, q_c·max_c) made EVICTED_BLOCK",
         tolerance: 0.0,
     },
     KernelSpec {

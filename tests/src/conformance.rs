@@ -1008,6 +1008,7 @@ fn attention<X: Backend>(be: &X, c: &AttentionCase) -> Out {
         max_blocks_per_seq: c.max_blocks,
         scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
         sliding_window: c.window,
+        per_head_tables: false,
     };
     let idx = AttentionIndices {
         row_seq: &row_seq,

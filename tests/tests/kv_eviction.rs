@@ -227,6 +227,7 @@ fn h2o_keeps_the_attended_blocks<B: Backend>(be: &B) {
         max_blocks_per_seq: blocks,
         scale: 0.25,
         sliding_window: None,
+        per_head_tables: false,
     };
     let (qt, rs, pt, bt) = (
         be.upload(&q).unwrap(),
@@ -319,6 +320,7 @@ fn cpu_attention_over_evicted_blocks_matches_the_reference() {
         max_blocks_per_seq: table.len(),
         scale: 0.2,
         sliding_window: None,
+        per_head_tables: false,
     };
     let (qt, rs, pt, bt) = (
         be.upload(&q).unwrap(),

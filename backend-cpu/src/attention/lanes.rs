@@ -3,7 +3,7 @@
 //! independent chains of multiply-adds that the compiler keeps in vector
 //! registers.
 
-use super::ops::TileOps;
+use super::ops::{mul_add_lanes, TileOps};
 use super::tile::{Lanes, LANES};
 use crate::math::MulAdd;
 
@@ -24,17 +24,36 @@ pub(super) fn scores<M: MulAdd, T: TileOps>(
     hd: usize,
     weights: &mut [Lanes],
 ) {
+    // The common head sizes as constants: each key row is then a fixed
+    // offset from one pointer and every element's bounds are known, where
+    // a run-time size took a register per row (spilled) and a check per
+    // element (five instructions per multiply-add).
+    match hd {
+        64 => scores_sized::<M, T>(keys, queries, 64, weights),
+        128 => scores_sized::<M, T>(keys, queries, 128, weights),
+        _ => scores_sized::<M, T>(keys, queries, hd, weights),
+    }
+}
+
+/// [`scores`] for a head size the caller may have made a constant.
+#[inline(always)]
+fn scores_sized<M: MulAdd, T: TileOps>(
+    keys: &[f32],
+    queries: &[Lanes],
+    hd: usize,
+    weights: &mut [Lanes],
+) {
     match T::ACCUMULATORS {
-        8.. => scores_by::<M, 4, 8>(keys, queries, hd, weights),
-        4..=7 => scores_by::<M, 2, 4>(keys, queries, hd, weights),
-        _ => scores_by::<M, 1, 2>(keys, queries, hd, weights),
+        8.. => scores_by::<M, T, 4, 8>(keys, queries, hd, weights),
+        4..=7 => scores_by::<M, T, 2, 4>(keys, queries, hd, weights),
+        _ => scores_by::<M, T, 1, 2>(keys, queries, hd, weights),
     }
 }
 
 /// [`scores`], `PAIR_KEYS` keys at a time for two query vectors and
 /// `ONE_KEYS` for one.
 #[inline(always)]
-fn scores_by<M: MulAdd, const PAIR_KEYS: usize, const ONE_KEYS: usize>(
+fn scores_by<M: MulAdd, T: TileOps, const PAIR_KEYS: usize, const ONE_KEYS: usize>(
     keys: &[f32],
     queries: &[Lanes],
     hd: usize,
@@ -44,13 +63,13 @@ fn scores_by<M: MulAdd, const PAIR_KEYS: usize, const ONE_KEYS: usize>(
     let mut v = 0;
     while v + 2 <= vectors {
         for first_key in (0..LANES).step_by(PAIR_KEYS) {
-            score_keys::<M, 2, PAIR_KEYS>(keys, queries, hd, v, first_key, weights);
+            score_keys::<M, T, 2, PAIR_KEYS>(keys, queries, hd, v, first_key, weights);
         }
         v += 2;
     }
     if v < vectors {
         for first_key in (0..LANES).step_by(ONE_KEYS) {
-            score_keys::<M, 1, ONE_KEYS>(keys, queries, hd, v, first_key, weights);
+            score_keys::<M, T, 1, ONE_KEYS>(keys, queries, hd, v, first_key, weights);
         }
     }
 }
@@ -58,7 +77,7 @@ fn scores_by<M: MulAdd, const PAIR_KEYS: usize, const ONE_KEYS: usize>(
 /// Scores of keys `first_key..first_key + K` for query vectors
 /// `v..v + V`: `K * V` independent chains of multiply-adds.
 #[inline(always)]
-fn score_keys<M: MulAdd, const V: usize, const K: usize>(
+fn score_keys<M: MulAdd, T: TileOps, const V: usize, const K: usize>(
     keys: &[f32],
     queries: &[Lanes],
     hd: usize,
@@ -67,14 +86,16 @@ fn score_keys<M: MulAdd, const V: usize, const K: usize>(
     weights: &mut [Lanes],
 ) {
     let vectors = queries.len() / hd;
-    let rows: [&[f32]; K] = std::array::from_fn(|k| &keys[(first_key + k) * hd..][..hd]);
+    // One slice for the K rows, read at `k * hd + d`: with a constant `hd`
+    // one pointer and fixed offsets.
+    let rows = &keys[first_key * hd..][..K * hd];
     let mut sums = [[[0f32; LANES]; V]; K];
     for d in 0..hd {
         let q = &queries[d * vectors + v..][..V];
-        for (sum, row) in sums.iter_mut().zip(rows) {
-            let key = row[d];
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let key = rows[k * hd + d];
             for (sum, q) in sum.iter_mut().zip(q) {
-                *sum = mul_add_lanes::<M>(key, q, sum);
+                *sum = T::mul_add_key::<M>(key, q, sum);
             }
         }
     }
@@ -94,18 +115,6 @@ fn scaled_lanes(x: &[f32], scale: f32) -> Lanes {
         *lane *= scale;
     }
     lanes
-}
-
-/// `key * q + sum`, lane by lane.
-#[inline(always)]
-fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
-    // A loop, not `array::from_fn`: its closure was left a call, compiled
-    // without the caller's vector instructions.
-    let mut out = [0f32; LANES];
-    for lane in 0..LANES {
-        out[lane] = M::mul_add(key, q[lane], sum[lane]);
-    }
-    out
 }
 
 /// `scores[i]`: query `queries[i]` against the key tile `keys` (keys in
@@ -157,15 +166,15 @@ pub(super) fn accumulate<M: MulAdd, T: TileOps, const Q: usize>(
 ) {
     // As many vectors of each output at once as `T` keeps accumulators for.
     match T::ACCUMULATORS / Q {
-        4.. => accumulate_by::<M, Q, 4>(outs, rescale, weights, values),
-        2..=3 => accumulate_by::<M, Q, 2>(outs, rescale, weights, values),
-        _ => accumulate_by::<M, Q, 1>(outs, rescale, weights, values),
+        4.. => accumulate_by::<M, T, Q, 4>(outs, rescale, weights, values),
+        2..=3 => accumulate_by::<M, T, Q, 2>(outs, rescale, weights, values),
+        _ => accumulate_by::<M, T, Q, 1>(outs, rescale, weights, values),
     }
 }
 
 /// [`accumulate`], `C` vectors of each output at a time.
 #[inline(always)]
-fn accumulate_by<M: MulAdd, const Q: usize, const C: usize>(
+fn accumulate_by<M: MulAdd, T: TileOps, const Q: usize, const C: usize>(
     mut outs: [&mut [f32]; Q],
     rescale: [f32; Q],
     weights: [&Lanes; Q],
@@ -174,11 +183,11 @@ fn accumulate_by<M: MulAdd, const Q: usize, const C: usize>(
     let hd = outs[0].len();
     let mut c = 0;
     while c + C * LANES <= hd {
-        accumulate_vectors::<M, Q, C>(&mut outs, rescale, weights, values, c);
+        accumulate_vectors::<M, T, Q, C>(&mut outs, rescale, weights, values, c);
         c += C * LANES;
     }
     while c + LANES <= hd {
-        accumulate_vectors::<M, Q, 1>(&mut outs, rescale, weights, values, c);
+        accumulate_vectors::<M, T, Q, 1>(&mut outs, rescale, weights, values, c);
         c += LANES;
     }
     for d in c..hd {
@@ -195,7 +204,7 @@ fn accumulate_by<M: MulAdd, const Q: usize, const C: usize>(
 /// [`accumulate`] on elements `c..c + C * 16`: `Q * C` independent chains
 /// of multiply-adds, held in registers across the sixteen keys.
 #[inline(always)]
-fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
+fn accumulate_vectors<M: MulAdd, T: TileOps, const Q: usize, const C: usize>(
     outs: &mut [&mut [f32]; Q],
     rescale: [f32; Q],
     weights: [&Lanes; Q],
@@ -216,9 +225,8 @@ fn accumulate_vectors<M: MulAdd, const Q: usize, const C: usize>(
         for q in 0..Q {
             let w = weights[q][l];
             for k in 0..C {
-                for i in 0..LANES {
-                    acc[q][k][i] = M::mul_add(w, row[k * LANES + i], acc[q][k][i]);
-                }
+                let part: &Lanes = row[k * LANES..][..LANES].try_into().unwrap();
+                acc[q][k] = T::mul_add_key::<M>(w, part, &acc[q][k]);
             }
         }
     }

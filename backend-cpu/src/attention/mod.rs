@@ -263,7 +263,7 @@ pub(crate) fn check_inputs(
     check::buffer_len(kernel, "q", inputs.q.len(), n)?;
     check::buffer_len(kernel, "row_seq", inputs.row_seq.len(), p.rows)?;
     check::buffer_len(kernel, "positions", inputs.positions.len(), p.rows)?;
-    let num_seqs = inputs.block_tables.len() / p.max_blocks_per_seq;
+    let num_seqs = inputs.block_tables.len() / (p.max_blocks_per_seq * p.tables_per_seq());
     check::indices_below(kernel, "row_seq", &inputs.row_seq[..p.rows], num_seqs)?;
     let mut visible_keys = 0;
     for t in 0..p.rows {
@@ -279,19 +279,21 @@ pub(crate) fn check_inputs(
             ));
         }
         let first = first_visible(pos, p.sliding_window);
-        let table = block_table(inputs.block_tables, inputs.row_seq[t], p);
-        let blocks = &table[first / p.block_size..=last_block];
-        if let Some(&b) = blocks
-            .iter()
-            .find(|&&b| b != EVICTED_BLOCK && b as usize >= layout.num_blocks)
-        {
-            return Err(check::error(
-                kernel,
-                format!(
-                    "block_tables: row {t}'s table holds block {b}, out of range (must be < {} or EVICTED_BLOCK)",
-                    layout.num_blocks
-                ),
-            ));
+        for kv_head in 0..p.tables_per_seq() {
+            let table = block_table(inputs.block_tables, inputs.row_seq[t], kv_head, p);
+            let blocks = &table[first / p.block_size..=last_block];
+            if let Some(&b) = blocks
+                .iter()
+                .find(|&&b| b != EVICTED_BLOCK && b as usize >= layout.num_blocks)
+            {
+                return Err(check::error(
+                    kernel,
+                    format!(
+                        "block_tables: row {t}'s table holds block {b}, out of range (must be < {} or EVICTED_BLOCK)",
+                        layout.num_blocks
+                    ),
+                ));
+            }
         }
         visible_keys += pos + 1 - first;
     }
@@ -303,8 +305,11 @@ fn first_visible(pos: usize, sliding_window: Option<usize>) -> usize {
     sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
-fn block_table(block_tables: &[u32], seq: u32, p: AttentionParams) -> &[u32] {
-    &block_tables[seq as usize * p.max_blocks_per_seq..][..p.max_blocks_per_seq]
+/// The table KV head `kv_head` of sequence `seq` reads (the sequence's
+/// own, unless the tables are per head).
+fn block_table(block_tables: &[u32], seq: u32, kv_head: usize, p: AttentionParams) -> &[u32] {
+    let table = p.table_of(seq as usize, kv_head);
+    &block_tables[table * p.max_blocks_per_seq..][..p.max_blocks_per_seq]
 }
 
 /// A K or V storage read one head row at a time as f32.
@@ -463,6 +468,7 @@ mod tests {
             max_blocks_per_seq: 4,
             scale: 0.3,
             sliding_window: None,
+            per_head_tables: false,
         };
         let block_tables = [5, 1, 7, 2, 0, 3, 6, 4];
         let (row_seq, positions) = ([0, 1, 1, 1], [9, 5, 6, 7]);
@@ -518,15 +524,16 @@ mod tests {
 
     /// A row's output does not depend on what else is in the call: each
     /// row of a 45-token prefill (several query tiles, tasks cutting rows,
-    /// 5-token blocks, a head size that is not a multiple of 16) has the
-    /// bits it has alone (keys in the lanes; with 3 threads, its two KV
-    /// groups cut in three tasks), with and without a sliding window.
+    /// 5-token blocks) has the bits it has alone (keys in the lanes; with 3
+    /// threads, its two KV groups cut in three tasks), with and without a
+    /// sliding window, for a head size that is not a multiple of 16 and
+    /// for 64, which the score loop compiles as a constant.
     #[test]
     fn a_row_gets_the_same_bits_alone_and_in_a_batch() {
         let mut values = random_values(7, 2.0);
-        let (tokens, heads, kv_heads, head_dim, block_size) = (45, 6, 2, 20, 5);
+        let (tokens, heads, kv_heads, block_size) = (45, 6, 2, 5);
         let block_tables: Vec<u32> = (0..9).rev().collect();
-        for dtype in KvDtype::ALL {
+        for (dtype, head_dim) in KvDtype::ALL.into_iter().flat_map(|d| [(d, 20), (d, 64)]) {
             let layout = KvCacheLayout {
                 num_blocks: 9,
                 block_size,
@@ -548,6 +555,7 @@ mod tests {
                     max_blocks_per_seq: 9,
                     scale: 0.4,
                     sliding_window,
+                    per_head_tables: false,
                 };
                 for isa in Isa::available() {
                     for threads in [1, 2, 3] {
@@ -623,6 +631,7 @@ mod tests {
                     max_blocks_per_seq: blocks,
                     scale: 0.3,
                     sliding_window,
+                    per_head_tables: false,
                 };
                 let mut want = vec![0.0; q.len()];
                 reference::paged_attention(

@@ -1,5 +1,6 @@
 //! The steps of a tile that each instruction set does its own way, with
-//! the same results: transposing a key tile and widening F16 rows.
+//! the same results: transposing a key tile, widening F16 rows, and the
+//! multiply-add of one key element against sixteen queries.
 //!
 //! A tile of sixteen key rows is turned into `head_dim` vectors of the
 //! sixteen keys, for the tiles of few queries that score keys in the lanes.
@@ -13,7 +14,7 @@
 use half::f16;
 
 use super::tile::{Lanes, LANES};
-use crate::math::f16_to_f32;
+use crate::math::{f16_to_f32, MulAdd};
 
 /// How a tile's instruction-set-specific steps are done. Every
 /// implementation gives the same values: only where they come from differs.
@@ -32,6 +33,28 @@ pub(super) trait TileOps {
     fn widen(halves: &[f16], row: &mut [f32]) {
         widen_from(halves, row, 0);
     }
+
+    /// `key * q + sum`, lane by lane, rounded as `M` rounds (the x86 ops
+    /// run only with [`crate::math::Fused`], and fuse). The score loop's
+    /// step as whole vectors: left to the compiler, its keys' elements,
+    /// read from one slice, were vectorized across keys into gathers and
+    /// scatters, eight times slower.
+    #[inline(always)]
+    fn mul_add_key<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+        mul_add_lanes::<M>(key, q, sum)
+    }
+}
+
+/// `key * q + sum`, lane by lane, as a loop the compiler vectorizes.
+#[inline(always)]
+pub(super) fn mul_add_lanes<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+    // A loop, not `array::from_fn`: its closure was left a call, compiled
+    // without the caller's vector instructions.
+    let mut out = [0f32; LANES];
+    for lane in 0..LANES {
+        out[lane] = M::mul_add(key, q[lane], sum[lane]);
+    }
+    out
 }
 
 /// Loops the compiler vectorizes: the portable task's steps.
@@ -58,6 +81,24 @@ pub(super) struct Avx2Ops;
 #[cfg(target_arch = "x86_64")]
 impl TileOps for Avx2Ops {
     const ACCUMULATORS: usize = 4;
+
+    #[inline(always)]
+    fn mul_add_key<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+        use std::arch::x86_64::*;
+        const HALF: usize = LANES / 2;
+        let mut out = [0f32; LANES];
+        // SAFETY: AVX2 and FMA are present (see the type); each half is
+        // eight floats of a sixteen-float array.
+        unsafe {
+            let key = _mm256_set1_ps(key);
+            for h in 0..2 {
+                let (q, sum) = (q.as_ptr().add(h * HALF), sum.as_ptr().add(h * HALF));
+                let r = _mm256_fmadd_ps(key, _mm256_loadu_ps(q), _mm256_loadu_ps(sum));
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * HALF), r);
+            }
+        }
+        out
+    }
 
     #[inline(always)]
     fn transpose(keys: &[f32], hd: usize, by_dim: &mut [Lanes]) {
@@ -192,6 +233,23 @@ pub(super) struct Avx512Ops;
 impl TileOps for Avx512Ops {
     // 32 registers of 16 lanes.
     const ACCUMULATORS: usize = 8;
+
+    #[inline(always)]
+    fn mul_add_key<M: MulAdd>(key: f32, q: &Lanes, sum: &Lanes) -> Lanes {
+        use std::arch::x86_64::*;
+        let mut out = [0f32; LANES];
+        // SAFETY: AVX-512 F is present (see the type); each array is
+        // sixteen floats.
+        unsafe {
+            let r = _mm512_fmadd_ps(
+                _mm512_set1_ps(key),
+                _mm512_loadu_ps(q.as_ptr()),
+                _mm512_loadu_ps(sum.as_ptr()),
+            );
+            _mm512_storeu_ps(out.as_mut_ptr(), r);
+        }
+        out
+    }
 
     #[inline(always)]
     fn widen(halves: &[f16], row: &mut [f32]) {

@@ -48,6 +48,12 @@ pub(crate) fn paged_attention_scores(
     scores: &mut [f32],
 ) -> Result<()> {
     let kernel = "paged_attention_scores";
+    if p.per_head_tables {
+        return Err(check::error(
+            kernel,
+            "per-head block tables are not supported: one table per sequence",
+        ));
+    }
     check_inputs(kernel, cache, inputs, p)?;
     let len = check::product(kernel, &[p.rows, p.kv_heads, p.max_blocks_per_seq])?;
     check::buffer_len(kernel, "scores", scores.len(), len)?;
@@ -224,7 +230,7 @@ fn score_span<K: KvRows, M: MulAdd, O: TileOps>(
     if end <= start.max(first) {
         return;
     }
-    let table = block_table(inputs.block_tables, inputs.row_seq[span.row], p);
+    let table = block_table(inputs.block_tables, inputs.row_seq[span.row], 0, p);
     let visible = |j: usize| j >= first && j <= pos && table[j / bs] != EVICTED_BLOCK;
     let queries: Vec<&[f32]> = (0..group)
         .map(|i| &inputs.q[(span.row * p.heads + span.kv_head * group + i) * hd..][..hd])
@@ -357,6 +363,7 @@ mod tests {
                 max_blocks_per_seq: self.table.len(),
                 scale: 0.3,
                 sliding_window: self.window,
+                per_head_tables: false,
             };
             let mut cache = KvCache::new(layout).unwrap();
             let slots: Vec<u32> = (0..layout.num_slots() as u32).collect();

@@ -90,21 +90,22 @@ impl SegmentPlan {
                 .map(|&pos| first_visible(pos as usize, p.sliding_window))
                 .min()
                 .unwrap_or(0);
-            let table = block_table(inputs.block_tables, inputs.row_seq[rows.start], p);
-            let segments: Vec<usize> = live_segments(table, p, first..=pos).collect();
-            let first_unit = units.len();
+            // Per KV head: with per-head tables each reads its own blocks.
+            let mut per_head = Vec::with_capacity(p.kv_heads);
             for kv_head in 0..p.kv_heads {
-                units.extend(segments.iter().map(|&segment| Unit {
+                let seq = inputs.row_seq[rows.start];
+                let table = block_table(inputs.block_tables, seq, kv_head, p);
+                let at = units.len();
+                units.extend(live_segments(table, p, first..=pos).map(|segment| Unit {
                     rows: rows.clone(),
                     kv_head,
                     segment,
                 }));
+                per_head.push(at..units.len());
             }
-            let per_group = (units.len() - first_unit) / p.kv_heads;
             for row in rows.clone() {
-                for kv_head in 0..p.kv_heads {
-                    let at = first_unit + kv_head * per_group;
-                    groups.push((at..at + per_group, row - rows.start));
+                for units in &per_head {
+                    groups.push((units.clone(), row - rows.start));
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! Sparse attention's block selection (`select_kv_blocks`): each sequence's
-//! table with the blocks it does not need made holes.
+//! Sparse attention's block selection (`select_kv_blocks`): per sequence
+//! and KV head, the sequence's table with the blocks that head does not
+//! need made holes.
 //!
 //! A block's bound for a query is `Σ_c max(q_c·min_c, q_c·max_c)` over its
 //! key bounds. Splitting each query into its positive and negative parts
@@ -33,6 +34,12 @@ pub(crate) fn select_kv_blocks(
     out: &mut [u32],
 ) -> Result<()> {
     let kernel = "select_kv_blocks";
+    if p.per_head_tables {
+        return Err(check::error(
+            kernel,
+            "its input is one block table per sequence (it writes one per KV head)",
+        ));
+    }
     check_inputs(kernel, cache, inputs, p)?;
     check::positive(kernel, "top_blocks", s.top_blocks)?;
     let bounds = cache.key_bounds().ok_or_else(|| {
@@ -43,15 +50,22 @@ pub(crate) fn select_kv_blocks(
     })?;
     let width = p.max_blocks_per_seq;
     let num_seqs = inputs.block_tables.len() / width;
-    check::buffer_len(kernel, "out", out.len(), num_seqs * width)?;
+    let seq_width = p.kv_heads * width;
+    check::buffer_len(kernel, "out", out.len(), num_seqs * seq_width)?;
     let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); num_seqs];
     for (t, &seq) in inputs.row_seq[..p.rows].iter().enumerate() {
         rows_of[seq as usize].push(t);
     }
     let mut scores = Vec::new();
-    for (seq, table_out) in out[..num_seqs * width].chunks_exact_mut(width).enumerate() {
-        table_out.copy_from_slice(block_table(inputs.block_tables, seq as u32, p));
-        let Some(candidates) = candidates(inputs, p, s, &rows_of[seq], table_out) else {
+    for (seq, tables_out) in out[..num_seqs * seq_width]
+        .chunks_exact_mut(seq_width)
+        .enumerate()
+    {
+        let table = block_table(inputs.block_tables, seq as u32, 0, p);
+        for table_out in tables_out.chunks_exact_mut(width) {
+            table_out.copy_from_slice(table);
+        }
+        let Some(candidates) = candidates(inputs, p, s, &rows_of[seq], table) else {
             continue;
         };
         let parts = query_parts(inputs, p, &rows_of[seq]);
@@ -64,7 +78,7 @@ pub(crate) fn select_kv_blocks(
             let first = i * chunk;
             let job = BoundsJob {
                 bounds,
-                table: table_out,
+                table,
                 candidates: &candidates,
                 parts: &parts,
                 d: p.head_dim,
@@ -78,7 +92,7 @@ pub(crate) fn select_kv_blocks(
                 IsaKind::Simd128 => job.score(first, scores),
             }
         });
-        keep_top(&scores, p.kv_heads, s.top_blocks, &candidates, table_out);
+        keep_top(&scores, s.top_blocks, &candidates, tables_out);
     }
     Ok(())
 }
@@ -159,25 +173,21 @@ impl BoundsJob<'_> {
     }
 }
 
-/// Makes holes of the candidates of `table` that no KV head has among
-/// its `top` highest scores (ties to the earlier candidate).
-fn keep_top(scores: &[f32], kv_heads: usize, top: usize, candidates: &[usize], table: &mut [u32]) {
+/// In each KV head's table (`tables`, one after the other), makes holes
+/// of the candidates that are not among that head's `top` highest scores
+/// (ties to the earlier candidate).
+fn keep_top(scores: &[f32], top: usize, candidates: &[usize], tables: &mut [u32]) {
     let n = candidates.len();
-    let mut keep = vec![false; n];
+    let width = tables.len() / (scores.len() / n);
     let mut scored: Vec<(f32, usize)> = Vec::with_capacity(n);
-    for g in 0..kv_heads {
+    for (scores, table) in scores.chunks_exact(n).zip(tables.chunks_exact_mut(width)) {
         scored.clear();
-        scored.extend(scores[g * n..][..n].iter().copied().zip(0..));
+        scored.extend(scores.iter().copied().zip(0..));
         let highest_first =
             |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         scored.select_nth_unstable_by(top - 1, highest_first);
-        for &(_, i) in &scored[..top] {
-            keep[i] = true;
-        }
-    }
-    for (&e, kept) in candidates.iter().zip(keep) {
-        if !kept {
-            table[e] = EVICTED_BLOCK;
+        for &(_, i) in &scored[top..] {
+            table[candidates[i]] = EVICTED_BLOCK;
         }
     }
 }
@@ -234,6 +244,7 @@ mod tests {
             max_blocks_per_seq: width,
             scale: 0.3,
             sliding_window: None,
+            per_head_tables: false,
         }
     }
 
@@ -312,9 +323,10 @@ mod tests {
                     sink_blocks: sinks,
                     recent_blocks: recent,
                 };
-                let mut got = vec![0u32; 3 * w];
+                // A table per sequence and KV head.
+                let mut got = vec![0u32; 3 * 2 * w];
                 select_on(&backend, &cache, &inputs, p, s, &mut got).unwrap();
-                let mut want = vec![0u32; 3 * w];
+                let mut want = vec![0u32; 3 * 2 * w];
                 reference::select_kv_blocks(
                     &q,
                     &keys,
@@ -327,12 +339,23 @@ mod tests {
                     &mut want,
                 );
                 assert_eq!(got, want, "{dtype:?} {s:?}");
-                let kept = got[..w].iter().filter(|&&b| b != EVICTED_BLOCK).count();
-                assert!(kept <= sinks + recent + 2 * top, "{dtype:?} {s:?}: {kept}");
-                if top < 5 {
-                    assert!(kept < 20, "{dtype:?} {s:?}: nothing dropped");
+                for head in got[..2 * w].chunks_exact(w) {
+                    let kept = head.iter().filter(|&&b| b != EVICTED_BLOCK).count();
+                    assert!(kept <= sinks + recent + top, "{dtype:?} {s:?}: {kept}");
+                    if top < 5 {
+                        assert!(kept < 20, "{dtype:?} {s:?}: nothing dropped");
+                    }
                 }
-                assert_eq!(got[2 * w..], tables[2 * w..], "a sequence without rows");
+                if top < 5 {
+                    assert_ne!(
+                        got[..w],
+                        got[w..2 * w],
+                        "{dtype:?} {s:?}: the heads chose alike"
+                    );
+                }
+                for head in got[4 * w..].chunks_exact(w) {
+                    assert_eq!(head, &tables[2 * w..], "a sequence without rows");
+                }
             }
         }
     }
@@ -369,6 +392,7 @@ mod tests {
             max_blocks_per_seq: blocks,
             scale: 0.2,
             sliding_window: None,
+            per_head_tables: false,
         };
         let q = values(&mut rng, 6 * head_dim);
         let inputs = AttentionInputs {
@@ -382,7 +406,7 @@ mod tests {
             sink_blocks: 1,
             recent_blocks: 3,
         };
-        let mut want = vec![0u32; blocks];
+        let mut want = vec![0u32; kv_heads * blocks];
         reference::select_kv_blocks(
             &q,
             &keys,
@@ -397,7 +421,7 @@ mod tests {
         for isa in Isa::available() {
             for threads in [1, 2, 3] {
                 let workers = Workers::new(threads);
-                let mut got = vec![0u32; blocks];
+                let mut got = vec![0u32; kv_heads * blocks];
                 select_kv_blocks(&workers, isa, &cache, &inputs, p, s, &mut got).unwrap();
                 assert_eq!(got, want, "{} on {threads} threads", isa.name());
             }
@@ -445,15 +469,17 @@ mod tests {
                 sink_blocks: 1,
                 recent_blocks: 2,
             };
-            let mut got = vec![0u32; 30];
+            let mut got = vec![0u32; 2 * 30];
             let p = params(1, 30);
             select_on(&backend, &cache, &inputs, p, s, &mut got).unwrap();
-            let kept: Vec<usize> = (0..30).filter(|&e| got[e] != EVICTED_BLOCK).collect();
+            // Head 1's table, which alone holds the key.
+            let kept: Vec<usize> = (0..30).filter(|&e| got[30 + e] != EVICTED_BLOCK).collect();
+            assert_eq!(kept.len(), 1 + 2 + 1, "{kept:?}");
             assert!(kept.contains(&hidden), "{hidden}: {kept:?}");
-            assert!(kept.len() <= 1 + 2 + 2, "{kept:?}");
         }
     }
 
+    /// A cache without key bounds, and per-head tables as the input.
     #[test]
     fn a_cache_without_bounds_is_refused() {
         let layout = KvCacheLayout {
@@ -481,5 +507,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("key bounds"), "{e}");
+        let per_head = AttentionParams {
+            per_head_tables: true,
+            ..params(1, 2)
+        };
+        let e = select_on(&backend, &cache, &inputs, per_head, s, &mut [0; 4])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one block table per sequence"), "{e}");
     }
 }

@@ -295,6 +295,7 @@ fn attend_tile<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     let table = block_table(
         task.inputs.block_tables,
         task.inputs.row_seq[tile.rows.start],
+        tile.kv_head,
         p,
     );
     for segment in live_segments(table, p, q.lo..=q.hi) {
@@ -389,7 +390,12 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     s.max[..vectors].fill([f32::NEG_INFINITY; LANES]);
     s.denominator[..vectors].fill([0.0; LANES]);
     partial[..n * hd].fill(0.0);
-    let table = block_table(inputs.block_tables, inputs.row_seq[tile.rows.start], p);
+    let table = block_table(
+        inputs.block_tables,
+        inputs.row_seq[tile.rows.start],
+        tile.kv_head,
+        p,
+    );
     let kv_width = p.kv_heads * hd;
     let mut start = lo / LANES * LANES;
     while start <= hi {

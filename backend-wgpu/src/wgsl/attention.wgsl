@@ -6,10 +6,13 @@
 // Paged causal attention with an online (flash-style) softmax, for prefill
 // and decode alike. Query row t (head h) belongs to sequence ROW_SEQ[t] at
 // position POSITIONS[t] and attends to the keys at positions
-// `max(0, pos + 1 - window) ..= pos` of its sequence, read through the
-// sequence's row of BLOCK_TABLES (position j lives in slot
+// `max(0, pos + 1 - window) ..= pos` of its sequence, read through a row of
+// BLOCK_TABLES (position j lives in slot
 // `table[j / block_size] * block_size + j % block_size`). Grouped-query
-// attention: head h reads KV head `h / (heads / kv_heads)`.
+// attention: head h reads KV head `g = h / (heads / kv_heads)`. The row is
+// the sequence's (`[seqs, max_blocks]`), or with P.head_tables its KV head
+// g's (`[seqs, kv_heads, max_blocks]`, row `seq * kv_heads + g`: sparse
+// attention, where each KV head keeps its own blocks).
 //
 // One workgroup per (query row, head). Keys are visited in tiles of WG:
 // thread i scores key `tile + i` against the query staged in workgroup
@@ -33,14 +36,14 @@ var<workgroup> q_tile: array<f32, MAX_HEAD_DIM>;
 var<workgroup> p_tile: array<f32, WG>;
 var<workgroup> slot_tile: array<u32, WG>;
 
-// Cache slot of key position j of a sequence, or NO_SLOT when the block table
-// does not map it to a block of the cache.
-fn slot_of(seq: u32, j: u32) -> u32 {
+// Cache slot of key position j through row `table` of BLOCK_TABLES, or
+// NO_SLOT when the table does not map it to a block of the cache.
+fn slot_of(table: u32, j: u32) -> u32 {
     let block = j / P.block_size;
     if block >= P.max_blocks {
         return NO_SLOT;
     }
-    let physical = BLOCK_TABLES[seq * P.max_blocks + block];
+    let physical = BLOCK_TABLES[table * P.max_blocks + block];
     if physical >= P.num_blocks {
         return NO_SLOT;
     }
@@ -58,7 +61,8 @@ fn main(ids: Ids, group: Group) {
     let lid = ids.lid;
     let at = lane_of(ids);
     let hd = P.head_dim;
-    let kv_offset = (head / (P.heads / P.kv_heads)) * hd;
+    let kv_head = head / (P.heads / P.kv_heads);
+    let kv_offset = kv_head * hd;
     let q_base = (t * P.heads + head) * hd;
     for (var d = lid; d < hd; d += WG) {
         q_tile[d] = Q[q_base + d] * P.scale;
@@ -66,6 +70,7 @@ fn main(ids: Ids, group: Group) {
     workgroupBarrier();
 
     let seq = ROW_SEQ[t];
+    let table = select(seq, seq * P.kv_heads + kv_head, P.head_tables != 0u);
     let end = POSITIONS[t] + 1u;
     var start = 0u;
     if P.window != 0u && end > P.window {
@@ -79,7 +84,7 @@ fn main(ids: Ids, group: Group) {
         var slot = NO_SLOT;
         var score = NO_SCORE;
         if j < end {
-            slot = slot_of(seq, j);
+            slot = slot_of(table, j);
         }
         if slot != NO_SLOT {
             var s = 0.0;

@@ -3,7 +3,8 @@
 // shaders/paged_attention_quant.wgsl, which supply Params, Q, the caches and
 // `k_at`. It adds to SCORES[(t * kv_heads + g) * max_blocks + b] the softmax
 // weights that query row t's heads reading KV head g give the keys of table
-// entry b; evicted entries (ids >= num_blocks) get nothing.
+// entry b; evicted entries (ids >= num_blocks) get nothing. One block table
+// per sequence: the host refuses per-head tables (P.head_tables is 0).
 //
 // One workgroup per (query row, KV head): the group's heads in turn, so no
 // two workgroups add to the same entry. Per head, a first pass over tiles of

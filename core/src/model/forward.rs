@@ -55,8 +55,9 @@ pub enum AttentionExtra<'a, B: Backend> {
     /// (`Backend::paged_attention_scores`, KV eviction by score).
     Scores(&'a mut B::Tensor),
     /// Every layer attends only over the blocks `Backend::select_kv_blocks`
-    /// picks, through `tables` (`[num_seqs, max_blocks_per_seq]`, scratch):
-    /// sparse self-speculation's drafting pass.
+    /// picks, each KV head through its own table in `tables`
+    /// (`[num_seqs, kv_heads, max_blocks_per_seq]`, scratch): sparse
+    /// self-speculation's drafting pass.
     Sparse {
         select: BlockSelectParams,
         tables: &'a mut B::Indices,
@@ -815,6 +816,7 @@ impl<B: Backend> Model<B> {
             max_blocks_per_seq: shape.max_blocks_per_seq,
             scale: cfg.attention_scale,
             sliding_window,
+            per_head_tables: false,
         };
         let missing = |what: &str| {
             Error::backend(
@@ -896,6 +898,10 @@ impl<B: Backend> Model<B> {
                         row_seq,
                         positions,
                         block_tables: tables,
+                    };
+                    let params = AttentionParams {
+                        per_head_tables: true,
+                        ..params
                     };
                     backend.paged_attention(q, cache, idx, params, attn)?;
                 }

@@ -6,7 +6,8 @@
 //! one token per sequence (more with a cascade), where every layer
 //! attends through `Backend::select_kv_blocks`: the sinks, the recent
 //! window, and per KV head the blocks whose key bounds could score highest
-//! against the query. The drafted tokens' K/V go into the slots that the
+//! against the query, each KV head reading only its own (a table per KV
+//! head: a union over the heads read three times the blocks on SmolLM2). The drafted tokens' K/V go into the slots that the
 //! verification pass then overwrites with full attention's (it feeds the
 //! same tokens at the same positions), and the table is cut back to the
 //! accepted tokens afterwards, so nothing the draft wrote survives. Below
@@ -138,7 +139,9 @@ impl SparseDraft {
         }
         let rows = batch.rows();
         batch.logit_rows = (0..rows as u32).collect();
-        let mut scratch = backend.upload_indices(&batch.block_tables)?;
+        // One table per sequence and KV head, which the selection writes.
+        let kv_heads = target.model.config.num_kv_heads;
+        let mut scratch = backend.upload_indices(&vec![0; batch.block_tables.len() * kv_heads])?;
         let extra = AttentionExtra::Sparse {
             select: self.select,
             tables: &mut scratch,

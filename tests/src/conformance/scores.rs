@@ -131,6 +131,7 @@ fn run<X: Backend>(be: &X, c: &HoleCase, scored: bool) -> Out {
         max_blocks_per_seq: c.max_blocks,
         scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
         sliding_window: c.window,
+        per_head_tables: false,
     };
     let idx = AttentionIndices {
         row_seq: &row_seq,

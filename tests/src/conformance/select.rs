@@ -1,7 +1,8 @@
 //! Sparse speculation in the conformance suite: key bounds kept by paged KV
 //! writes (`kv_key_bounds`: blocks filled over several calls, a block
 //! rewritten from its first slot, another copied) and the block selection
-//! read from them (`select_kv_blocks`), on every KV dtype with awkward
+//! read from them (`select_kv_blocks`, a table per sequence and KV head, and
+//! `paged_attention` through those tables), on every KV dtype with awkward
 //! sizes: blocks of 5, grouped heads 9/3, sequences with two rows, one row,
 //! no rows and a hole, and several budgets of top, sink and recent blocks.
 
@@ -69,6 +70,16 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
                         g,
                         w,
                     );
+                }
+                if let Ok(w) = &want {
+                    let tables: Vec<u32> = w
+                        .iter()
+                        .map(|&b| if b < 0.0 { EVICTED_BLOCK } else { b as u32 })
+                        .collect();
+                    let got = attend_selected(self.backend, &case, &tables);
+                    let want = attend_selected(self.reference, &case, &tables);
+                    let case = format!("per-head tables of the selection: {what}");
+                    self.check("paged_attention", case, got, want);
                 }
                 self.check("select_kv_blocks", what, got, want);
             }
@@ -138,8 +149,8 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
     }
 }
 
-/// Writes the cache with its bounds tracked, then selects with `s`.
-fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
+/// The case's cache, written with its bounds tracked.
+fn filled_cache<X: Backend>(be: &X, c: &SelectCase) -> tandem_core::Result<X::KvCache> {
     let mut cache = be.alloc_kv_cache(c.layout)?;
     be.track_key_bounds(&mut cache)?;
     for (slots, k) in &c.writes {
@@ -147,7 +158,33 @@ fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
         be.paged_kv_write(&k, &k, &idx, slots.len(), &mut cache)?;
     }
     be.copy_kv_blocks(&mut cache, &c.copies)?;
+    Ok(cache)
+}
+
+/// The case's queries attending through per-head `tables` (a selection's),
+/// as a sparse draft attends.
+fn attend_selected<X: Backend>(be: &X, c: &SelectCase, tables: &[u32]) -> Out {
+    let cache = filled_cache(be, c)?;
     let p = AttentionParams {
+        per_head_tables: true,
+        ..params(c)
+    };
+    let (q, row_seq) = (be.upload(&c.q)?, be.upload_indices(&c.row_seq)?);
+    let positions = be.upload_indices(&c.positions)?;
+    let block_tables = be.upload_indices(tables)?;
+    let idx = AttentionIndices {
+        row_seq: &row_seq,
+        positions: &positions,
+        block_tables: &block_tables,
+    };
+    let n = c.q.len();
+    let mut out = be.alloc(n)?;
+    be.paged_attention(&q, &cache, idx, p, &mut out)?;
+    be.download(&out, n)
+}
+
+fn params(c: &SelectCase) -> AttentionParams {
+    AttentionParams {
         rows: c.row_seq.len(),
         heads: c.heads,
         kv_heads: c.layout.kv_heads,
@@ -156,7 +193,14 @@ fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
         max_blocks_per_seq: c.max_blocks,
         scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
         sliding_window: None,
-    };
+        per_head_tables: false,
+    }
+}
+
+/// Writes the cache, then selects with `s`.
+fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
+    let cache = filled_cache(be, c)?;
+    let p = params(c);
     let (q, row_seq) = (be.upload(&c.q)?, be.upload_indices(&c.row_seq)?);
     let positions = be.upload_indices(&c.positions)?;
     let block_tables = be.upload_indices(&c.tables)?;
@@ -165,9 +209,11 @@ fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
         positions: &positions,
         block_tables: &block_tables,
     };
-    let mut out = be.upload_indices(&vec![0; c.tables.len()])?;
+    // A table per sequence and KV head.
+    let len = c.tables.len() * c.layout.kv_heads;
+    let mut out = be.upload_indices(&vec![0; len])?;
     be.select_kv_blocks(&q, &cache, idx, p, s, &mut out)?;
-    let tables = be.download_indices(&out, c.tables.len())?;
+    let tables = be.download_indices(&out, len)?;
     // Block ids as floats (exact below 2^24); holes as -1.
     Ok(tables
         .iter()
