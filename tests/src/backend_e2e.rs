@@ -289,12 +289,18 @@ pub fn sparse_speculation_keeps_the_greedy_output<B: Backend>(make_backend: impl
         .unwrap();
     let got: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut sparse, p, 24)).collect();
     assert_eq!(got, want);
-    let stats = sparse.stats().speculation;
+    assert_drafted_without_leaks(&sparse);
+}
+
+/// `engine`'s proposer drafted, some drafts were accepted, and with its
+/// requests done no KV block is left in use.
+fn assert_drafted_without_leaks<B: Backend>(engine: &Engine<B>) {
+    let stats = engine.stats().speculation;
     assert!(
         stats.proposed_tokens > 0 && stats.accepted_tokens > 0,
         "{stats:?}"
     );
-    assert_eq!(sparse.kv_manager().num_used_blocks(), 0);
+    assert_eq!(engine.kv_manager().num_used_blocks(), 0);
 }
 
 /// An EAGLE head on the backend under test, drafting for the target there:
@@ -329,12 +335,7 @@ pub fn eagle_head_keeps_the_greedy_output<B: Backend>(
         .unwrap();
     let got: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut engine, p, 20)).collect();
     assert_eq!(got, want);
-    let stats = engine.stats().speculation;
-    assert!(
-        stats.proposed_tokens > 0 && stats.accepted_tokens > 0,
-        "{stats:?}"
-    );
-    assert_eq!(engine.kv_manager().num_used_blocks(), 0);
+    assert_drafted_without_leaks(&engine);
 
     let mut cpu = cpu_engine(&target, 256, 64);
     let (_, states) = cpu.score_hidden(&stem).unwrap();

@@ -92,7 +92,7 @@ pub(crate) fn select_kv_blocks(
                 IsaKind::Simd128 => job.score(first, scores),
             }
         });
-        keep_top(&scores, s.top_blocks, &candidates, tables_out);
+        keep_top(&scores, s.top_blocks, &candidates, width, tables_out);
     }
     Ok(())
 }
@@ -173,12 +173,11 @@ impl BoundsJob<'_> {
     }
 }
 
-/// In each KV head's table (`tables`, one after the other), makes holes
-/// of the candidates that are not among that head's `top` highest scores
-/// (ties to the earlier candidate).
-fn keep_top(scores: &[f32], top: usize, candidates: &[usize], tables: &mut [u32]) {
+/// In each KV head's table (`tables`, `width` entries each, one after the
+/// other), makes holes of the candidates that are not among that head's
+/// `top` highest scores (ties to the earlier candidate).
+fn keep_top(scores: &[f32], top: usize, candidates: &[usize], width: usize, tables: &mut [u32]) {
     let n = candidates.len();
-    let width = tables.len() / (scores.len() / n);
     let mut scored: Vec<(f32, usize)> = Vec::with_capacity(n);
     for (scores, table) in scores.chunks_exact(n).zip(tables.chunks_exact_mut(width)) {
         scored.clear();
