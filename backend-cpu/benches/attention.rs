@@ -14,7 +14,11 @@
 //! `full` reads every block, `sparse16` is what `--speculate sparse` drafts
 //! with, the block selection (key bounds, top 16 blocks per KV head, plus
 //! the sink and recent blocks; `select16` alone) and the attention of each
-//! KV head over its selected blocks.
+//! KV head over its selected blocks. Those caches fit the last-level
+//! cache; `decode_model` times a decode row's attention over every layer
+//! of the model (4k and 16k positions, every dtype), whose caches do not,
+//! so it reads them from memory as a real decode step does (and, for F16,
+//! the sparse step's over every layer).
 //!
 //! Run with `cargo bench -p tandem-cpu --bench attention -- --quick`.
 
@@ -39,6 +43,9 @@ const SHAPES: [(&str, usize, usize); 2] = [("smollm2", 9, 3), ("qwen2.5", 14, 2)
 const ROWS: [usize; 3] = [1, 5, 64];
 const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4];
 const DECODE_CONTEXTS: [usize; 4] = [2048, 8192, 16384, 32768];
+const MODEL_CONTEXTS: [usize; 2] = [4096, 16384];
+/// Layers of each of `SHAPES`' models.
+const LAYERS: [usize; 2] = [30, 24];
 
 type Tensor = <CpuBackend as Backend>::Tensor;
 type Indices = <CpuBackend as Backend>::Indices;
@@ -162,11 +169,6 @@ fn decode_context(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("decode_context");
     let mut rng = Rng::new(7);
-    let select = BlockSelectParams {
-        top_blocks: DEFAULT_SPARSE_BLOCKS,
-        sink_blocks: SPARSE_SINK_BLOCKS,
-        recent_blocks: SPARSE_RECENT_BLOCKS,
-    };
     for (model, heads, kv_heads) in SHAPES {
         for context in DECODE_CONTEXTS {
             let (cache, tables) =
@@ -174,14 +176,7 @@ fn decode_context(c: &mut Criterion) {
             let p = params(1, heads, kv_heads, context);
             let (row_seq, positions, q, mut out) =
                 query_rows(&backend, &mut rng, context, 1, heads);
-            // A table per KV head, which the selected attention reads.
-            let mut selected = backend
-                .upload_indices(&vec![0; kv_heads * context / BLOCK])
-                .unwrap();
-            let per_head = AttentionParams {
-                per_head_tables: true,
-                ..p
-            };
+            let mut selected = selected_tables(&backend, kv_heads, context);
             group.bench_function(BenchmarkId::new(format!("{model}/full"), context), |b| {
                 b.iter(|| {
                     backend
@@ -201,7 +196,7 @@ fn decode_context(c: &mut Criterion) {
                     b.iter(|| {
                         let idx = indices(&row_seq, &positions, &tables);
                         backend
-                            .select_kv_blocks(black_box(&q), &cache, idx, p, select, &mut selected)
+                            .select_kv_blocks(black_box(&q), &cache, idx, p, SELECT, &mut selected)
                             .unwrap()
                     })
                 },
@@ -210,25 +205,19 @@ fn decode_context(c: &mut Criterion) {
                 BenchmarkId::new(format!("{model}/sparse16"), context),
                 |b| {
                     b.iter(|| {
-                        backend
-                            .select_kv_blocks(
-                                black_box(&q),
-                                &cache,
-                                indices(&row_seq, &positions, &tables),
-                                p,
-                                select,
-                                &mut selected,
-                            )
-                            .unwrap();
-                        backend
-                            .paged_attention(
-                                &q,
-                                &cache,
-                                indices(&row_seq, &positions, &selected),
-                                per_head,
-                                &mut out,
-                            )
-                            .unwrap()
+                        let rows = Rows {
+                            q: black_box(&q),
+                            row_seq: &row_seq,
+                            positions: &positions,
+                        };
+                        attend_sparse(
+                            &backend,
+                            rows,
+                            (&cache, &tables),
+                            p,
+                            &mut selected,
+                            &mut out,
+                        )
                     })
                 },
             );
@@ -237,5 +226,117 @@ fn decode_context(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, attention, decode_context);
+/// What `--speculate sparse` selects by default.
+const SELECT: BlockSelectParams = BlockSelectParams {
+    top_blocks: DEFAULT_SPARSE_BLOCKS,
+    sink_blocks: SPARSE_SINK_BLOCKS,
+    recent_blocks: SPARSE_RECENT_BLOCKS,
+};
+
+/// Room for the tables (one per KV head) that a selection writes.
+fn selected_tables(backend: &CpuBackend, kv_heads: usize, context: usize) -> Indices {
+    backend
+        .upload_indices(&vec![0; kv_heads * context / BLOCK])
+        .unwrap()
+}
+
+/// A call's query rows.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    q: &'a Tensor,
+    row_seq: &'a Indices,
+    positions: &'a Indices,
+}
+
+/// A sparse draft step's attention of one layer: the block selection,
+/// then each KV head's attention over its selected blocks.
+fn attend_sparse(
+    backend: &CpuBackend,
+    rows: Rows<'_>,
+    (cache, tables): (&KvCache, &Indices),
+    p: AttentionParams,
+    selected: &mut Indices,
+    out: &mut Tensor,
+) {
+    let idx = indices(rows.row_seq, rows.positions, tables);
+    backend
+        .select_kv_blocks(rows.q, cache, idx, p, SELECT, selected)
+        .unwrap();
+    let per_head = AttentionParams {
+        per_head_tables: true,
+        ..p
+    };
+    let idx = indices(rows.row_seq, rows.positions, selected);
+    backend
+        .paged_attention(rows.q, cache, idx, per_head, out)
+        .unwrap()
+}
+
+/// One decode step's attention over every layer of the model (30 caches
+/// for SmolLM2, 24 for Qwen2.5), as a real step reads them: from memory,
+/// since a whole model's cache outgrows the last-level cache.
+fn decode_model(c: &mut Criterion) {
+    let backend = CpuBackend::new(THREADS);
+    let mut group = c.benchmark_group("decode_model");
+    group.sample_size(10);
+    let mut rng = Rng::new(9);
+    for ((model, heads, kv_heads), layers) in SHAPES.into_iter().zip(LAYERS) {
+        for (context, dtype) in MODEL_CONTEXTS
+            .into_iter()
+            .flat_map(|c| DTYPES.map(|d| (c, d)))
+        {
+            // F16 caches track key bounds, for the sparse step.
+            let sparse = dtype == KvDtype::F16;
+            let caches: Vec<(KvCache, Indices)> = (0..layers)
+                .map(|_| filled_cache(&backend, &mut rng, context, kv_heads, dtype, sparse))
+                .collect();
+            let p = params(1, heads, kv_heads, context);
+            let (row_seq, positions, q, mut out) =
+                query_rows(&backend, &mut rng, context, 1, heads);
+            let id = BenchmarkId::new(format!("{model}/{dtype}"), context);
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    for (cache, tables) in &caches {
+                        backend
+                            .paged_attention(
+                                black_box(&q),
+                                cache,
+                                indices(&row_seq, &positions, tables),
+                                p,
+                                &mut out,
+                            )
+                            .unwrap()
+                    }
+                })
+            });
+            if !sparse {
+                continue;
+            }
+            let mut selected = selected_tables(&backend, kv_heads, context);
+            let id = BenchmarkId::new(format!("{model}/{dtype}/sparse16"), context);
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let rows = Rows {
+                        q: black_box(&q),
+                        row_seq: &row_seq,
+                        positions: &positions,
+                    };
+                    for cache in &caches {
+                        attend_sparse(
+                            &backend,
+                            rows,
+                            (&cache.0, &cache.1),
+                            p,
+                            &mut selected,
+                            &mut out,
+                        )
+                    }
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, attention, decode_context, decode_model);
 criterion_main!(benches);

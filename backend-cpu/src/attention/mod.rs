@@ -317,6 +317,44 @@ trait KvRows: Sync + Send {
     /// Elements `at..at + row.len()` into `row`, widened (the way `O`
     /// widens) or dequantized.
     fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]);
+
+    /// Starts loading what [`read_into`](Self::read_into) reads for the
+    /// `rows` head rows of `row_len` elements at `first + i * stride`.
+    fn prefetch_rows(&self, first: usize, stride: usize, rows: usize, row_len: usize);
+}
+
+/// Starts loading `bytes` bytes at `at` into the second-level cache. A key
+/// tile is one KV block (or part of one), and the blocks of a sequence lie
+/// anywhere: the hardware prefetcher, which follows a stream within a
+/// page, cannot guess the next one, and a decode step over a long context
+/// waited on memory for most of its time. Into the first-level cache, the
+/// prefetches of a tile waited on its few outstanding misses instead and
+/// gained little (`decode_model` in `benches/attention.rs`).
+#[inline(always)]
+fn prefetch(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        const LINE: usize = 64;
+        let first_line = at as usize / LINE * LINE;
+        for line in (first_line..at as usize + bytes).step_by(LINE) {
+            // SAFETY: a prefetch is a hint, which never faults, whatever
+            // the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
+}
+
+/// [`KvRows::prefetch_rows`] of a store of plain elements.
+#[inline(always)]
+fn prefetch_elements<T>(elements: &[T], first: usize, stride: usize, rows: usize, row_len: usize) {
+    let base = elements.as_ptr();
+    for i in 0..rows {
+        let at = base.wrapping_add(first + i * stride).cast::<u8>();
+        prefetch(at, row_len * size_of::<T>());
+    }
 }
 
 impl KvRows for &[f32] {
@@ -324,12 +362,22 @@ impl KvRows for &[f32] {
     fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
         row.copy_from_slice(&self[at..at + row.len()]);
     }
+
+    #[inline(always)]
+    fn prefetch_rows(&self, first: usize, stride: usize, rows: usize, row_len: usize) {
+        prefetch_elements(self, first, stride, rows, row_len)
+    }
 }
 
 impl KvRows for &[f16] {
     #[inline(always)]
     fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]) {
         O::widen(&self[at..at + row.len()], row);
+    }
+
+    #[inline(always)]
+    fn prefetch_rows(&self, first: usize, stride: usize, rows: usize, row_len: usize) {
+        prefetch_elements(self, first, stride, rows, row_len)
     }
 }
 
@@ -356,6 +404,15 @@ impl KvRows for QuantRows<'_> {
         let words = q.slot_words();
         q.dequantize_head(&self.words[slot * words..][..words], head, row);
     }
+
+    #[inline(always)]
+    fn prefetch_rows(&self, first: usize, stride: usize, rows: usize, _row_len: usize) {
+        // A slot's words (every head's) are few: all of them.
+        let width = self.quant.kv_heads * self.quant.head_dim;
+        let words = self.quant.slot_words();
+        let slot_stride = stride / width * words;
+        prefetch_elements(self.words, first / width * words, slot_stride, rows, words)
+    }
 }
 
 /// INT4 keys, quantized per channel over each block; element offsets as
@@ -374,6 +431,15 @@ impl KvRows for KeyBlockRows<'_> {
         let words = b.block_words();
         let block = &self.words[slot / b.block_size * words..][..words];
         b.dequantize_head(block, slot % b.block_size, head, row);
+    }
+
+    #[inline(always)]
+    fn prefetch_rows(&self, first: usize, _stride: usize, _rows: usize, _row_len: usize) {
+        // A key tile lies within one block: its words (every head's).
+        let b = self.blocks;
+        let words = b.block_words();
+        let block = first / b.channels() / b.block_size;
+        prefetch_elements(self.words, block * words, 0, 1, words)
     }
 }
 

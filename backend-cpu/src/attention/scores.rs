@@ -22,7 +22,7 @@ use super::lanes::few_scores;
 #[cfg(target_arch = "x86_64")]
 use super::ops::{Avx2Ops, Avx512Ops};
 use super::ops::{PortableOps, TileOps};
-use super::tile::LANES;
+use super::tile::{whole_tile_at, LANES};
 use super::{
     block_table, check_inputs, first_visible, AttentionInputs, KeyBlockRows, KvRows, QuantRows,
 };
@@ -242,6 +242,12 @@ fn score_span<K: KvRows, M: MulAdd, O: TileOps>(
     // Per head, the span's logits (`-inf` where a key is not visible).
     let mut logits = vec![f32::NEG_INFINITY; group * (end - start)];
     for tile in (start..end).step_by(LANES) {
+        let next = tile + LANES;
+        if next + LANES <= end {
+            if let Some(first) = whole_tile_at(table, p, next, span.kv_head) {
+                keys.prefetch_rows(first, width, LANES, hd);
+            }
+        }
         let lanes = LANES.min(end - tile);
         for (l, key) in tile_keys.chunks_exact_mut(hd).enumerate() {
             let j = tile + l;

@@ -13,7 +13,7 @@ use tandem_core::backend::{AttentionParams, BlockSelectParams};
 use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::Result;
 
-use super::{block_table, check_inputs, AttentionInputs};
+use super::{block_table, check_inputs, prefetch, AttentionInputs};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::key_bounds::KeyBounds;
@@ -137,6 +137,10 @@ fn query_parts(inputs: &AttentionInputs<'_>, p: AttentionParams, rows: &[usize])
     parts
 }
 
+/// How many candidates ahead scoring prefetches their bounds: each takes
+/// a few dozen cycles to score, a load from memory hundreds.
+const PREFETCH_AHEAD: usize = 8;
+
 /// What a task needs to score candidates: element `g * candidates.len() +
 /// i` of the scores is KV head `g`'s bound of candidate `i`.
 struct BoundsJob<'a> {
@@ -152,7 +156,15 @@ impl BoundsJob<'_> {
     #[inline(always)]
     fn score(&self, first: usize, out: &mut [f32]) {
         let (d, n) = (self.d, self.candidates.len());
+        let elements = self.parts.len() / (2 * d) * n;
         for (at, score) in (first..).zip(out) {
+            // A candidate's bounds are a scattered 2 · head_dim floats.
+            let ahead = at + PREFETCH_AHEAD;
+            if ahead < elements {
+                let block = self.table[self.candidates[ahead % n]] as usize;
+                let (min, _) = self.bounds.of(block, ahead / n);
+                prefetch(min.as_ptr().cast(), 2 * d * size_of::<f32>());
+            }
             let (g, i) = (at / n, at % n);
             let (pos, neg) = self.parts[g * 2 * d..][..2 * d].split_at(d);
             let (min, max) = self.bounds.of(self.table[self.candidates[i]] as usize, g);

@@ -399,6 +399,7 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     let kv_width = p.kv_heads * hd;
     let mut start = lo / LANES * LANES;
     while start <= hi {
+        prefetch_tile(task, tile, table, start + LANES, hi);
         // The key and value rows, and which positions are live (seen by
         // some query and not evicted): one division per key tile, not two
         // per position (a decode step's tiles are few queries each).
@@ -408,11 +409,13 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
             start += LANES;
             continue;
         }
-        let live = if lo <= start && start + LANES - 1 <= hi && within + LANES <= p.block_size {
+        let whole = lo <= start && start + LANES - 1 <= hi;
+        let live = if let Some(first) = whole
+            .then(|| whole_tile_at(table, p, start, tile.kv_head))
+            .flatten()
+        {
             // The common tile, wholly seen and inside one block: its rows
             // are consecutive slots.
-            let slot = table[block] as usize * p.block_size + within;
-            let first = slot * kv_width + tile.kv_head * hd;
             let rows = s
                 .keys
                 .chunks_exact_mut(hd)
@@ -470,6 +473,51 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         }
         start += LANES;
     }
+}
+
+/// Starts loading the key and value rows of the first key tile from
+/// `start` on that is not a hole, if it is a common one (wholly before
+/// `hi`, inside one live block): the next one the loop reads.
+#[inline(always)]
+fn prefetch_tile<K: KvRows, V: KvRows>(
+    task: &Task<'_, K, V>,
+    tile: &Tile,
+    table: &[u32],
+    mut start: usize,
+    hi: usize,
+) {
+    let p = task.p;
+    while start + LANES - 1 <= hi {
+        if let Some(first) = whole_tile_at(table, p, start, tile.kv_head) {
+            let kv_width = p.kv_heads * p.head_dim;
+            task.keys.prefetch_rows(first, kv_width, LANES, p.head_dim);
+            task.values
+                .prefetch_rows(first, kv_width, LANES, p.head_dim);
+            return;
+        }
+        if table[start / p.block_size] != EVICTED_BLOCK {
+            return;
+        }
+        start += LANES;
+    }
+}
+
+/// The element offset of KV head `kv_head`'s row at the key tile `start`,
+/// if the tile lies inside one live block: its rows are then consecutive
+/// slots, `kv_heads * head_dim` elements apart.
+#[inline(always)]
+pub(super) fn whole_tile_at(
+    table: &[u32],
+    p: AttentionParams,
+    start: usize,
+    kv_head: usize,
+) -> Option<usize> {
+    let (block, within) = (start / p.block_size, start % p.block_size);
+    if within + LANES > p.block_size || table[block] == EVICTED_BLOCK {
+        return None;
+    }
+    let slot = table[block] as usize * p.block_size + within;
+    Some(slot * p.kv_heads * p.head_dim + kv_head * p.head_dim)
 }
 
 /// Reads the key and value rows of the key tile at `start` into the
