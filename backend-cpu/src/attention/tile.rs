@@ -399,7 +399,6 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
     let kv_width = p.kv_heads * hd;
     let mut start = lo / LANES * LANES;
     while start <= hi {
-        prefetch_tile(task, tile, table, start + LANES, hi);
         // The key and value rows, and which positions are live (seen by
         // some query and not evicted): one division per key tile, not two
         // per position (a decode step's tiles are few queries each).
@@ -409,6 +408,7 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
             start += LANES;
             continue;
         }
+        prefetch_tile(task, tile, table, start + LANES, hi);
         let whole = lo <= start && start + LANES - 1 <= hi;
         let live = if let Some(first) = whole
             .then(|| whole_tile_at(table, p, start, tile.kv_head))
