@@ -318,9 +318,30 @@ trait KvRows: Sync + Send {
     /// widens) or dequantized.
     fn read_into<O: TileOps>(&self, at: usize, row: &mut [f32]);
 
+    /// The head rows at `first + i * stride` into `rows`, one after the
+    /// other, each as [`read_into`](Self::read_into) gives it.
+    #[inline(always)]
+    fn read_rows<O: TileOps>(&self, first: usize, stride: usize, rows: &mut [f32], row_len: usize) {
+        read_each_row::<O>(self, first, stride, rows, row_len)
+    }
+
     /// Starts loading what [`read_into`](Self::read_into) reads for the
     /// `rows` head rows of `row_len` elements at `first + i * stride`.
     fn prefetch_rows(&self, first: usize, stride: usize, rows: usize, row_len: usize);
+}
+
+/// [`KvRows::read_rows`] one row at a time.
+#[inline(always)]
+fn read_each_row<O: TileOps>(
+    store: &(impl KvRows + ?Sized),
+    first: usize,
+    stride: usize,
+    rows: &mut [f32],
+    row_len: usize,
+) {
+    for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
+        store.read_into::<O>(first + i * stride, row);
+    }
 }
 
 /// Starts loading `bytes` bytes at `at` into the second-level cache. A key
@@ -431,6 +452,22 @@ impl KvRows for KeyBlockRows<'_> {
         let words = b.block_words();
         let block = &self.words[slot / b.block_size * words..][..words];
         b.dequantize_head(block, slot % b.block_size, head, row);
+    }
+
+    /// Rows of consecutive tokens of one block (a key tile's) share their
+    /// channels' parameters, decoded once for all of them.
+    #[inline(always)]
+    fn read_rows<O: TileOps>(&self, first: usize, stride: usize, rows: &mut [f32], row_len: usize) {
+        let b = self.blocks;
+        let width = b.channels();
+        let (slot, head) = (first / width, first % width / b.head_dim);
+        let (offset, tokens) = (slot % b.block_size, rows.len() / row_len);
+        if stride != width || row_len != b.head_dim || offset + tokens > b.block_size {
+            return read_each_row::<O>(self, first, stride, rows, row_len);
+        }
+        let words = b.block_words();
+        let block = &self.words[slot / b.block_size * words..][..words];
+        b.dequantize_head_tokens(block, offset..offset + tokens, head, rows);
     }
 
     #[inline(always)]

@@ -249,13 +249,21 @@ fn score_span<K: KvRows, M: MulAdd, O: TileOps>(
             }
         }
         let lanes = LANES.min(end - tile);
-        for (l, key) in tile_keys.chunks_exact_mut(hd).enumerate() {
-            let j = tile + l;
-            if l < lanes && visible(j) {
-                let slot = table[j / bs] as usize * bs + j % bs;
-                keys.read_into::<O>(slot * width + span.kv_head * hd, key);
-            } else {
-                key.fill(0.0);
+        // A tile wholly visible inside one block reads its rows at once.
+        let whole = (lanes == LANES && (tile..next).all(visible))
+            .then(|| whole_tile_at(table, p, tile, span.kv_head))
+            .flatten();
+        if let Some(first) = whole {
+            keys.read_rows::<O>(first, width, &mut tile_keys, hd);
+        } else {
+            for (l, key) in tile_keys.chunks_exact_mut(hd).enumerate() {
+                let j = tile + l;
+                if l < lanes && visible(j) {
+                    let slot = table[j / bs] as usize * bs + j % bs;
+                    keys.read_into::<O>(slot * width + span.kv_head * hd, key);
+                } else {
+                    key.fill(0.0);
+                }
             }
         }
         O::transpose(&tile_keys, hd, &mut by_dim);

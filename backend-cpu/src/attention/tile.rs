@@ -416,14 +416,9 @@ fn attend_segment<K: KvRows, V: KvRows, M: MulAdd, T: TileOps>(
         {
             // The common tile, wholly seen and inside one block: its rows
             // are consecutive slots.
-            let rows = s
-                .keys
-                .chunks_exact_mut(hd)
-                .zip(s.values.chunks_exact_mut(hd));
-            for (l, (k, v)) in rows.take(LANES).enumerate() {
-                task.keys.read_into::<T>(first + l * kv_width, k);
-                task.values.read_into::<T>(first + l * kv_width, v);
-            }
+            let (keys, values) = (&mut s.keys[..LANES * hd], &mut s.values[..LANES * hd]);
+            task.keys.read_rows::<T>(first, kv_width, keys, hd);
+            task.values.read_rows::<T>(first, kv_width, values, hd);
             [true; LANES]
         } else {
             let live = read_kv_tile::<K, V, T>(task, tile, s, start, lo..=hi, table);

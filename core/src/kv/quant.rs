@@ -61,6 +61,8 @@
 //! SmolLM2's keys, whose channels are far from centred on 0 (see the notes
 //! in the README's KV table).
 
+use std::ops::Range;
+
 use crate::backend::KvDtype;
 
 /// Elements per quantization group (the last group of a head may be shorter).
@@ -272,48 +274,63 @@ impl KeyBlockLayout {
 
     /// Dequantizes head `head` of the token at `offset` into `out`
     /// (`head_dim` values).
-    // Inlined into the CPU attention kernels, compiled there for their
-    // instruction set: called once per key row, it is their inner loop.
     #[inline(always)]
     pub fn dequantize_head(&self, block: &[u32], offset: usize, head: usize, out: &mut [f32]) {
+        self.dequantize_head_tokens(block, offset..offset + 1, head, out);
+    }
+
+    /// Dequantizes head `head` of the tokens at `offsets` into `out`, one
+    /// token's `head_dim` values after the other. Each channel's parameters
+    /// are decoded once for all the tokens: a key tile reads sixteen tokens
+    /// of one block, and decoding the two f16 parameters of every element
+    /// cost more than the rest of its dequantization.
+    // Inlined into the CPU attention kernels, compiled there for their
+    // instruction set: called once per key tile, it is their inner loop.
+    #[inline(always)]
+    pub fn dequantize_head_tokens(
+        &self,
+        block: &[u32],
+        offsets: Range<usize>,
+        head: usize,
+        out: &mut [f32],
+    ) {
         let per_token = self.words_per_token();
-        let codes = &block[offset * per_token..][..per_token];
-        let first = head * self.head_dim;
-        let params = &block[self.block_size * per_token + first..][..self.head_dim];
-        let out = &mut out[..self.head_dim];
+        let hd = self.head_dim;
+        let first = head * hd;
+        let params = &block[self.block_size * per_token + first..][..hd];
+        let out = &mut out[..offsets.len() * hd];
         const WORD: usize = 8;
-        if self.bits == 4 && first.is_multiple_of(WORD) {
-            // The head starts a word: sixteen channels at a time as loops
-            // of fixed length (vector code), then word by word.
-            const RUN: usize = 2 * WORD;
-            let words = &codes[first / WORD..];
-            let whole = self.head_dim / RUN * RUN;
-            let runs = out[..whole]
-                .chunks_exact_mut(RUN)
-                .zip(params.chunks_exact(RUN));
-            for ((out, params), words) in runs.zip(words.chunks_exact(2)) {
-                let codes: [u8; RUN] = nibbles(words);
-                for ((o, &p), &q) in out.iter_mut().zip(params).zip(&codes) {
-                    let (scale, min) = unpack_params(p);
+        // Sixteen channels at a time as loops of fixed length (vector
+        // code) where the head starts a word, then channel by channel.
+        const RUN: usize = 2 * WORD;
+        let whole = if self.bits == 4 && first.is_multiple_of(WORD) {
+            hd / RUN * RUN
+        } else {
+            0
+        };
+        for (run, params) in params[..whole].chunks_exact(RUN).enumerate() {
+            let (mut scales, mut mins) = ([0f32; RUN], [0f32; RUN]);
+            for ((scale, min), &p) in scales.iter_mut().zip(&mut mins).zip(params) {
+                (*scale, *min) = unpack_params(p);
+            }
+            let word = (first + run * RUN) / WORD;
+            for (offset, out) in offsets.clone().zip(out.chunks_exact_mut(hd)) {
+                let codes: [u8; RUN] = nibbles(&block[offset * per_token + word..][..2]);
+                let out = &mut out[run * RUN..][..RUN];
+                for (((o, &q), &scale), &min) in out.iter_mut().zip(&codes).zip(&scales).zip(&mins)
+                {
                     *o = min + f32::from(q) * scale;
                 }
             }
-            let runs = out[whole..]
-                .chunks_mut(WORD)
-                .zip(params[whole..].chunks(WORD));
-            for (&word, (out, params)) in words[whole / WORD..].iter().zip(runs) {
-                for (k, (o, &p)) in out.iter_mut().zip(params).enumerate() {
-                    let (scale, min) = unpack_params(p);
-                    *o = min + ((word >> (4 * k)) & 15) as f32 * scale;
-                }
-            }
-        } else {
-            let (per_word, mask) = (self.codes_per_word(), self.max_code());
-            for (d, (o, &p)) in out.iter_mut().zip(params).enumerate() {
-                let c = first + d;
-                let (scale, min) = unpack_params(p);
-                let q = (codes[c / per_word] >> (self.bits * (c % per_word))) & mask;
-                *o = min + q as f32 * scale;
+        }
+        let (per_word, mask) = (self.codes_per_word(), self.max_code());
+        for (d, &p) in params.iter().enumerate().skip(whole) {
+            let c = first + d;
+            let (scale, min) = unpack_params(p);
+            for (offset, out) in offsets.clone().zip(out.chunks_exact_mut(hd)) {
+                let q = (block[offset * per_token + c / per_word] >> (self.bits * (c % per_word)))
+                    & mask;
+                out[d] = min + q as f32 * scale;
             }
         }
     }
@@ -625,6 +642,46 @@ mod tests {
         let mut head = [0.0; 7];
         keys.dequantize_head(&block, 1, 1, &mut head);
         assert_eq!(head, [0.0, 0.0, 0.0, 5.5, 0.0, 0.0, 0.0]);
+    }
+
+    /// A run of tokens read at once (a key tile) has the bits the layout
+    /// gives each token alone, whichever channels start a word.
+    #[test]
+    fn key_tokens_read_together_match_each_alone() {
+        for dtype in [KvDtype::Int4, KvDtype::Int2] {
+            for (kv_heads, head_dim, block_size) in
+                [(3, 64, 16), (3, 40, 16), (2, 24, 8), (2, 9, 5)]
+            {
+                let keys = KeyBlockLayout::new(dtype, kv_heads, head_dim, block_size).unwrap();
+                let tokens = values(block_size * keys.channels(), head_dim as u64);
+                let mut block = vec![0u32; keys.block_words()];
+                keys.quantize_block(&tokens, &mut block);
+                for head in 0..kv_heads {
+                    for offsets in [0..block_size, 1..block_size - 1, 2..3] {
+                        let mut together = vec![f32::NAN; offsets.len() * head_dim];
+                        keys.dequantize_head_tokens(&block, offsets.clone(), head, &mut together);
+                        for (offset, got) in offsets.zip(together.chunks_exact(head_dim)) {
+                            // Channel by channel, as the layout table reads.
+                            let (w, n) = (keys.words_per_token(), keys.codes_per_word());
+                            let alone: Vec<f32> = (head * head_dim..(head + 1) * head_dim)
+                                .map(|c| {
+                                    let word = block[offset * w + c / n] >> (keys.bits * (c % n));
+                                    let (scale, min) = unpack_params(block[block_size * w + c]);
+                                    min + (word & keys.max_code()) as f32 * scale
+                                })
+                                .collect();
+                            let bits =
+                                |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(got),
+                                bits(&alone),
+                                "{dtype:?} head {head} offset {offset}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Whole blocks and partly filled ones, with an outlier channel whose
