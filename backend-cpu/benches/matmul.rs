@@ -7,9 +7,12 @@
 //! Shapes are written `input × output` (`cols × n`). GEMV (one token, the
 //! decode case) reports weight bytes per second; GEMM (512 tokens, prefill)
 //! reports FLOP/s as "elements"/s (2 per multiply-add). `decode_step` runs
-//! the matmuls of one whole decode token of the Q4_1 model (30 layers plus
-//! the Q8_0 output matrix, about 96 MB, so the weights stream from memory
-//! as in real decoding): its time bounds tokens/s from the matmuls alone.
+//! the matmuls of one whole decode token of SmolLM2's Q4_1 file (30 layers
+//! plus the Q8_0 output matrix, about 96 MB) and of Qwen2.5-0.5B's Q4_K_M
+//! (24 layers of Q5_0 with Q8_0, Q6_K and Q4_K, and a Q8_0 output matrix,
+//! about 390 MB), so the
+//! weights stream from memory as in real decoding: its time bounds
+//! tokens/s from the matmuls alone.
 //!
 //! Run with `cargo bench -p tandem-cpu --bench matmul -- --quick`; with
 //! `TANDEM_BENCH_CPU_ISA=avx2` (or `avx512`, `portable`) the backend runs
@@ -276,49 +279,93 @@ fn reference_matmul(c: &mut Criterion) {
     group.finish();
 }
 
-/// Every matmul of one decode token of SmolLM2-135M Q4_1.
+/// The matmuls of one decode token of a model: per layer, `(cols, n,
+/// format)` of each matrix, the format depending on the layer as the
+/// model's file has it; then the output matrix.
+struct DecodeModel {
+    name: &'static str,
+    layers: usize,
+    layer: fn(usize) -> Vec<(usize, usize, WeightFormat)>,
+    output: (usize, usize, WeightFormat),
+}
+
+/// SmolLM2-135M-Instruct Q4_1 (dim 576, k/v 192, ffn 1536, vocab 49152).
+fn smollm2_layer(_: usize) -> Vec<(usize, usize, WeightFormat)> {
+    let (dim, kv, ffn, q4_1) = (576, 192, 1536, WeightFormat::Q4_1);
+    vec![
+        (dim, dim, q4_1),
+        (dim, kv, q4_1),
+        (dim, kv, q4_1),
+        (dim, dim, q4_1),
+        (dim, ffn, q4_1),
+        (dim, ffn, q4_1),
+        (ffn, dim, q4_1),
+    ]
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (dim 896, k/v 128, ffn 4864): Q5_0
+/// but for the V and FFN-down matrices, Q8_0 and Q6_K in the layers
+/// llama.cpp's Q4_K_M mix gives more bits, Q5_0 and Q4_K in the others.
+fn qwen25_layer(layer: usize) -> Vec<(usize, usize, WeightFormat)> {
+    let (dim, kv, ffn, q5_0) = (896, 128, 4864, WeightFormat::Q5_0);
+    let more_bits = [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21].contains(&layer);
+    let (v, down) = if more_bits {
+        (WeightFormat::Q8_0, WeightFormat::Q6_K)
+    } else {
+        (q5_0, WeightFormat::Q4_K)
+    };
+    vec![
+        (dim, dim, q5_0),
+        (dim, kv, q5_0),
+        (dim, kv, v),
+        (dim, dim, q5_0),
+        (dim, ffn, q5_0),
+        (dim, ffn, q5_0),
+        (ffn, dim, down),
+    ]
+}
+
+const DECODE_MODELS: [DecodeModel; 2] = [
+    DecodeModel {
+        name: "smollm2_135m_q4_1",
+        layers: 30,
+        layer: smollm2_layer,
+        output: (576, 49152, WeightFormat::Q8_0),
+    },
+    DecodeModel {
+        name: "qwen2.5_0.5b_q4_k_m",
+        layers: 24,
+        layer: qwen25_layer,
+        output: (896, 151936, WeightFormat::Q8_0),
+    },
+];
+
+/// Every matmul of one decode token of each of [`DECODE_MODELS`], in the
+/// order a decode step runs them.
 fn decode_step(c: &mut Criterion) {
     let backend = backend();
-    let (dim, kv_dim, ffn, vocab, layers) = (576, 192, 1536, 49152, 30);
-    let layer_shapes = [
-        (dim, dim),
-        (dim, kv_dim),
-        (dim, kv_dim),
-        (dim, dim),
-        (dim, ffn),
-        (dim, ffn),
-        (ffn, dim),
-    ];
-    let mut matrices = Vec::new();
-    let mut bytes_total = 0;
-    for layer in 0..layers {
-        for (i, &(cols, n)) in layer_shapes.iter().enumerate() {
-            let bytes = weight_bytes(WeightFormat::Q4_1, cols, n, (layer * 8 + i) as u64 + 3);
-            bytes_total += bytes.len();
-            matrices.push(operands(&backend, &bytes, WeightFormat::Q4_1, cols, n, 1));
-        }
-    }
-    let output = weight_bytes(WeightFormat::Q8_0, dim, vocab, 99);
-    bytes_total += output.len();
-    matrices.push(operands(
-        &backend,
-        &output,
-        WeightFormat::Q8_0,
-        dim,
-        vocab,
-        1,
-    ));
-
     let mut group = c.benchmark_group("decode_step");
     group.sample_size(20);
-    group.throughput(Throughput::Bytes(bytes_total as u64));
-    group.bench_function("smollm2_135m_q4_1", |b| {
-        b.iter(|| {
-            for ops in &mut matrices {
-                run(&backend, ops, 1);
-            }
-        })
-    });
+    for model in &DECODE_MODELS {
+        let shapes = (0..model.layers)
+            .flat_map(|layer| (model.layer)(layer))
+            .chain([model.output]);
+        let mut matrices = Vec::new();
+        let mut bytes_total = 0;
+        for (i, (cols, n, format)) in shapes.enumerate() {
+            let bytes = weight_bytes(format, cols, n, i as u64 + 3);
+            bytes_total += bytes.len();
+            matrices.push(operands(&backend, &bytes, format, cols, n, 1));
+        }
+        group.throughput(Throughput::Bytes(bytes_total as u64));
+        group.bench_function(model.name, |b| {
+            b.iter(|| {
+                for ops in &mut matrices {
+                    run(&backend, ops, 1);
+                }
+            })
+        });
+    }
     group.finish();
 }
 
