@@ -289,40 +289,47 @@ struct DecodeModel {
     output: (usize, usize, WeightFormat),
 }
 
+/// A layer's Q, K, V, O, FFN gate, up and down matrices, in that order and
+/// in `formats`.
+fn layer_matrices(
+    dim: usize,
+    kv: usize,
+    ffn: usize,
+    formats: [WeightFormat; 7],
+) -> Vec<(usize, usize, WeightFormat)> {
+    let shapes = [
+        (dim, dim),
+        (dim, kv),
+        (dim, kv),
+        (dim, dim),
+        (dim, ffn),
+        (dim, ffn),
+        (ffn, dim),
+    ];
+    shapes
+        .into_iter()
+        .zip(formats)
+        .map(|((cols, n), format)| (cols, n, format))
+        .collect()
+}
+
 /// SmolLM2-135M-Instruct Q4_1 (dim 576, k/v 192, ffn 1536, vocab 49152).
 fn smollm2_layer(_: usize) -> Vec<(usize, usize, WeightFormat)> {
-    let (dim, kv, ffn, q4_1) = (576, 192, 1536, WeightFormat::Q4_1);
-    vec![
-        (dim, dim, q4_1),
-        (dim, kv, q4_1),
-        (dim, kv, q4_1),
-        (dim, dim, q4_1),
-        (dim, ffn, q4_1),
-        (dim, ffn, q4_1),
-        (ffn, dim, q4_1),
-    ]
+    layer_matrices(576, 192, 1536, [WeightFormat::Q4_1; 7])
 }
 
 /// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (dim 896, k/v 128, ffn 4864): Q5_0
 /// but for the V and FFN-down matrices, Q8_0 and Q6_K in the layers
 /// llama.cpp's Q4_K_M mix gives more bits, Q5_0 and Q4_K in the others.
 fn qwen25_layer(layer: usize) -> Vec<(usize, usize, WeightFormat)> {
-    let (dim, kv, ffn, q5_0) = (896, 128, 4864, WeightFormat::Q5_0);
+    let q5_0 = WeightFormat::Q5_0;
     let more_bits = [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21].contains(&layer);
     let (v, down) = if more_bits {
         (WeightFormat::Q8_0, WeightFormat::Q6_K)
     } else {
         (q5_0, WeightFormat::Q4_K)
     };
-    vec![
-        (dim, dim, q5_0),
-        (dim, kv, q5_0),
-        (dim, kv, v),
-        (dim, dim, q5_0),
-        (dim, ffn, q5_0),
-        (dim, ffn, q5_0),
-        (ffn, dim, down),
-    ]
+    layer_matrices(896, 128, 4864, [q5_0, q5_0, v, q5_0, q5_0, q5_0, down])
 }
 
 const DECODE_MODELS: [DecodeModel; 2] = [
