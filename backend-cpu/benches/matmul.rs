@@ -10,9 +10,8 @@
 //! the matmuls of one whole decode token of SmolLM2's Q4_1 file (30 layers
 //! plus the Q8_0 output matrix, about 96 MB) and of Qwen2.5-0.5B's Q4_K_M
 //! (24 layers of Q5_0 with Q8_0, Q6_K and Q4_K, and a Q8_0 output matrix,
-//! about 390 MB), so the
-//! weights stream from memory as in real decoding: its time bounds
-//! tokens/s from the matmuls alone.
+//! about 390 MB), so the weights stream from memory as in real decoding:
+//! its time bounds tokens/s from the matmuls alone.
 //!
 //! Run with `cargo bench -p tandem-cpu --bench matmul -- --quick`; with
 //! `TANDEM_BENCH_CPU_ISA=avx2` (or `avx512`, `portable`) the backend runs
