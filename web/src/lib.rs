@@ -160,7 +160,8 @@ export interface GenerateOptions {
   kvBudget?: number | string;
   /**
    * Which blocks go once over the budget: "h2o" (default: the least
-   * attended), "snapkv" (chosen once from the prompt's last queries) or
+   * attended), "snapkv" (the prompt's blocks, chosen once from its last
+   * queries; generated blocks only once no prompt block is left) or
    * "streaming" (the oldest after the sinks).
    */
   kvEvict?: "h2o" | "snapkv" | "streaming";

@@ -15,7 +15,9 @@
 //!   mass worth [`H2O_DECAY`] less per query that came after it;
 //! - `snapkv` scores the prompt's blocks once, by the attention of the
 //!   prompt's last `recent` queries, and evicts the lowest; blocks written
-//!   after the prompt carry no score and leave oldest first.
+//!   after the prompt carry no score and stay while a prompt block is left
+//!   to evict (SnapKV compresses the prompt and keeps the generation), then
+//!   leave oldest first.
 //!
 //! Scores come from the deeper half of the layers ([`scoring_layers`]).
 //! Measured on SmolLM2 (`scripts/kv-eviction-quality.sh`, 12.5% budget),
@@ -246,11 +248,12 @@ impl EvictionPlan {
             .collect();
         if self.policy != EvictionPolicy::Streaming {
             let scores = table.scores();
-            // Unscored blocks (written after SnapKV's selection) first, oldest first.
+            // Unscored blocks (written after SnapKV's selection) last, oldest
+            // first: SnapKV compresses the prompt and keeps what is generated.
             candidates.sort_by(|&a, &b| match (scores.get(a), scores.get(b)) {
                 (Some(x), Some(y)) => x.total_cmp(y).then(a.cmp(&b)),
-                (None, Some(_)) => std::cmp::Ordering::Less,
-                (Some(_), None) => std::cmp::Ordering::Greater,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(_), None) => std::cmp::Ordering::Less,
                 (None, None) => a.cmp(&b),
             });
         }
@@ -394,6 +397,35 @@ mod tests {
             ..plan
         };
         assert_eq!(snapkv.score_decay(100), 1.0);
+    }
+
+    #[test]
+    fn snapkv_evicts_the_prompts_lowest_blocks_before_anything_generated() {
+        let plan = EvictionPlan {
+            policy: EvictionPolicy::SnapKv,
+            ..h2o_plan(24)
+        };
+        let mut m = KvCacheManager::new(32, 4);
+        let kept = |m: &KvCacheManager| -> Vec<usize> {
+            let t = m.table(1).unwrap();
+            (0..t.blocks().len())
+                .filter(|&i| t.blocks()[i] != EVICTED_BLOCK)
+                .collect()
+        };
+        // A prompt of 4 blocks scored at its end, then 4 blocks generated.
+        filled(&mut m, 1, 16);
+        m.add_block_scores(1, &[0.5, 0.1, 2.0, 0.3], 1.0).unwrap();
+        m.reserve(1, 16).unwrap();
+        m.evict_over_budget(1, &plan).unwrap();
+        assert_eq!(kept(&m), vec![0, 2, 4, 5, 6, 7]);
+        // Every prompt block goes before a generated one...
+        m.reserve(1, 8).unwrap();
+        m.evict_over_budget(1, &plan).unwrap();
+        assert_eq!(kept(&m), vec![4, 5, 6, 7, 8, 9]);
+        // ...then the oldest generated go first.
+        m.reserve(1, 4).unwrap();
+        m.evict_over_budget(1, &plan).unwrap();
+        assert_eq!(kept(&m), vec![5, 6, 7, 8, 9, 10]);
     }
 
     #[test]

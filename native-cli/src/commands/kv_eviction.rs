@@ -15,8 +15,10 @@ pub struct KvEvictionArgs {
     #[arg(long, value_name = "TOKENS|PCT%", value_parser = parse_budget)]
     pub kv_budget: Option<KvBudget>,
     /// Which blocks leave first: h2o (least attention received), snapkv
-    /// (least attention from the prompt's last queries, chosen once the
-    /// prompt is computed) or streaming (oldest). Default h2o.
+    /// (the prompt's blocks by least attention from its last queries,
+    /// chosen once the prompt is computed; generated blocks only once no
+    /// prompt block is left, oldest first) or streaming (oldest). Default
+    /// h2o.
     #[arg(long, value_name = "POLICY", value_parser = parse_policy)]
     pub kv_evict: Option<EvictionPolicy>,
     /// First tokens always kept (attention sinks); default 4.
