@@ -47,6 +47,8 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --features tandem/mpi -- -D warnings
 	$(CARGO) clippy --target wasm32-unknown-unknown -p tandem-web -p tandem-web-kernel-tests --all-targets -- -D warnings
+	# The developers' documentation, private items included: every link resolves.
+	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" $(CARGO) doc --workspace --no-deps --document-private-items
 
 # ---- The browser build: npm package (web/pkg), demo site, end-to-end test ----
 

@@ -1,7 +1,7 @@
 //! Tandem's CPU backend: the reference implementation of every fused kernel
 //! of the manifest, and a fast multi-threaded fallback that runs anywhere.
 //!
-//! Each kernel exists twice. [`reference`] holds the obvious scalar code,
+//! Each kernel exists twice. [`reference`](mod@reference) holds the obvious scalar code,
 //! the ground truth for this crate's tests and for the cross-backend suite.
 //! [`CpuBackend`] runs the fast versions: split across the backend's own
 //! thread pool and written so the compiler vectorizes them. Where the CPU

@@ -6,7 +6,7 @@
 //! is already running, so it starts on the first chunk at once while
 //! helpers join, and a kernel costs one hand-off instead of two. Decode
 //! runs some two hundred kernels per token, so hand-offs matter: natively
-//! the helpers are a [`SpinPool`] that stays awake between kernels; wasm32
+//! the helpers are a [`SpinPool`](crate::spin_pool::SpinPool) that stays awake between kernels; wasm32
 //! borrows rayon's threads, which the browser provides, and keeps them
 //! spinning between kernels too (`join_pool`).
 //!

@@ -25,7 +25,7 @@
 //! [`vocab`] (a reduced output vocabulary),
 //! [`teacher`] (the target's logits), [`student`] (the candle model),
 //! [`loss`] (KL and agreement), [`train`] (the loop, progress, checkpoints)
-//! and [`write`] (the model directory).
+//! and [`write`](mod@write) (the model directory).
 
 pub mod corpus;
 pub mod loss;

@@ -176,7 +176,7 @@ enum Work<'a> {
     /// Consecutive `(row, head)` outputs, numbered `row * heads + head`
     /// from `first_head`, each tile over all of its keys.
     Outputs { first_head: usize },
-    /// The partial results of these units ([`segments`](self::segments)), one slot each.
+    /// The partial results of these units ([`segments`]), one slot each.
     Segments { units: &'a [segments::Unit] },
     /// The outputs of consecutive KV groups of rows, each folded from
     /// its units' partial results.

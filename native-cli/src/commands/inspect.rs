@@ -18,7 +18,7 @@ use crate::model_path::{self, named};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// GGUF file, Hugging Face directory, named model, hf:ORG/REPO[:QUANT], or `default`.
+    /// GGUF file, Hugging Face directory, named model, `hf:ORG/REPO[:QUANT]`, or `default`.
     pub model: Option<String>,
     /// List every tensor, not just a summary per format.
     #[arg(long)]

@@ -36,7 +36,7 @@ pub use kv_precision::{KvCalibrationArgs, KvDtypeArg};
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF file, Hugging Face directory, a named model (`tandem inspect
-    /// --models`; `default` is smollm2-135m), or hf:ORG/REPO[:QUANT_OR_FILE].
+    /// --models`; `default` is smollm2-135m), or `hf:ORG/REPO[:QUANT_OR_FILE]`.
     #[arg(long, short = 'm')]
     pub model: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]

@@ -29,7 +29,7 @@ const MAX_ADAPTIVE_K: usize = 8;
 pub struct SpeculationArgs {
     /// Speculative decoding: `ngram` (prompt lookup), `draft:MODEL` (a
     /// smaller model with the same tokenizer: a path, a named model such as
-    /// `qwen2.5-0.5b`, or hf:ORG/REPO[:QUANT]; or an EAGLE head from
+    /// `qwen2.5-0.5b`, or `hf:ORG/REPO[:QUANT]`; or an EAGLE head from
     /// `tandem distill --kind eagle`, which drafts from this model's hidden
     /// states), `self:auto` or `self:LAYERS`
     /// (this model with only some layers, e.g. `self:0-9,29`), `sparse` or

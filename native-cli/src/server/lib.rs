@@ -36,7 +36,7 @@
 //! complete JSON body (503 if it had no token yet). After a few seconds for
 //! those last writes, [`serve`] returns.
 //!
-//! [`bench`] drives the engine directly for `tandem bench-serve`.
+//! [`bench`](mod@bench) drives the engine directly for `tandem bench-serve`.
 
 pub mod api;
 pub mod auth;

@@ -1,4 +1,4 @@
-//! Hugging Face checkpoints: the safetensors [`file`] reader and [`writer`],
+//! Hugging Face checkpoints: the safetensors [`file`](mod@file) reader and [`writer`],
 //! the Hugging Face tensor [`names`], the [`hf`] directory loader
 //! (`config.json` as [`hf_config`] reads it, `model.safetensors` or the
 //! shards that `model.safetensors.index.json` lists, `tokenizer.json`) and
@@ -22,7 +22,7 @@
 //! Hugging Face names (`model.layers.N.self_attn.q_proj.weight`) become the
 //! canonical GGUF names (`blk.N.attn_q.weight`) and shapes are reversed to
 //! innermost first. The checkpoints keep Q/K rows in their original order, so
-//! RoPE rotates halves ([`RopeStyle::NeoX`]).
+//! RoPE rotates halves ([`RopeStyle::NeoX`](crate::backend::RopeStyle::NeoX)).
 
 pub mod file;
 pub mod hf;

@@ -23,7 +23,7 @@ pub struct OutputTensor {
     pub data: Vec<u8>,
 }
 
-/// Writes a model directory that [`load_hf_dir`] (so `tandem_core::model::load`)
+/// Writes a model directory that [`load_hf_dir`](super::hf::load_hf_dir) (so `tandem_core::model::load`)
 /// reads: `config.json` from `source`'s configuration, the tokenizer files
 /// (copied from a Hugging Face source, or written from a GGUF source's
 /// tokenizer), and `model.safetensors` with `tensors` under Hugging Face

@@ -105,7 +105,7 @@ pub struct BenchRequest {
     pub output_tokens: usize,
 }
 
-/// What [`requests`] draws.
+/// What [`WorkloadSpec::requests`] draws.
 #[derive(Clone, Debug)]
 pub struct WorkloadSpec {
     pub requests: usize,
