@@ -31,7 +31,8 @@ mod select;
 mod weights;
 
 use tandem_core::backend::{
-    Backend, Glu, KvDtype, MatmulParams, RmsNormParams, RopeParams, RopeStyle,
+    AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
+    RmsNormParams, RopeParams, RopeStyle,
 };
 use tandem_core::kernels::{spec, MANIFEST};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
@@ -466,6 +467,58 @@ impl<B: Backend, R: Backend> Suite<'_, B, R> {
 // kernel produced (as f32 for comparison).
 
 type Out = tandem_core::Result<Vec<f32>>;
+
+/// The parameters of `rows` query rows of `heads` heads attending over a
+/// cache of `layout` through one table of `max_blocks` entries per sequence.
+fn attention_params(
+    layout: KvCacheLayout,
+    rows: usize,
+    heads: usize,
+    max_blocks: usize,
+    sliding_window: Option<usize>,
+) -> AttentionParams {
+    AttentionParams {
+        rows,
+        heads,
+        kv_heads: layout.kv_heads,
+        head_dim: layout.head_dim,
+        block_size: layout.block_size,
+        max_blocks_per_seq: max_blocks,
+        scale: 1.0 / (layout.head_dim as f32).sqrt(),
+        sliding_window,
+        per_head_tables: false,
+    }
+}
+
+/// An attention call's index buffers on a backend.
+struct IndexBuffers<X: Backend> {
+    row_seq: X::Indices,
+    positions: X::Indices,
+    block_tables: X::Indices,
+}
+
+impl<X: Backend> IndexBuffers<X> {
+    fn upload(
+        be: &X,
+        row_seq: &[u32],
+        positions: &[u32],
+        block_tables: &[u32],
+    ) -> tandem_core::Result<Self> {
+        Ok(Self {
+            row_seq: be.upload_indices(row_seq)?,
+            positions: be.upload_indices(positions)?,
+            block_tables: be.upload_indices(block_tables)?,
+        })
+    }
+
+    fn view(&self) -> AttentionIndices<'_, X> {
+        AttentionIndices {
+            row_seq: &self.row_seq,
+            positions: &self.positions,
+            block_tables: &self.block_tables,
+        }
+    }
+}
 
 fn vector<X: Backend>(be: &X, values: &[f32]) -> tandem_core::Result<X::Weight> {
     HostWeight::new(WeightFormat::F32, 1, values.len(), values).upload(be)

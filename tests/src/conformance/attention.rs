@@ -4,9 +4,9 @@
 //! sliding windows and every KV dtype, including the INT4 key blocks'
 //! per-channel bounds through rollbacks and forks.
 
-use tandem_core::backend::{AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype};
+use tandem_core::backend::{Backend, KvCacheLayout, KvDtype};
 
-use super::{kv_kernel, Out, Rng, Suite};
+use super::{attention_params, kv_kernel, IndexBuffers, Out, Rng, Suite};
 
 /// One sequence of an attention case: its block-table row and how many of
 /// its tokens are cached before the step.
@@ -339,27 +339,10 @@ fn attention<X: Backend>(be: &X, c: &AttentionCase) -> Out {
     write(&mut cache, &c.k, &c.v, &c.slots)?;
     let rows = c.row_seq.len();
     let q = be.upload(&c.q)?;
-    let row_seq = be.upload_indices(&c.row_seq)?;
-    let positions = be.upload_indices(&c.positions)?;
-    let block_tables = be.upload_indices(&c.tables)?;
+    let idx = IndexBuffers::upload(be, &c.row_seq, &c.positions, &c.tables)?;
     let n = rows * c.heads * c.layout.head_dim;
     let mut out = be.alloc(n)?;
-    let p = AttentionParams {
-        rows,
-        heads: c.heads,
-        kv_heads: c.layout.kv_heads,
-        head_dim: c.layout.head_dim,
-        block_size: c.layout.block_size,
-        max_blocks_per_seq: c.max_blocks,
-        scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
-        sliding_window: c.window,
-        per_head_tables: false,
-    };
-    let idx = AttentionIndices {
-        row_seq: &row_seq,
-        positions: &positions,
-        block_tables: &block_tables,
-    };
-    be.paged_attention(&q, &cache, idx, p, &mut out)?;
+    let p = attention_params(c.layout, rows, c.heads, c.max_blocks, c.window);
+    be.paged_attention(&q, &cache, idx.view(), p, &mut out)?;
     be.download(&out, n)
 }

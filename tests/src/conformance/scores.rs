@@ -5,10 +5,10 @@
 //! 64-key tiles, holes first, inside and next to the last block, a sliding
 //! window, and scores added onto values already there.
 
-use tandem_core::backend::{AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype};
+use tandem_core::backend::{Backend, KvCacheLayout, KvDtype};
 use tandem_core::kv::EVICTED_BLOCK;
 
-use super::{kv_kernel, Out, Suite};
+use super::{attention_params, kv_kernel, IndexBuffers, Out, Suite};
 
 /// Sequences whose K/V fill their live blocks, and query rows over them.
 struct HoleCase {
@@ -119,32 +119,15 @@ fn run<X: Backend>(be: &X, c: &HoleCase, scored: bool) -> Out {
     be.paged_kv_write(&k, &v, &s, c.slots.len(), &mut cache)?;
     let rows = c.row_seq.len();
     let q = be.upload(&c.q)?;
-    let row_seq = be.upload_indices(&c.row_seq)?;
-    let positions = be.upload_indices(&c.positions)?;
-    let block_tables = be.upload_indices(&c.tables)?;
-    let p = AttentionParams {
-        rows,
-        heads: c.heads,
-        kv_heads: c.layout.kv_heads,
-        head_dim: c.layout.head_dim,
-        block_size: c.layout.block_size,
-        max_blocks_per_seq: c.max_blocks,
-        scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
-        sliding_window: c.window,
-        per_head_tables: false,
-    };
-    let idx = AttentionIndices {
-        row_seq: &row_seq,
-        positions: &positions,
-        block_tables: &block_tables,
-    };
+    let idx = IndexBuffers::upload(be, &c.row_seq, &c.positions, &c.tables)?;
+    let p = attention_params(c.layout, rows, c.heads, c.max_blocks, c.window);
     if scored {
         let mut scores = be.upload(&c.scores)?;
-        be.paged_attention_scores(&q, &cache, idx, p, &mut scores)?;
+        be.paged_attention_scores(&q, &cache, idx.view(), p, &mut scores)?;
         return be.download(&scores, c.scores.len());
     }
     let n = rows * c.heads * c.layout.head_dim;
     let mut out = be.alloc(n)?;
-    be.paged_attention(&q, &cache, idx, p, &mut out)?;
+    be.paged_attention(&q, &cache, idx.view(), p, &mut out)?;
     be.download(&out, n)
 }

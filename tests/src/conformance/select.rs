@@ -6,12 +6,10 @@
 //! sizes: blocks of 5, grouped heads 9/3, sequences with two rows, one row,
 //! no rows and a hole, and several budgets of top, sink and recent blocks.
 
-use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, BlockSelectParams, KvCacheLayout, KvDtype,
-};
+use tandem_core::backend::{AttentionParams, Backend, BlockSelectParams, KvCacheLayout, KvDtype};
 use tandem_core::kv::EVICTED_BLOCK;
 
-use super::{Out, Suite};
+use super::{attention_params, IndexBuffers, Out, Suite};
 
 /// The writes that fill a cache, and the queries that select from it.
 struct SelectCase {
@@ -169,50 +167,28 @@ fn attend_selected<X: Backend>(be: &X, c: &SelectCase, tables: &[u32]) -> Out {
         per_head_tables: true,
         ..params(c)
     };
-    let (q, row_seq) = (be.upload(&c.q)?, be.upload_indices(&c.row_seq)?);
-    let positions = be.upload_indices(&c.positions)?;
-    let block_tables = be.upload_indices(tables)?;
-    let idx = AttentionIndices {
-        row_seq: &row_seq,
-        positions: &positions,
-        block_tables: &block_tables,
-    };
+    let q = be.upload(&c.q)?;
+    let idx = IndexBuffers::upload(be, &c.row_seq, &c.positions, tables)?;
     let n = c.q.len();
     let mut out = be.alloc(n)?;
-    be.paged_attention(&q, &cache, idx, p, &mut out)?;
+    be.paged_attention(&q, &cache, idx.view(), p, &mut out)?;
     be.download(&out, n)
 }
 
 fn params(c: &SelectCase) -> AttentionParams {
-    AttentionParams {
-        rows: c.row_seq.len(),
-        heads: c.heads,
-        kv_heads: c.layout.kv_heads,
-        head_dim: c.layout.head_dim,
-        block_size: c.layout.block_size,
-        max_blocks_per_seq: c.max_blocks,
-        scale: 1.0 / (c.layout.head_dim as f32).sqrt(),
-        sliding_window: None,
-        per_head_tables: false,
-    }
+    attention_params(c.layout, c.row_seq.len(), c.heads, c.max_blocks, None)
 }
 
 /// Writes the cache, then selects with `s`.
 fn run<X: Backend>(be: &X, c: &SelectCase, s: BlockSelectParams) -> Out {
     let cache = filled_cache(be, c)?;
     let p = params(c);
-    let (q, row_seq) = (be.upload(&c.q)?, be.upload_indices(&c.row_seq)?);
-    let positions = be.upload_indices(&c.positions)?;
-    let block_tables = be.upload_indices(&c.tables)?;
-    let idx = AttentionIndices {
-        row_seq: &row_seq,
-        positions: &positions,
-        block_tables: &block_tables,
-    };
+    let q = be.upload(&c.q)?;
+    let idx = IndexBuffers::upload(be, &c.row_seq, &c.positions, &c.tables)?;
     // A table per sequence and KV head.
     let len = c.tables.len() * c.layout.kv_heads;
     let mut out = be.upload_indices(&vec![0; len])?;
-    be.select_kv_blocks(&q, &cache, idx, p, s, &mut out)?;
+    be.select_kv_blocks(&q, &cache, idx.view(), p, s, &mut out)?;
     let tables = be.download_indices(&out, len)?;
     // Block ids as floats (exact below 2^24); holes as -1.
     Ok(tables
