@@ -13,7 +13,7 @@
 use tandem_core::quant::kquant::q3k_scales;
 use tandem_core::quant::{WeightFormat, IQ4NL_VALUES, QK};
 
-use super::MicroKernels;
+use super::tiles::MicroKernels;
 
 /// How the 32 codes of a run are stored.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -7,9 +7,8 @@ use tandem_core::quant::QK;
 
 use super::formats::{run_codes, BlockFormat};
 use super::quantize::{BlockQuants, QuantRow};
-use super::{
-    add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task,
-};
+use super::tiles::{add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels};
+use super::{Operands, Task};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;

@@ -19,9 +19,8 @@ use tandem_core::quant::{IQ4NL_VALUES, QK};
 use super::formats::{run_codes, BlockFormat, Codes};
 use super::portable::Portable;
 use super::quantize::{BlockQuants, QuantRow};
-use super::{
-    add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels, Operands, Task,
-};
+use super::tiles::{add_run_sum, decode_block_heads_scalar, run_tiles, FloatElem, MicroKernels};
+use super::{Operands, Task};
 
 /// Tile shape: rows × tokens.
 const R: usize = 4;

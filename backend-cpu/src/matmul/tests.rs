@@ -4,7 +4,9 @@
 use tandem_core::kernels::{matmul_kernel_name, spec};
 use tandem_core::quant::{quantize_matrix, quantize_row, WeightFormat, WeightView, QK};
 
-use super::quantize::quantize_activations;
+use super::formats::BlockFormat;
+use super::quantize::{quantize_activations, BlockQuants, QuantRow};
+use super::tiles::{decode_block_heads_scalar, MicroKernels};
 use super::*;
 use crate::reference;
 

@@ -36,8 +36,9 @@ use tandem_core::quant::{IQ4NL_VALUES, QK};
 use super::avx512::{block_tile_512, repack_codes};
 use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
+use super::tiles::{run_tiles, FloatElem, FloatKind, MicroKernels};
 use super::x86_heads::decode_block_heads;
-use super::{run_tiles, FloatElem, FloatKind, MicroKernels, Operands, Task};
+use super::{Operands, Task};
 
 pub(super) struct Avx2;
 pub(super) struct Vnni;

@@ -5,8 +5,8 @@
 use std::arch::x86_64::*;
 
 use super::formats::{BlockFormat, Codes, Head};
+use super::tiles::{decode_block_heads_scalar, prefetch_ahead};
 use super::x86::Avx2;
-use super::{decode_block_heads_scalar, prefetch_ahead};
 
 /// Decodes the run heads of a row. Formats with one f16 `d` (and `m`) at
 /// the start of each block of one run go fast: one 8-byte load and one F16C

@@ -1,19 +1,124 @@
-//! Speculation inside a step: drafts proposed before the step is
-//! scheduled (provisional tokens), dropped when their sequence is left out
-//! of it, and verified against the step's logits in `finish_step`.
+//! Speculation: turned on with a proposer and a draft-length controller
+//! started from this device's measured step costs; inside a step, drafts
+//! proposed before the step is scheduled (provisional tokens), dropped when
+//! their sequence is left out of it, and verified against the step's
+//! logits in `finish_step`.
 
 use std::collections::HashSet;
 
 use super::api::{StepError, TokenEvent};
 use super::step::Pick;
-use super::Engine;
+use super::{Engine, Speculation};
 use crate::backend::Backend;
 use crate::kv::SeqId;
 use crate::sched::Schedule;
-use crate::spec::{verify::try_verify, Draft, DraftRequest, Stopwatch, Target};
+use crate::spec::{
+    verify::try_verify, Draft, DraftLength, DraftLengthController, DraftRequest, Proposer,
+    SpeculationStats, Stopwatch, Target,
+};
 use crate::{Error, Result};
 
 impl<B: Backend> Engine<B> {
+    /// Turns on speculative decoding with `proposer` for every sequence
+    /// (greedy or sampled; sequences that ask for logprobs decode plainly).
+    pub fn set_speculation(
+        &mut self,
+        proposer: Box<dyn Proposer<B>>,
+        length: DraftLength,
+    ) -> Result<()> {
+        if matches!(
+            length,
+            DraftLength::Fixed(0) | DraftLength::Adaptive { max: 0 }
+        ) {
+            return Err(Error::InvalidRequest(
+                "the draft length must be at least 1".into(),
+            ));
+        }
+        let mut proposer = proposer;
+        if proposer.reads_target_hidden() && self.model.placement().is_some() {
+            return Err(Error::Unsupported(
+                "an EAGLE head on a split model (it reads the target's hidden states)".into(),
+            ));
+        }
+        if proposer.drafts_with_target() {
+            if self.model.placement().is_some() {
+                return Err(Error::Unsupported(
+                    "sparse speculation on a split model".into(),
+                ));
+            }
+            // Key bounds cover the blocks written from now on: no block
+            // holding K/V may be read again, neither a sequence's nor a
+            // cached prefix.
+            if self.scheduler.sequences().next().is_some() {
+                return Err(Error::InvalidRequest(
+                    "sparse speculation must be set before the engine takes requests".into(),
+                ));
+            }
+            self.kv_manager.clear_prefix_cache();
+            for cache in &mut self.kv {
+                self.backend.track_key_bounds(cache)?;
+            }
+            self.key_bounds = true;
+        }
+        let mut control = DraftLengthController::new(length);
+        if let DraftLength::Adaptive { max } = length {
+            let decode_step = self.measure_step_costs(&mut control, max)?;
+            let draft_cost = match proposer.drafts_with_target() {
+                true => Some(decode_step),
+                false => proposer.measure_cost(&self.backend)?,
+            };
+            if let Some(secs) = draft_cost {
+                control.observe_drafting(1, secs);
+            }
+        }
+        self.speculation = Some(Speculation {
+            proposer,
+            control,
+            stats: SpeculationStats::default(),
+            enabled: true,
+        });
+        Ok(())
+    }
+
+    /// Times forward passes of 1 and `max + 1` rows so the draft-length
+    /// controller starts from this device's costs instead of exploring, and
+    /// returns the one-row pass's seconds.
+    fn measure_step_costs(
+        &mut self,
+        control: &mut DraftLengthController,
+        max: usize,
+    ) -> Result<f64> {
+        let rows = (max + 1).min(self.max_context.saturating_sub(1)).max(1);
+        let tokens = vec![0; rows];
+        let mut one_row = 0.0;
+        for n in [1, rows] {
+            // The first pass warms up; the best of the other two counts.
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let clock = Stopwatch::start();
+                self.score(&tokens[..n], n - 1)?;
+                best = best.min(clock.seconds());
+            }
+            control.observe_step(n, best);
+            if n == 1 {
+                one_row = best;
+            }
+        }
+        Ok(one_row)
+    }
+
+    /// Pauses or resumes speculation set by [`Engine::set_speculation`].
+    pub fn enable_speculation(&mut self, on: bool) {
+        if let Some(spec) = &mut self.speculation {
+            spec.enabled = on;
+        }
+    }
+
+    /// What drafts, e.g. "n-gram"; `None` without speculation.
+    pub fn speculation(&self) -> Option<String> {
+        self.speculation.as_ref().map(|s| s.proposer.describe())
+    }
+
     /// Asks the proposer for drafts for every decoding sequence, as many as
     /// the controller chooses, and appends them as provisional tokens. If
     /// drafting fails, the sequences it drafted for end.

@@ -23,16 +23,18 @@
 //!
 //! `api` holds what goes in and out (configuration, requests, token
 //! events, step errors, statistics); `step` runs one iteration (scheduling,
-//! the forward pass, sampling); `drafts` the speculation inside it
-//! (proposing, dropping and verifying drafts); `eviction` keeps each
-//! sequence within its KV budget (scores, eviction); `failure` ends the
-//! sequences of a failed step; this file holds the engine's state,
-//! admission of requests and scoring.
+//! the forward pass, sampling); `drafts` speculation (turning it on, and
+//! proposing, dropping and verifying drafts inside a step); `eviction`
+//! keeps each sequence within its KV budget (scores, eviction); `failure`
+//! ends the sequences of a failed step; `scoring` evaluates a token
+//! sequence from scratch (perplexity, reference checks); this file holds
+//! the engine's state and the admission and removal of requests.
 
 mod api;
 mod drafts;
 mod eviction;
 mod failure;
+mod scoring;
 mod step;
 
 pub use api::{
@@ -45,7 +47,7 @@ use std::collections::HashMap;
 
 use crate::backend::Backend;
 use crate::kv::{EvictionPlan, EvictionPolicy, KvCacheManager, KvPlan, KvPrecision, SeqId};
-use crate::model::forward::{ForwardBatch, LoadOptions, Model, Progress};
+use crate::model::forward::{LoadOptions, Model, Progress};
 use crate::model::kv_calibration::calibrate_kv;
 use crate::model::recorded::DecodeRecorder;
 use crate::model::ModelFiles;
@@ -53,12 +55,8 @@ use crate::sched::{
     Sampler, SamplingParams, SchedSeq, Scheduler, SchedulerConfig, SeqStatus, SequenceConstraint,
     SubmitError,
 };
-use crate::spec::{
-    Draft, DraftLength, DraftLengthController, Proposer, SequenceAcceptance, SpeculationStats,
-    Stopwatch,
-};
+use crate::spec::{Draft, DraftLengthController, Proposer, SequenceAcceptance, SpeculationStats};
 use crate::{Error, Result};
-use eviction::ScoredRows;
 use step::rounded_width;
 
 /// What the engine keeps per sequence beside its tokens.
@@ -273,106 +271,6 @@ impl<B: Backend> Engine<B> {
     /// a recording (A/B benchmarks); the recordings are kept.
     pub fn enable_recording(&mut self, on: bool) {
         self.recording = on;
-    }
-
-    /// Turns on speculative decoding with `proposer` for every sequence
-    /// (greedy or sampled; sequences that ask for logprobs decode plainly).
-    pub fn set_speculation(
-        &mut self,
-        proposer: Box<dyn Proposer<B>>,
-        length: DraftLength,
-    ) -> Result<()> {
-        if matches!(
-            length,
-            DraftLength::Fixed(0) | DraftLength::Adaptive { max: 0 }
-        ) {
-            return Err(Error::InvalidRequest(
-                "the draft length must be at least 1".into(),
-            ));
-        }
-        let mut proposer = proposer;
-        if proposer.reads_target_hidden() && self.model.placement().is_some() {
-            return Err(Error::Unsupported(
-                "an EAGLE head on a split model (it reads the target's hidden states)".into(),
-            ));
-        }
-        if proposer.drafts_with_target() {
-            if self.model.placement().is_some() {
-                return Err(Error::Unsupported(
-                    "sparse speculation on a split model".into(),
-                ));
-            }
-            // Key bounds cover the blocks written from now on: no block
-            // holding K/V may be read again, neither a sequence's nor a
-            // cached prefix.
-            if self.scheduler.sequences().next().is_some() {
-                return Err(Error::InvalidRequest(
-                    "sparse speculation must be set before the engine takes requests".into(),
-                ));
-            }
-            self.kv_manager.clear_prefix_cache();
-            for cache in &mut self.kv {
-                self.backend.track_key_bounds(cache)?;
-            }
-            self.key_bounds = true;
-        }
-        let mut control = DraftLengthController::new(length);
-        if let DraftLength::Adaptive { max } = length {
-            let decode_step = self.measure_step_costs(&mut control, max)?;
-            let draft_cost = match proposer.drafts_with_target() {
-                true => Some(decode_step),
-                false => proposer.measure_cost(&self.backend)?,
-            };
-            if let Some(secs) = draft_cost {
-                control.observe_drafting(1, secs);
-            }
-        }
-        self.speculation = Some(Speculation {
-            proposer,
-            control,
-            stats: SpeculationStats::default(),
-            enabled: true,
-        });
-        Ok(())
-    }
-
-    /// Times forward passes of 1 and `max + 1` rows so the draft-length
-    /// controller starts from this device's costs instead of exploring, and
-    /// returns the one-row pass's seconds.
-    fn measure_step_costs(
-        &mut self,
-        control: &mut DraftLengthController,
-        max: usize,
-    ) -> Result<f64> {
-        let rows = (max + 1).min(self.max_context.saturating_sub(1)).max(1);
-        let tokens = vec![0; rows];
-        let mut one_row = 0.0;
-        for n in [1, rows] {
-            // The first pass warms up; the best of the other two counts.
-            let mut best = f64::INFINITY;
-            for _ in 0..3 {
-                let clock = Stopwatch::start();
-                self.score(&tokens[..n], n - 1)?;
-                best = best.min(clock.seconds());
-            }
-            control.observe_step(n, best);
-            if n == 1 {
-                one_row = best;
-            }
-        }
-        Ok(one_row)
-    }
-
-    /// Pauses or resumes speculation set by [`Engine::set_speculation`].
-    pub fn enable_speculation(&mut self, on: bool) {
-        if let Some(spec) = &mut self.speculation {
-            spec.enabled = on;
-        }
-    }
-
-    /// What drafts, e.g. "n-gram"; `None` without speculation.
-    pub fn speculation(&self) -> Option<String> {
-        self.speculation.as_ref().map(|s| s.proposer.describe())
     }
 
     pub fn backend(&self) -> &B {
@@ -670,92 +568,5 @@ impl<B: Backend> Engine<B> {
                 .add(child, s.tokens.clone(), priority, generation)
                 .expect("a fresh id and a non-empty prompt");
         }
-    }
-
-    /// Logits of every position from `first_row` on, for `tokens` evaluated
-    /// from scratch (perplexity, reference checks). Uses a temporary sequence
-    /// whose blocks are freed before returning. Returns `[rows, vocab]`.
-    /// Under the engine's KV budget the sequence is cut back after every
-    /// chunk of `max_batch_tokens`, the tokens before `first_row` counting
-    /// as its prompt.
-    pub fn score(&mut self, tokens: &[u32], first_row: usize) -> Result<Vec<f32>> {
-        self.score_sequence(tokens, first_row, None)
-    }
-
-    /// [`Engine::score`] from row 0, with every row's final hidden state
-    /// (`[rows, hidden]`, before the output norm): what an EAGLE head is
-    /// trained on. Returns the logits and the hidden states.
-    pub fn score_hidden(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        let mut hidden = Vec::with_capacity(tokens.len() * self.model.config.hidden_size);
-        let logits = self.score_sequence(tokens, 0, Some(&mut hidden))?;
-        Ok((logits, hidden))
-    }
-
-    fn score_sequence(
-        &mut self,
-        tokens: &[u32],
-        first_row: usize,
-        hidden: Option<&mut Vec<f32>>,
-    ) -> Result<Vec<f32>> {
-        if tokens.is_empty() || first_row >= tokens.len() {
-            return Err(Error::InvalidRequest("nothing to score".into()));
-        }
-        self.check_tokens(tokens)?;
-        self.check_fits(tokens.len() - 1, self.eviction.as_ref())?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.kv_manager.add_sequence(id)?;
-        let result = self.score_chunks(id, tokens, first_row, hidden);
-        self.kv_manager.free(id);
-        result
-    }
-
-    fn score_chunks(
-        &mut self,
-        id: SeqId,
-        tokens: &[u32],
-        first_row: usize,
-        mut hidden: Option<&mut Vec<f32>>,
-    ) -> Result<Vec<f32>> {
-        let vocab = self.model.config.vocab_size;
-        let bs = self.kv_manager.block_size();
-        let mut out = Vec::with_capacity((tokens.len() - first_row) * vocab);
-        // Under a KV budget the unscored context is the prompt: SnapKV
-        // selects once it is computed, as before decoding.
-        let prompt_len = first_row.max(1);
-        for (chunk_idx, chunk) in tokens.chunks(self.config.max_batch_tokens).enumerate() {
-            let start = chunk_idx * self.config.max_batch_tokens;
-            let res = self.kv_manager.reserve(id, chunk.len())?;
-            let table = self.kv_manager.table(id).expect("added by caller");
-            let mut batch = ForwardBatch::new(bs, table.blocks().len());
-            batch.push_sequence(chunk, start, &res.slots, table.blocks());
-            batch.logit_rows = (first_row.max(start)..start + chunk.len())
-                .map(|p| (p - start) as u32)
-                .collect();
-            let scored: Vec<ScoredRows> = (self.eviction.iter())
-                .map(|&plan| ScoredRows {
-                    seq: id,
-                    first_row: 0,
-                    len: chunk.len(),
-                    plan,
-                    prompt_len,
-                })
-                .collect();
-            let (logits, chunk_hidden) = self.forward_scoring(&batch, &scored, hidden.is_some())?;
-            if let Some(plan) = self.eviction {
-                self.evict_computed(id, &plan, start + chunk.len(), prompt_len)?;
-            }
-            if let (Some(out), Some(h)) = (hidden.as_deref_mut(), chunk_hidden) {
-                let dim = self.model.config.hidden_size;
-                out.extend(self.backend.download(&h, chunk.len() * dim)?);
-            }
-            if !batch.logit_rows.is_empty() {
-                out.extend(
-                    self.backend
-                        .download(&logits, batch.logit_rows.len() * vocab)?,
-                );
-            }
-        }
-        Ok(out)
     }
 }

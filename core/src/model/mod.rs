@@ -28,7 +28,6 @@ mod step_buffers;
 pub mod synthetic;
 #[cfg(not(target_arch = "wasm32"))]
 mod synthetic_hf;
-mod synthetic_moe;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

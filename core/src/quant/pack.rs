@@ -4,7 +4,8 @@
 
 use half::f16;
 
-use super::{pack_nibbles, WeightFormat, QK};
+use super::quantize::pack_nibbles;
+use super::{WeightFormat, QK};
 use crate::{Error, Result};
 
 fn invalid<T>(what: &str, reason: String) -> Result<T> {

@@ -1,10 +1,10 @@
 //! The tiny random Mixture-of-Experts models of every MoE family, the
 //! published MoE shapes, and their GGUF metadata.
 
-use super::arch::{self, LayerSpec, MoeSpec, Multipliers, Rope};
-use super::config::RopeScaling;
-use super::gguf::GgufValue;
-use super::ModelConfig;
+use crate::model::arch::{self, LayerSpec, MoeSpec, Multipliers, Rope};
+use crate::model::config::RopeScaling;
+use crate::model::gguf::GgufValue;
+use crate::model::ModelConfig;
 
 /// The configuration of a MoE preset, from `dense` (the family's tiny
 /// dense shape: attention sizes, vocabulary) or `None` for another name.
