@@ -65,7 +65,11 @@ const PROMPT = "The capital of France is";
 // the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
 // A prompt whose greedy continuation runs past a 32-token KV budget.
-const EVICTION_PROMPT = "Once upon a time, in a small village,";
+// Longer than the budget of kvEviction (32 tokens): the cache evicts during
+// the prompt, and the greedy tokens leave the full cache's at the second.
+const EVICTION_PROMPT =
+  "Once upon a time, in a small village by the sea, there lived an old fisherman " +
+  "who had a secret that nobody in the village knew about, and one morning";
 const CHAT_MESSAGE = "What is the capital of France?";
 const FOLLOW_UP = "And what is the capital of Germany? Answer in one sentence.";
 // An INT4 KV cache rounds keys and values to 16 levels, so a tiny difference
@@ -392,7 +396,7 @@ async function int4Cache(page) {
 async function kvEviction(page) {
   const flags = ["--kv-budget", "32", "--kv-evict", "streaming", "--kv-sinks", "4"];
   const prompt = EVICTION_PROMPT;
-  const count = 48;
+  const count = 16;
   const got = await page.evaluate(async ({ url, prompt, count, backend }) => {
     const { default: init, Tandem } = await import(new URL("pkg/tandem_web.js", location.href).href);
     await init();
