@@ -64,7 +64,6 @@ const PROMPT = "The capital of France is";
 // The first 8 greedy ids after the prompt (tests/fixtures/smollm2_reference.json,
 // the NumPy reference that tests/tests/real_models.rs holds the native CPU backend to).
 const EXPECTED = [7042, 30, 198, 198, 504, 2988, 314, 42];
-// A prompt whose greedy continuation runs past a 32-token KV budget.
 // Longer than the budget of kvEviction (32 tokens): the cache evicts during
 // the prompt, and the greedy tokens leave the full cache's at the second.
 const EVICTION_PROMPT =
