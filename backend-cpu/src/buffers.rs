@@ -131,24 +131,34 @@ pub(crate) enum WeightData {
     Blocks(WeightFormat, WeightBytes),
 }
 
-/// A block-format weight's bytes: a copy, or a range of the model file.
+/// Most matrices one weight stacks where they lie in a model file
+/// ([`Weight::from_file_stack`]): a fused Q, K and V projection.
+const MAX_STACKED: usize = 3;
+
+/// A block-format weight's bytes: a copy, or ranges of a model file, one
+/// per matrix it stacks (a single one for a weight of one tensor).
 #[derive(Clone)]
 pub(crate) enum WeightBytes {
     Owned(Vec<u8>),
     InFile {
         file: Arc<Bytes>,
-        range: Range<usize>,
+        ranges: Vec<Range<usize>>,
     },
 }
 
-impl std::ops::Deref for WeightBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
+impl WeightBytes {
+    /// The rows as the kernels read them.
+    pub(crate) fn rows(&self) -> RowBytes<'_> {
+        let mut parts: [&[u8]; MAX_STACKED] = [&[]; MAX_STACKED];
         match self {
-            WeightBytes::Owned(bytes) => bytes,
-            WeightBytes::InFile { file, range } => &file[range.clone()],
+            WeightBytes::Owned(bytes) => parts[0] = bytes,
+            WeightBytes::InFile { file, ranges } => {
+                for (part, range) in parts.iter_mut().zip(ranges) {
+                    *part = &file[range.clone()];
+                }
+            }
         }
+        RowBytes { parts }
     }
 }
 
@@ -156,8 +166,35 @@ impl std::fmt::Debug for WeightBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WeightBytes::Owned(bytes) => write!(f, "Owned({} bytes)", bytes.len()),
-            WeightBytes::InFile { range, .. } => write!(f, "InFile({range:?})"),
+            WeightBytes::InFile { ranges, .. } => write!(f, "InFile({ranges:?})"),
         }
+    }
+}
+
+/// A block-format matrix's rows: one run of bytes, or the runs of the
+/// matrices a stacked weight is made of, each a whole number of rows (the
+/// unused runs empty).
+#[derive(Clone, Copy)]
+pub(crate) struct RowBytes<'a> {
+    parts: [&'a [u8]; MAX_STACKED],
+}
+
+impl<'a> RowBytes<'a> {
+    /// Row `r`, of `row_bytes` bytes.
+    ///
+    /// # Panics
+    /// If the matrix has no row `r`.
+    #[inline]
+    pub(crate) fn row(&self, r: usize, row_bytes: usize) -> &'a [u8] {
+        let mut start = r * row_bytes;
+        for part in self.parts {
+            if start < part.len() {
+                return &part[start..][..row_bytes];
+            }
+            start -= part.len();
+        }
+        assert!(row_bytes == 0, "row {r} is past the matrix");
+        &[]
     }
 }
 
@@ -196,7 +233,7 @@ impl Weight {
         check_view(&view)?;
         let bytes = WeightBytes::InFile {
             file: Arc::clone(file),
-            range,
+            ranges: vec![range],
         };
         let weight = Weight {
             rows: view.rows,
@@ -204,6 +241,38 @@ impl Weight {
             data: WeightData::Blocks(view.format, bytes),
         };
         Ok((weight, WeightStorage::InFile))
+    }
+
+    /// Quantized matrices of one format and width that lie in `file`,
+    /// stacked row after row as one weight read where each lies; `None`
+    /// where they do not qualify (the loader then concatenates a copy).
+    pub fn from_file_stack(parts: &[WeightView<'_>], file: &Arc<Bytes>) -> Result<Option<Self>> {
+        let Some(first) = parts.first() else {
+            return Ok(None);
+        };
+        if parts.len() > MAX_STACKED
+            || !first.format.is_quantized()
+            || parts
+                .iter()
+                .any(|v| v.format != first.format || v.cols != first.cols)
+        {
+            return Ok(None);
+        }
+        let Some(ranges) = parts.iter().map(|v| file.range_of(v.data)).collect() else {
+            return Ok(None);
+        };
+        parts.iter().try_for_each(check_view)?;
+        Ok(Some(Weight {
+            rows: parts.iter().map(|v| v.rows).sum(),
+            cols: first.cols,
+            data: WeightData::Blocks(
+                first.format,
+                WeightBytes::InFile {
+                    file: Arc::clone(file),
+                    ranges,
+                },
+            ),
+        }))
     }
 
     pub fn format(&self) -> WeightFormat {
@@ -245,8 +314,9 @@ impl Weight {
             WeightData::Blocks(format, bytes) => {
                 let format = *format;
                 let row_bytes = format.row_bytes(self.cols).unwrap_or(0);
+                let rows = bytes.rows();
                 for (r, dst) in range.zip(out.chunks_exact_mut(self.cols.max(1))) {
-                    dequantize_row(format, &bytes[r * row_bytes..(r + 1) * row_bytes], dst);
+                    dequantize_row(format, rows.row(r, row_bytes), dst);
                 }
             }
         }

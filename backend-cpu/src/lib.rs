@@ -158,6 +158,14 @@ impl Backend for CpuBackend {
         Weight::from_file(w, file)
     }
 
+    fn upload_file_stack(
+        &self,
+        parts: &[WeightView<'_>],
+        file: &Arc<Bytes>,
+    ) -> Result<Option<Weight>> {
+        Weight::from_file_stack(parts, file)
+    }
+
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<KvCache> {
         KvCache::new(layout)
     }

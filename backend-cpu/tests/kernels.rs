@@ -4,16 +4,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::{assert_close, is_block_format, RandomWeight, Rng};
 use tandem_core::backend::{
     AttentionIndices, AttentionParams, KvCacheLayout, KvDtype, MatmulParams, RmsNormParams,
-    RopeParams, RopeStyle, WeightStorage,
+    RopeParams, RopeStyle,
 };
 use tandem_core::kernels::matmul_kernel_name;
-use tandem_core::model::Bytes;
-use tandem_core::quant::{WeightFormat, WeightView};
+use tandem_core::quant::WeightFormat;
 use tandem_core::{Backend, Error};
 use tandem_cpu::{reference, CpuBackend};
 
@@ -308,64 +305,6 @@ fn matmul_results_do_not_depend_on_the_thread_count() {
             assert_eq!(results[0], results[1], "{format} rows {rows}");
             assert_eq!(results[0], results[2], "{format} rows {rows}");
         }
-    }
-}
-
-/// Weights that lie in a model file are read there (block formats) or
-/// copied (float formats), and multiply the same either way; a view that
-/// is not in the file, or whose bytes do not match its shape, is refused
-/// or copied, never read out of bounds.
-#[test]
-fn weights_read_in_the_model_file_multiply_as_copies_do() {
-    let mut rng = Rng::new(11);
-    let backend = CpuBackend::new(2);
-    for format in WeightFormat::ALL {
-        let cols = 2 * format.block_elems().max(32);
-        let w = RandomWeight::new(&mut rng, format, 19, cols, 0.1);
-        // The weight at an odd offset of a bigger file, as in a GGUF.
-        let mut file_bytes = vec![7u8; 13];
-        file_bytes.extend_from_slice(&w.bytes);
-        file_bytes.extend_from_slice(&[9u8; 5]);
-        let file = Arc::new(Bytes::Owned(file_bytes));
-        let in_file = WeightView {
-            data: &file[13..13 + w.bytes.len()],
-            ..w.view()
-        };
-        let (mapped, storage) = backend.upload_file_weight(in_file, &file).unwrap();
-        let float = matches!(
-            format,
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16
-        );
-        let want_storage = if float {
-            WeightStorage::Copied
-        } else {
-            WeightStorage::InFile
-        };
-        assert_eq!(storage, want_storage, "{format}");
-        let copied = backend.upload_weight(w.view()).unwrap();
-        for rows in [1, 5] {
-            let x = backend.upload(&rng.vec(rows * cols, 1.0)).unwrap();
-            let product = |wt: &tandem_cpu::Weight| {
-                let mut out = backend.alloc(rows * 19).unwrap();
-                backend
-                    .matmul(&x, wt, None, MatmulParams { rows }, &mut out)
-                    .unwrap();
-                out.into_vec()
-            };
-            assert_eq!(product(&mapped), product(&copied), "{format} rows {rows}");
-        }
-        // Not in this file: copied.
-        let (_, storage) = backend.upload_file_weight(w.view(), &file).unwrap();
-        assert_eq!(storage, WeightStorage::Copied, "{format}");
-        // A shape the bytes do not fill: refused.
-        let short = WeightView {
-            rows: 20,
-            ..in_file
-        };
-        assert!(
-            backend.upload_file_weight(short, &file).is_err(),
-            "{format}"
-        );
     }
 }
 

@@ -61,7 +61,7 @@ use tandem_core::kernels::matmul_kernel_name;
 use tandem_core::quant::WeightFormat;
 use tandem_core::Result;
 
-use crate::buffers::{Weight, WeightData};
+use crate::buffers::{RowBytes, Weight, WeightData};
 use crate::check;
 use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
@@ -153,7 +153,7 @@ pub(crate) fn matmuls(
             WeightData::F16(w) => Operands::F16 { w, x },
             WeightData::BF16(w) => Operands::BF16 { w, x },
             WeightData::Blocks(WeightFormat::W8A8, w) => Operands::W8A8 {
-                w,
+                w: w.rows(),
                 x: quantized_i8
                     .get_or_init(|| quantize_activations_i8(workers, isa, x, rows, cols)),
             },
@@ -163,7 +163,7 @@ pub(crate) fn matmuls(
                 })?;
                 Operands::Blocks {
                     kind,
-                    w,
+                    w: w.rows(),
                     x: quantize(kind.needs_half_sums()),
                 }
             }
@@ -197,11 +197,11 @@ enum Operands<'a> {
     /// Every integer block format ([`formats`]).
     Blocks {
         kind: BlockKind,
-        w: &'a [u8],
+        w: RowBytes<'a>,
         x: &'a QuantizedActivations,
     },
     W8A8 {
-        w: &'a [u8],
+        w: RowBytes<'a>,
         x: &'a I8Activations,
     },
 }

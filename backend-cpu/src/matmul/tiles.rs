@@ -9,6 +9,7 @@ use tandem_core::quant::QK;
 use super::formats::{self, with_block_format, BlockFormat};
 use super::quantize::{BlockQuants, I8Activations, QuantRow, QuantizedActivations};
 use super::{Operands, Task, PREFETCH_AHEAD, REPACK_MIN_TOKENS};
+use crate::buffers::RowBytes;
 
 /// Element type of a float weight matrix.
 pub(super) trait FloatElem: Copy + Sync {
@@ -205,7 +206,7 @@ pub(super) unsafe fn run_tiles<
 /// The CPU supports `K`'s instruction set.
 #[inline(always)]
 unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: usize>(
-    w: &[u8],
+    w: RowBytes<'_>,
     x: &QuantizedActivations,
     cols: usize,
     mut task: Task<'_>,
@@ -224,7 +225,7 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
     while r < task.rows.end {
         let height = if task.rows.end - r >= R { R } else { 1 };
         for i in 0..height {
-            let row = &w[(r + i) * row_bytes..][..row_bytes];
+            let row = w.row(r + i, row_bytes);
             K::decode_block_heads::<F>(row, &mut heads[i * row_heads..][..row_heads]);
             if row_codes > 0 {
                 K::repack_codes::<F>(row, blocks, &mut codes[i * row_codes..][..row_codes]);
@@ -250,7 +251,7 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
 
 /// The weight rows of one row tile and their decoded block heads.
 struct QuantRowTile<'a> {
-    w: &'a [u8],
+    w: RowBytes<'a>,
     row_bytes: usize,
     blocks: usize,
     first: usize,
@@ -270,8 +271,7 @@ unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const 
     task: &mut Task<'_>,
 ) {
     let row_heads = F::HEAD_FLOATS * rows.blocks;
-    let w: [&[u8]; R] =
-        std::array::from_fn(|i| &rows.w[(rows.first + i) * rows.row_bytes..][..rows.row_bytes]);
+    let w: [&[u8]; R] = std::array::from_fn(|i| rows.w.row(rows.first + i, rows.row_bytes));
     let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * row_heads..][..row_heads]);
     let w_codes: [&[BlockQuants]; R] =
         std::array::from_fn(|i| &rows.codes[i * rows.row_codes..][..rows.row_codes]);
@@ -346,7 +346,7 @@ unsafe fn float_row_tile<K: MicroKernels, E: FloatElem, const R: usize, const T:
 /// The CPU supports `K`'s instruction set.
 #[inline(always)]
 unsafe fn w8a8_task<K: MicroKernels, const R: usize, const T: usize>(
-    w: &[u8],
+    w: RowBytes<'_>,
     x: &I8Activations,
     cols: usize,
     mut task: Task<'_>,
@@ -368,13 +368,13 @@ unsafe fn w8a8_task<K: MicroKernels, const R: usize, const T: usize>(
 /// The CPU supports `K`'s instruction set.
 #[inline(always)]
 unsafe fn w8a8_row_tile<K: MicroKernels, const R: usize, const T: usize>(
-    w: &[u8],
+    w: RowBytes<'_>,
     x: &I8Activations,
     row_bytes: usize,
     first: usize,
     task: &mut Task<'_>,
 ) {
-    let rows: [&[u8]; R] = std::array::from_fn(|i| &w[(first + i) * row_bytes..][..row_bytes]);
+    let rows: [&[u8]; R] = std::array::from_fn(|i| w.row(first + i, row_bytes));
     let scales: [f32; R] = std::array::from_fn(|i| {
         let head = &rows[i][..formats::Int8Rows::ROW_HEAD];
         f32::from_le_bytes([head[0], head[1], head[2], head[3]])

@@ -114,6 +114,21 @@ pub trait Backend: 'static {
         let _ = file;
         Ok((self.upload_weight(w)?, WeightStorage::Copied))
     }
+    /// The matrices `parts` (one format, one width) stacked row after row
+    /// as one weight, read where each lies in `file`, if the backend can
+    /// (a fused projection such as Q, K and V). `None` (the default) leaves
+    /// it to the loader, which concatenates them into a copy: on a backend
+    /// that reads host memory the copy would be a second resident image of
+    /// those weights beside the file's pages, which the kernel maps again
+    /// around every page it faults in.
+    fn upload_file_stack(
+        &self,
+        parts: &[WeightView<'_>],
+        file: &Arc<Bytes>,
+    ) -> Result<Option<Self::Weight>> {
+        let _ = (parts, file);
+        Ok(None)
+    }
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<Self::KvCache>;
     /// Copies whole KV blocks `src -> dst` (copy-on-write of shared blocks).
     fn copy_kv_blocks(&self, cache: &mut Self::KvCache, pairs: &[(u32, u32)]) -> Result<()>;

@@ -137,6 +137,24 @@ impl<B: Backend> Model<B> {
             }
             Ok(weight)
         };
+        // Matrices stacked where they lie in one model file, if the backend
+        // reads them there (`Backend::upload_file_stack`).
+        let put_stack = |views: &[WeightView<'_>]| -> Result<Option<B::Weight>> {
+            let Some(file) = views.first().and_then(|v| files.tensors.file_of(v.data)) else {
+                return Ok(None);
+            };
+            if views.iter().any(|v| file.range_of(v.data).is_none()) {
+                return Ok(None);
+            }
+            let weight = backend.upload_file_stack(views, file)?;
+            if weight.is_some() {
+                let bytes: usize = views.iter().map(|v| v.data.len()).sum();
+                done.set(done.get() + bytes);
+                weight_bytes.set(weight_bytes.get() + bytes);
+                (progress.borrow_mut())(done.get(), total);
+            }
+            Ok(weight)
+        };
         // A tensor, or this rank's slice of it.
         let view = |name: &str| -> Result<ShardView<'_>> {
             let whole = files
@@ -157,14 +175,25 @@ impl<B: Backend> Model<B> {
             let shards = names.iter().map(|n| view(n)).collect::<Result<Vec<_>>>()?;
             let views: Vec<WeightView<'_>> = shards.iter().map(ShardView::view).collect();
             let bias_names = || names.iter().map(|n| n.replace(".weight", ".bias"));
-            if let (true, Some(data)) = (fused, concat_rows(&views)) {
-                let concatenated = WeightView {
-                    rows: views.iter().map(|v| v.rows).sum(),
-                    data: &data,
-                    ..views[0]
-                };
-                let w = put(concatenated, false, &names.join(" + "))?;
-                views.iter().for_each(|v| files.tensors.release(v.data));
+            let stacked = match fused {
+                true => match put_stack(&views)? {
+                    Some(w) => Some(w),
+                    None => concat_rows(&views)
+                        .map(|data| {
+                            let concatenated = WeightView {
+                                rows: views.iter().map(|v| v.rows).sum(),
+                                data: &data,
+                                ..views[0]
+                            };
+                            let w = put(concatenated, false, &names.join(" + "))?;
+                            views.iter().for_each(|v| files.tensors.release(v.data));
+                            Ok::<_, Error>(w)
+                        })
+                        .transpose()?,
+                },
+                false => None,
+            };
+            if let Some(w) = stacked {
                 let bias = match biases {
                     true => {
                         let parts = bias_names().map(|n| view(&n)).collect::<Result<Vec<_>>>()?;
