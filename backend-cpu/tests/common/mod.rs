@@ -5,6 +5,7 @@
 
 use tandem_core::kernels::spec;
 use tandem_core::quant::{quantize_matrix, WeightFormat, WeightView};
+use tandem_cpu::CpuBackend;
 
 /// SplitMix64: small, seeded, good enough for test data.
 pub struct Rng(u64);
@@ -84,4 +85,10 @@ pub fn assert_close(kernel: &str, got: &[f32], want: &[f32]) {
 /// Formats whose rows are whole 32-element blocks.
 pub fn is_block_format(format: WeightFormat) -> bool {
     format.block_elems() > 1
+}
+
+/// One thread, and more threads than this machine may have, so both the
+/// serial and the split paths run.
+pub fn backends() -> Vec<CpuBackend> {
+    vec![CpuBackend::new(1), CpuBackend::new(3)]
 }
