@@ -151,9 +151,11 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" "$kv" "${llama_kv[*]}" "$depth" "$batches" "$isa" <<'PY'
+# Ratios differ between machines of one kind: the table names its CPU.
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)
+python3 - "$results" "$threads" "$prompt" "$gen" "$rounds" "$commit" "$LLAMA_CPP_PYTHON" "$kv" "${llama_kv[*]}" "$depth" "$batches" "$isa" "${cpu:-unknown CPU}" <<'PY'
 import collections, json, os, statistics, sys
-path, threads, prompt, gen, rounds, commit, version, kv, llama_kv, depth, batches, isa = sys.argv[1:]
+path, threads, prompt, gen, rounds, commit, version, kv, llama_kv, depth, batches, isa, cpu = sys.argv[1:]
 runs = collections.defaultdict(list)
 for line in open(path):
     r = json.loads(line)
@@ -161,7 +163,7 @@ for line in open(path):
 models = sorted({m for m, _, _ in runs}, key=lambda m: [k[0] for k in runs].index(m))
 shape = (f"{prompt}-token prompts, {gen} tokens generated per sequence" if batches
          else f"pp{prompt} / tg{gen}" + (f" at depth {depth}" if depth != "0" else ""))
-print(f"{threads} threads, {shape}, median of {rounds} interleaved rounds; "
+print(f"{cpu}, {threads} threads, {shape}, median of {rounds} interleaved rounds; "
       f"llama.cpp {commit} (llama-cpp-python {version}), CPU backend; "
       + ("instruction sets: AVX2 + FMA + F16C in both; " if isa == "avx2" else "")
       + f"KV cache: Tandem {kv}, llama.cpp {llama_kv}")
