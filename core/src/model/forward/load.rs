@@ -126,10 +126,14 @@ impl<B: Backend> Model<B> {
         let done = Cell::new(0usize);
         let weight_bytes = Cell::new(0usize);
         let progress = RefCell::new(progress);
-        let put = |view: WeightView<'_>, is_vector: bool, name: &str| -> Result<B::Weight> {
-            done.set(done.get() + view.data.len());
-            weight_bytes.set(weight_bytes.get() + view.data.len());
+        // Counts `bytes` of weights as loaded.
+        let loaded = |bytes: usize| {
+            done.set(done.get() + bytes);
+            weight_bytes.set(weight_bytes.get() + bytes);
             (progress.borrow_mut())(done.get(), total);
+        };
+        let put = |view: WeightView<'_>, is_vector: bool, name: &str| -> Result<B::Weight> {
+            loaded(view.data.len());
             let file = files.tensors.file_of(view.data);
             let (weight, storage) = upload(backend, view, is_vector, name, file)?;
             if storage == WeightStorage::Copied {
@@ -137,21 +141,16 @@ impl<B: Backend> Model<B> {
             }
             Ok(weight)
         };
-        // Matrices stacked where they lie in one model file, if the backend
-        // reads them there (`Backend::upload_file_stack`).
+        // Matrices stacked where they lie in the first one's model file, if
+        // the backend reads them there (`Backend::upload_file_stack`, which
+        // refuses parts that lie elsewhere).
         let put_stack = |views: &[WeightView<'_>]| -> Result<Option<B::Weight>> {
             let Some(file) = views.first().and_then(|v| files.tensors.file_of(v.data)) else {
                 return Ok(None);
             };
-            if views.iter().any(|v| file.range_of(v.data).is_none()) {
-                return Ok(None);
-            }
             let weight = backend.upload_file_stack(views, file)?;
             if weight.is_some() {
-                let bytes: usize = views.iter().map(|v| v.data.len()).sum();
-                done.set(done.get() + bytes);
-                weight_bytes.set(weight_bytes.get() + bytes);
-                (progress.borrow_mut())(done.get(), total);
+                loaded(views.iter().map(|v| v.data.len()).sum());
             }
             Ok(weight)
         };
@@ -175,23 +174,21 @@ impl<B: Backend> Model<B> {
             let shards = names.iter().map(|n| view(n)).collect::<Result<Vec<_>>>()?;
             let views: Vec<WeightView<'_>> = shards.iter().map(ShardView::view).collect();
             let bias_names = || names.iter().map(|n| n.replace(".weight", ".bias"));
-            let stacked = match fused {
-                true => match put_stack(&views)? {
-                    Some(w) => Some(w),
-                    None => concat_rows(&views)
-                        .map(|data| {
-                            let concatenated = WeightView {
-                                rows: views.iter().map(|v| v.rows).sum(),
-                                data: &data,
-                                ..views[0]
-                            };
-                            let w = put(concatenated, false, &names.join(" + "))?;
-                            views.iter().for_each(|v| files.tensors.release(v.data));
-                            Ok::<_, Error>(w)
-                        })
-                        .transpose()?,
-                },
-                false => None,
+            let stacked = if !fused {
+                None
+            } else if let Some(w) = put_stack(&views)? {
+                Some(w)
+            } else if let Some(data) = concat_rows(&views) {
+                let concatenated = WeightView {
+                    rows: views.iter().map(|v| v.rows).sum(),
+                    data: &data,
+                    ..views[0]
+                };
+                let w = put(concatenated, false, &names.join(" + "))?;
+                views.iter().for_each(|v| files.tensors.release(v.data));
+                Some(w)
+            } else {
+                None
             };
             if let Some(w) = stacked {
                 let bias = match biases {
