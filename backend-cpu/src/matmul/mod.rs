@@ -29,7 +29,7 @@
 //! 3. Inside a task, a micro-kernel computes tiles of `R` weight rows × `T`
 //!    tokens: each weight block is decoded once per `T` tokens and each
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
-//!    instruction set ([`tiles::MicroKernels`]): AVX2 and AVX-512 (runs in pairs,
+//!    instruction set ([`tiles::MicroKernels`]): AVX2 and AVX-512 (runs in quads,
 //!    `avx512` says how; on both, with two tokens or more a row tile's codes
 //!    are unpacked once into scratch for all of them), wasm SIMD128 (the
 //!    integer block formats; `simd128`), and portable Rust. Within one

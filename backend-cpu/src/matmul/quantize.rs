@@ -14,10 +14,10 @@
 //! is one elementwise product of two arrays. Formats with an offset per
 //! 16-element half of a run (Q2_K) also take `[scale, sum]` per half.
 //!
-//! The AVX-512 kernel reads the quants of each pair of blocks permuted into
-//! its pair layout (`avx512` defines it), a row being padded with a zero
-//! block when its block count is odd; the statistics stay per block in
-//! row order.
+//! The AVX-512 kernel reads the quants of each group of four blocks
+//! permuted into its quad layout (`avx512` defines it), a row being padded
+//! with zero blocks to a multiple of four; the statistics stay per block
+//! in row order.
 
 use tandem_core::quant::{quantize_activation_row_i8, QK};
 
@@ -35,8 +35,8 @@ const QUANT_MAX: f32 = 32767.0;
 /// The activation matrix `[rows, blocks_per_row * 32]` in 16-bit blocks.
 pub(super) struct QuantizedActivations {
     blocks_per_row: usize,
-    /// Blocks stored per row: `blocks_per_row`, rounded up to even in the
-    /// pair layout.
+    /// Blocks stored per row: `blocks_per_row`, rounded up to a multiple of
+    /// four in the quad layout.
     stride: usize,
     /// `[rows, stride]`.
     quants: Vec<BlockQuants>,
@@ -50,9 +50,9 @@ pub(super) struct QuantizedActivations {
 /// One quantized activation row.
 #[derive(Clone, Copy)]
 pub(super) struct QuantRow<'a> {
-    /// The row's blocks (the padding block of the pair layout excluded).
+    /// The row's blocks (the padding blocks of the quad layout excluded).
     blocks: usize,
-    /// One entry per block, in the pair layout for the AVX-512 kernel.
+    /// One entry per block, in the quad layout for the AVX-512 kernel.
     pub(super) quants: &'a [BlockQuants],
     /// `[scale, sum]` per block, where `sum` is `scale * sum(quants)`:
     /// multiplied by a 4-bit weight block's offset (`m`, or `-8 * d` for
@@ -97,12 +97,15 @@ pub(super) fn quantize_activations(
     half_sums: bool,
 ) -> QuantizedActivations {
     let nb = cols / QK;
-    // The AVX-512 kernel's pair layout.
+    // The AVX-512 kernel's quad layout, whose groups of blocks pad each row.
     #[cfg(target_arch = "x86_64")]
-    let pairs = isa.kind() == IsaKind::Avx512Vnni;
+    let group = match isa.kind() {
+        IsaKind::Avx512Vnni => super::avx512::QUAD,
+        _ => 1,
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let pairs = false;
-    let stride = if pairs { nb.next_multiple_of(2) } else { nb };
+    let group = 1;
+    let stride = nb.next_multiple_of(group);
     let mut quants = vec![BlockQuants([0; QK]); rows * stride];
     let mut stats = vec![0f32; 2 * rows * stride];
     let rows_per_chunk = MIN_CHUNK_VALUES.div_ceil(cols.max(1));
@@ -145,10 +148,10 @@ pub(super) fn quantize_activations(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if pairs {
+    if group > 1 {
         workers.for_each_chunk(&mut quants, rows_per_chunk * stride, |_, quants| {
-            // SAFETY: the pair layout is only asked for with AVX-512.
-            unsafe { super::avx512::to_pair_layout(quants) }
+            // SAFETY: the quad layout is only asked for with AVX-512.
+            unsafe { super::avx512::to_quad_layout(quants) }
         });
     }
     QuantizedActivations {

@@ -99,15 +99,15 @@ fn every_instruction_set_matches_the_reference() {
 fn element(isa: Isa, row: &QuantRow<'_>, b: usize, i: usize) -> i16 {
     match isa.kind() {
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx512Vnni => avx512::pair_element(row.quants, b, i),
+        IsaKind::Avx512Vnni => avx512::quad_element_at(row.quants, b, i),
         _ => row.quants[b].0[i],
     }
 }
 
-/// The pair layout holds every element once, where `pair_element` says.
+/// The quad layout holds every element once, where `quad_element_at` says.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn the_pair_layout_is_a_permutation() {
+fn the_quad_layout_is_a_permutation() {
     if !Isa::available()
         .iter()
         .any(|isa| isa.kind() == IsaKind::Avx512Vnni)
@@ -118,11 +118,11 @@ fn the_pair_layout_is_a_permutation() {
         .map(|b| BlockQuants(std::array::from_fn(|i| (b * QK + i) as i16)))
         .collect();
     // SAFETY: checked above that the CPU has AVX-512.
-    unsafe { avx512::to_pair_layout(&mut blocks) };
+    unsafe { avx512::to_quad_layout(&mut blocks) };
     let mut seen = [false; 4 * QK];
     for b in 0..4 {
         for i in 0..QK {
-            let v = avx512::pair_element(&blocks, b, i);
+            let v = avx512::quad_element_at(&blocks, b, i);
             assert_eq!(v as usize, b * QK + i);
             seen[v as usize] = true;
         }

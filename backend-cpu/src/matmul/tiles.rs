@@ -77,8 +77,12 @@ pub(super) trait MicroKernels {
     /// results.
     const REPACKS_CODES: bool = false;
 
+    /// Runs per group of the layout [`MicroKernels::repack_codes`] writes:
+    /// the repacked codes of a row take its runs rounded up to a multiple.
+    const RUN_GROUP: usize = 1;
+
     /// The codes of a weight row of `runs` runs in the layout `block_tile`
-    /// reads them in, into `codes` (two blocks per pair of runs).
+    /// reads them in, into `codes` (one block per run).
     unsafe fn repack_codes<F: BlockFormat>(_row: &[u8], _runs: usize, _codes: &mut [BlockQuants]) {}
 
     /// Weight runs of format `F` times quantized activations:
@@ -216,7 +220,7 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
     let row_heads = F::HEAD_FLOATS * blocks;
     let mut heads = vec![0f32; R * row_heads];
     let row_codes = if K::REPACKS_CODES && task.tokens.len() >= REPACK_MIN_TOKENS {
-        2 * blocks.div_ceil(2)
+        blocks.next_multiple_of(K::RUN_GROUP)
     } else {
         0
     };

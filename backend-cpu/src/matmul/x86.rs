@@ -14,9 +14,9 @@
 //!   i16, multiplied with the activation block's two halves by two
 //!   `vpmaddwd` and added into eight i32 lanes. With two tokens or more a
 //!   row tile's codes are widened once into scratch for all of them.
-//! - AVX-512 has its own block kernel (`avx512`): runs taken two at a
-//!   time in a pair layout that sums four products per i32 lane, one
-//!   conversion and one multiply-add per 64 elements. The AVX2 kernel's
+//! - AVX-512 has its own block kernel (`avx512`): runs taken four at a
+//!   time in a quad layout that sums eight products per i32 lane, one
+//!   conversion and one multiply-add per 128 elements. The AVX2 kernel's
 //!   lanes are folded to eight before the offset term. AVX-512 VNNI itself
 //!   serves W8A8 (`vpdpbusd`, on 256-bit vectors).
 //!
@@ -33,7 +33,7 @@ use std::arch::x86_64::*;
 
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
-use super::avx512::{block_tile_512, repack_codes};
+use super::avx512::{block_tile_512, repack_codes, QUAD};
 use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
 use super::tiles::{run_tiles, FloatElem, FloatKind, MicroKernels};
@@ -59,8 +59,10 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
 /// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI and VBMI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
-    // AVX-512 gives 32 vector registers: 4×4 accumulators fit.
-    run_tiles::<Vnni, 4, 4, 4, 4, 4, 4>(operands, cols, task)
+    // AVX-512 gives 32 vector registers: 4×4 accumulators fit, but a block
+    // tile also holds four vectors of activations per token and four of
+    // codes, so its tiles are 4 × 3.
+    run_tiles::<Vnni, 4, 4, 4, 3, 4, 4>(operands, cols, task)
 }
 
 /// How a kernel multiplies 32 signed bytes of weights with 32 signed bytes
@@ -155,6 +157,7 @@ delegate_micro_kernels!(
     Vnni,
     block_tile_512,
     const REPACKS_CODES: bool = true;,
+    const RUN_GROUP: usize = QUAD;,
     #[inline(always)]
     unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
         repack_codes::<F>(row, runs, codes)
