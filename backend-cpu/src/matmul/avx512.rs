@@ -426,8 +426,8 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
             let mut x_quad = [[_mm512_setzero_si512(); QUAD]; T];
             for t in 0..T {
                 let quants: *const __m512i = x[t].quants.as_ptr().add(first).cast();
-                for v in 0..QUAD {
-                    x_quad[t][v] = _mm512_load_si512(quants.add(v).cast());
+                for (v, vector) in x_quad[t].iter_mut().enumerate() {
+                    *vector = _mm512_load_si512(quants.add(v).cast());
                 }
             }
             for r in 0..R {
