@@ -14,10 +14,10 @@
 //! is one elementwise product of two arrays. Formats with an offset per
 //! 16-element half of a run (Q2_K) also take `[scale, sum]` per half.
 //!
-//! The AVX-512 kernel reads the quants of each group of four blocks
-//! permuted into its quad layout (`avx512` defines it), a row being padded
-//! with zero blocks to a multiple of four; the statistics stay per block
-//! in row order.
+//! The AVX-512 kernel reads the quants of each group of four (or, at the
+//! end of a row, two) blocks permuted into its group layout (`avx512`
+//! defines it), a row being padded with a zero block where a group lacks
+//! one; the statistics stay per block in row order.
 
 use tandem_core::quant::{quantize_activation_row_i8, QK};
 
@@ -35,8 +35,8 @@ const QUANT_MAX: f32 = 32767.0;
 /// The activation matrix `[rows, blocks_per_row * 32]` in 16-bit blocks.
 pub(super) struct QuantizedActivations {
     blocks_per_row: usize,
-    /// Blocks stored per row: `blocks_per_row`, rounded up to a multiple of
-    /// four in the quad layout.
+    /// Blocks stored per row: `blocks_per_row`, with the padding of the
+    /// group layout.
     stride: usize,
     /// `[rows, stride]`.
     quants: Vec<BlockQuants>,
@@ -50,9 +50,9 @@ pub(super) struct QuantizedActivations {
 /// One quantized activation row.
 #[derive(Clone, Copy)]
 pub(super) struct QuantRow<'a> {
-    /// The row's blocks (the padding blocks of the quad layout excluded).
+    /// The row's blocks (the padding blocks of the group layout excluded).
     blocks: usize,
-    /// One entry per block, in the quad layout for the AVX-512 kernel.
+    /// One entry per block, in the group layout for the AVX-512 kernel.
     pub(super) quants: &'a [BlockQuants],
     /// `[scale, sum]` per block, where `sum` is `scale * sum(quants)`:
     /// multiplied by a 4-bit weight block's offset (`m`, or `-8 * d` for
@@ -97,15 +97,19 @@ pub(super) fn quantize_activations(
     half_sums: bool,
 ) -> QuantizedActivations {
     let nb = cols / QK;
-    // The AVX-512 kernel's quad layout, whose groups of blocks pad each row.
+    // The AVX-512 kernel's group layout, whose groups of blocks pad each row.
     #[cfg(target_arch = "x86_64")]
-    let group = match isa.kind() {
-        IsaKind::Avx512Vnni => super::avx512::QUAD,
-        _ => 1,
+    let grouped = isa.kind() == IsaKind::Avx512Vnni;
+    #[cfg(not(target_arch = "x86_64"))]
+    let grouped = false;
+    #[cfg(target_arch = "x86_64")]
+    let stride = if grouped {
+        super::avx512::stored_runs(nb)
+    } else {
+        nb
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let group = 1;
-    let stride = nb.next_multiple_of(group);
+    let stride = nb;
     let mut quants = vec![BlockQuants([0; QK]); rows * stride];
     let mut stats = vec![0f32; 2 * rows * stride];
     let rows_per_chunk = MIN_CHUNK_VALUES.div_ceil(cols.max(1));
@@ -148,10 +152,10 @@ pub(super) fn quantize_activations(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if group > 1 {
+    if grouped {
         workers.for_each_chunk(&mut quants, rows_per_chunk * stride, |_, quants| {
-            // SAFETY: the quad layout is only asked for with AVX-512.
-            unsafe { super::avx512::to_quad_layout(quants) }
+            // SAFETY: the group layout is only asked for with AVX-512.
+            unsafe { super::avx512::to_group_layout(quants, stride) }
         });
     }
     QuantizedActivations {

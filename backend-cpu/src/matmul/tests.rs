@@ -76,7 +76,7 @@ fn every_instruction_set_matches_the_reference() {
             for format in WeightFormat::ALL {
                 let block = format.block_elems();
                 let cols_set: &[usize] = if format.is_quantized() {
-                    &[block, 5 * block]
+                    &[block, 5 * block, 6 * block]
                 } else {
                     &[3, 8, 45]
                 };
@@ -99,35 +99,48 @@ fn every_instruction_set_matches_the_reference() {
 fn element(isa: Isa, row: &QuantRow<'_>, b: usize, i: usize) -> i16 {
     match isa.kind() {
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx512Vnni => avx512::quad_element_at(row.quants, b, i),
+        IsaKind::Avx512Vnni => avx512::element_at(row.quants, b, i),
         _ => row.quants[b].0[i],
     }
 }
 
-/// The quad layout holds every element once, where `quad_element_at` says.
+/// The group layout holds every element of a row once, where `element_at`
+/// says, for rows of every length up to three quads (pairs and padded
+/// quads at their ends).
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn the_quad_layout_is_a_permutation() {
+fn the_group_layout_is_a_permutation() {
     if !Isa::available()
         .iter()
         .any(|isa| isa.kind() == IsaKind::Avx512Vnni)
     {
         return;
     }
-    let mut blocks: Vec<BlockQuants> = (0..4)
-        .map(|b| BlockQuants(std::array::from_fn(|i| (b * QK + i) as i16)))
-        .collect();
-    // SAFETY: checked above that the CPU has AVX-512.
-    unsafe { avx512::to_quad_layout(&mut blocks) };
-    let mut seen = [false; 4 * QK];
-    for b in 0..4 {
-        for i in 0..QK {
-            let v = avx512::quad_element_at(&blocks, b, i);
-            assert_eq!(v as usize, b * QK + i);
-            seen[v as usize] = true;
+    for runs in 1..=12 {
+        let stride = avx512::stored_runs(runs);
+        assert!(
+            stride >= runs && stride - runs <= 1,
+            "{runs} runs stored in {stride}"
+        );
+        let mut row: Vec<BlockQuants> = (0..stride)
+            .map(|b| BlockQuants(std::array::from_fn(|i| (b * QK + i) as i16)))
+            .collect();
+        // SAFETY: checked above that the CPU has AVX-512.
+        unsafe { avx512::to_group_layout(&mut row, stride) };
+        let mut seen = vec![false; stride * QK];
+        for b in 0..stride {
+            for i in 0..QK {
+                let v = avx512::element_at(&row, b, i);
+                assert_eq!(
+                    v as usize,
+                    b * QK + i,
+                    "{runs} runs, block {b}, element {i}"
+                );
+                seen[v as usize] = true;
+            }
         }
+        assert!(seen.iter().all(|&s| s), "{runs} runs");
     }
-    assert!(seen.iter().all(|&s| s));
 }
 
 /// A token's outputs are the same bits whether it is multiplied alone, which
@@ -143,7 +156,7 @@ fn a_token_gets_the_same_bits_alone_and_in_a_batch() {
                 continue;
             }
             let block = format.block_elems();
-            for cols in [block, 3 * block] {
+            for cols in [block, 3 * block, 6 * block] {
                 let (rows, n) = (9, 7);
                 let mut values = Values(0x5eed ^ (cols * 31 + n) as u64);
                 let bytes = quantize_matrix(format, cols, &values.take(n * cols, 1.0));

@@ -77,9 +77,10 @@ pub(super) trait MicroKernels {
     /// results.
     const REPACKS_CODES: bool = false;
 
-    /// Runs per group of the layout [`MicroKernels::repack_codes`] writes:
-    /// the repacked codes of a row take its runs rounded up to a multiple.
-    const RUN_GROUP: usize = 1;
+    /// The blocks of repacked codes a row of `runs` runs takes.
+    fn repacked_blocks(runs: usize) -> usize {
+        runs
+    }
 
     /// The codes of a weight row of `runs` runs in the layout `block_tile`
     /// reads them in, into `codes` (one block per run).
@@ -220,7 +221,7 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
     let row_heads = F::HEAD_FLOATS * blocks;
     let mut heads = vec![0f32; R * row_heads];
     let row_codes = if K::REPACKS_CODES && task.tokens.len() >= REPACK_MIN_TOKENS {
-        blocks.next_multiple_of(K::RUN_GROUP)
+        K::repacked_blocks(blocks)
     } else {
         0
     };

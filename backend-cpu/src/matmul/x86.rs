@@ -15,8 +15,9 @@
 //!   `vpmaddwd` and added into eight i32 lanes. With two tokens or more a
 //!   row tile's codes are widened once into scratch for all of them.
 //! - AVX-512 has its own block kernel (`avx512`): runs taken four at a
-//!   time in a quad layout that sums eight products per i32 lane, one
-//!   conversion and one multiply-add per 128 elements. The AVX2 kernel's
+//!   time (a row's last one or two in a pair) in a layout that sums eight
+//!   products per i32 lane, one conversion and one multiply-add per 128
+//!   elements. The AVX2 kernel's
 //!   lanes are folded to eight before the offset term. AVX-512 VNNI itself
 //!   serves W8A8 (`vpdpbusd`, on 256-bit vectors).
 //!
@@ -33,7 +34,7 @@ use std::arch::x86_64::*;
 
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
-use super::avx512::{block_tile_512, repack_codes, QUAD};
+use super::avx512::{block_tile_512, repack_codes, stored_runs};
 use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
 use super::tiles::{run_tiles, FloatElem, FloatKind, MicroKernels};
@@ -157,7 +158,10 @@ delegate_micro_kernels!(
     Vnni,
     block_tile_512,
     const REPACKS_CODES: bool = true;,
-    const RUN_GROUP: usize = QUAD;,
+    #[inline(always)]
+    fn repacked_blocks(runs: usize) -> usize {
+        stored_runs(runs)
+    },
     #[inline(always)]
     unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
         repack_codes::<F>(row, runs, codes)
