@@ -100,8 +100,6 @@ pub(super) fn quantize_activations(
     // The AVX-512 kernel's group layout, whose groups of blocks pad each row.
     #[cfg(target_arch = "x86_64")]
     let grouped = isa.kind() == IsaKind::Avx512Vnni;
-    #[cfg(not(target_arch = "x86_64"))]
-    let grouped = false;
     #[cfg(target_arch = "x86_64")]
     let stride = if grouped {
         super::avx512::stored_runs(nb)
