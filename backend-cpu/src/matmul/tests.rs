@@ -288,15 +288,16 @@ fn q4_k_heads_unpack_like_scale_min_k4() {
     }
 }
 
-/// The x86 kernels' vector decoding of the k-quants' heads against the
-/// scalar one, bit for bit, over super-blocks of random bytes.
+/// The x86 kernels' vector decoding of block heads (the k-quants' one
+/// super-block at a time, the one-run formats' four blocks at a time)
+/// against the scalar one, bit for bit, over blocks of random bytes.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn x86_k_quant_heads_match_the_scalar_ones() {
-    /// `F`'s heads over three random blocks whose f16 `d` (and `dmin`)
-    /// sit at `d_at`.
+fn x86_block_heads_match_the_scalar_ones() {
+    /// `F`'s heads over seven random blocks (a four and three more) whose
+    /// f16 `d` (and `dmin`) sit at `d_at`.
     fn check<F: BlockFormat>(d_at: &[usize]) {
-        const BLOCKS: usize = 3;
+        const BLOCKS: usize = 7;
         let mut values = Values(5 + F::BLOCK_BYTES as u64);
         let mut row: Vec<u8> = values
             .take(BLOCKS * F::BLOCK_BYTES, 1.0)
@@ -331,4 +332,10 @@ fn x86_k_quant_heads_match_the_scalar_ones() {
     check::<formats::Q4K>(&[0, 2]);
     check::<formats::Q5K>(&[0, 2]);
     check::<formats::Q6K>(&[208]);
+    check::<formats::Q8_0>(&[0]);
+    check::<formats::Q4_0>(&[0]);
+    check::<formats::Q4_1>(&[0, 2]);
+    check::<formats::Q5_0>(&[0]);
+    check::<formats::Q5_1>(&[0, 2]);
+    check::<formats::Iq4Nl>(&[0]);
 }

@@ -9,9 +9,11 @@ use super::tiles::{decode_block_heads_scalar, prefetch_ahead};
 use super::x86::Avx2;
 
 /// Decodes the run heads of a row. Formats with one f16 `d` (and `m`) at
-/// the start of each block of one run go fast: one 8-byte load and one F16C
-/// conversion per block widen its first four halves, of which the first two
-/// are `[d, m]` in Q4_1, and a 64-bit store keeps those two. The k-quants
+/// the start of each block of one run go four blocks at a time: each
+/// block's first two halves (`[d, m]` in Q4_1) are a dword of one vector,
+/// and one F16C conversion and one 256-bit store make the four blocks'
+/// heads. At one token these heads cost as much as the block's products
+/// did, one block at a time. The k-quants
 /// unpack a super-block's sub-block scales (and minimums) as bytes in one
 /// vector, convert them together and multiply them by `d` (and `-dmin`),
 /// the same products as their scalar [`BlockFormat::block_heads`]. The
@@ -33,7 +35,16 @@ pub(super) unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut 
     const { assert!(F::BLOCK_BYTES >= 8) };
     let per_block = F::RUNS * F::HEAD_FLOATS;
     let blocks = (heads.len() / per_block).min(row.len() / F::BLOCK_BYTES);
-    for b in 0..blocks {
+    let mut first = 0;
+    if one_run {
+        while first + FOUR <= blocks {
+            // SAFETY: blocks `first..first + 4` and their heads are in
+            // bounds by the choice of `blocks`.
+            four_one_run_heads::<F>(row, first, heads.as_mut_ptr().add(2 * first));
+            first += FOUR;
+        }
+    }
+    for b in first..blocks {
         prefetch_ahead::<Avx2, F>(row, b);
         // SAFETY: bytes `b * BLOCK_BYTES..` of a whole block and floats
         // `b * per_block..` of its heads are in bounds by the choice of
@@ -55,6 +66,39 @@ pub(super) unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut 
         };
         _mm_storel_epi64(out.cast(), _mm_castps_si128(head));
     }
+}
+
+/// Blocks whose heads [`four_one_run_heads`] decodes together.
+const FOUR: usize = 4;
+
+/// The heads `[d, offset]` of blocks `first..first + 4` of `row`, a format
+/// of one run per block whose f16 `d` (and `m`) lead the block, into
+/// `heads` (8 floats); the same values as [`BlockFormat::block_heads`].
+/// Prefetches the bytes [`PREFETCH_AHEAD`](super::PREFETCH_AHEAD) past
+/// them, one request per cache line.
+///
+/// # Safety
+/// The four blocks are in `row` and 8 floats are writable at `heads`; the
+/// CPU supports AVX2 and F16C.
+#[inline(always)]
+unsafe fn four_one_run_heads<F: BlockFormat>(row: &[u8], first: usize, heads: *mut f32) {
+    let start = row.as_ptr().add(first * F::BLOCK_BYTES);
+    let ahead = start.wrapping_add(super::PREFETCH_AHEAD);
+    for line in (0..FOUR * F::BLOCK_BYTES).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+    }
+    let word = |b: usize| start.add(b * F::BLOCK_BYTES).cast::<i32>().read_unaligned();
+    let halves = _mm256_cvtph_ps(_mm_setr_epi32(word(0), word(1), word(2), word(3)));
+    let pairs = match F::HEAD {
+        // [d, factor * d] from [d, _].
+        Head::Scaled(factor) => _mm256_mul_ps(
+            _mm256_moveldup_ps(halves),
+            _mm256_setr_ps(1.0, factor, 1.0, factor, 1.0, factor, 1.0, factor),
+        ),
+        Head::Stored => halves,
+        Head::Custom => unreachable!("not a one-run format"),
+    };
+    _mm256_storeu_ps(heads, pairs);
 }
 
 /// The heads of one k-quant super-block at `block` into `heads`

@@ -87,14 +87,16 @@ const LAST_RUNS: __mmask32 = 0xff00_ff00;
 
 /// A group's vectors as byte permutes of its bytes, runs 0 and 1 in a
 /// first vector and runs 2 and 3 in a second (indices from 64 pick from
-/// the second): per permute, two vectors' worth.
+/// the second): per permute, two vectors' worth, interleaved: the even
+/// bytes are word by word the first vector, the odd bytes the second, so
+/// that shifts widen them ([`widen`]).
 const fn group_bytes<const G: usize>() -> [[u8; 64]; 2] {
     let mut bytes = [[0u8; 64]; 2];
     let mut half = 0;
     while half < G / 2 {
         let mut i = 0;
         while i < 64 {
-            bytes[half][i] = group_element(G, 2 * half + i / 32, i % 32) as u8;
+            bytes[half][i] = group_element(G, 2 * half + i % 2, i / 2) as u8;
             i += 1;
         }
         half += 1;
@@ -196,7 +198,9 @@ pub(in super::super) unsafe fn repack_codes<F: BlockFormat>(
 /// missing runs zero. The one unpacking of both the repacked codes and the
 /// kernel's own, so a token's result does not depend on which the kernel
 /// read. The runs' bytes go into the layout by byte permutes before they
-/// are widened: word permutes cost twice as much.
+/// are widened: word permutes cost twice as much. (Unpacking a quad of
+/// Q4_1 or Q5_0 blocks four runs at a time, from two loads and one permute
+/// of their bytes, measured slower than this, run by run.)
 ///
 /// # Safety
 /// `row` holds `runs` runs and `first < runs`; the CPU supports AVX2 and
@@ -236,7 +240,11 @@ pub(super) unsafe fn group_codes<F: BlockFormat>(
     [v0, v1, v2, v3]
 }
 
-/// 64 code bytes as two vectors of i16, their zero point taken off first.
+/// 64 code bytes as two vectors of i16, the even bytes' and the odd
+/// bytes', their zero point taken off first. Shifts within each word, not
+/// the byte-to-word conversions: those cross 128-bit lanes, and every
+/// such shuffle on a CPU of one 512-bit shuffle unit (Zen 4) waits for
+/// the others and for the permutes into the layout.
 ///
 /// # Safety
 /// The CPU supports AVX-512 F and BW.
@@ -246,14 +254,16 @@ unsafe fn widen<F: BlockFormat>(bytes: __m512i) -> [__m512i; 2] {
         Some(zero) => _mm512_sub_epi8(bytes, _mm512_set1_epi8(zero)),
         None => bytes,
     };
-    let (low, high) = (
-        _mm512_castsi512_si256(bytes),
-        _mm512_extracti64x4_epi64::<1>(bytes),
-    );
     if signed_codes::<F>() {
-        [_mm512_cvtepi8_epi16(low), _mm512_cvtepi8_epi16(high)]
+        [
+            _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(bytes)),
+            _mm512_srai_epi16::<8>(bytes),
+        ]
     } else {
-        [_mm512_cvtepu8_epi16(low), _mm512_cvtepu8_epi16(high)]
+        [
+            _mm512_and_si512(bytes, _mm512_set1_epi16(0xff)),
+            _mm512_srli_epi16::<8>(bytes),
+        ]
     }
 }
 
