@@ -151,22 +151,26 @@ pub(super) unsafe fn decode_block_heads_scalar<K: MicroKernels, F: BlockFormat>(
     let blocks = row.len().saturating_sub(F::ROW_HEAD) / F::BLOCK_BYTES;
     let per_block = F::RUNS * F::HEAD_FLOATS;
     for (k, heads) in heads.chunks_exact_mut(per_block).take(blocks).enumerate() {
-        prefetch_ahead::<K, F>(row, k);
+        prefetch_ahead::<K, F>(row, k, 1);
         F::block_heads::<K>(row, k, heads);
     }
 }
 
-/// Prefetches the bytes [`PREFETCH_AHEAD`] past block `k` of `row`, one
-/// request per cache line of a block.
+/// Prefetches the bytes [`PREFETCH_AHEAD`] past blocks `k..k + count` of
+/// `row`, one request per 64 bytes of those blocks.
 ///
 /// # Safety
 /// The CPU supports `K`'s instruction set.
 #[inline(always)]
-pub(super) unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(row: &[u8], k: usize) {
+pub(super) unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(
+    row: &[u8],
+    k: usize,
+    count: usize,
+) {
     let ahead = row
         .as_ptr()
         .wrapping_add(F::ROW_HEAD + k * F::BLOCK_BYTES + PREFETCH_AHEAD);
-    for line in (0..F::BLOCK_BYTES).step_by(64) {
+    for line in (0..count * F::BLOCK_BYTES).step_by(64) {
         K::prefetch(ahead.wrapping_add(line));
     }
 }

@@ -45,7 +45,7 @@ pub(super) unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut 
         }
     }
     for b in first..blocks {
-        prefetch_ahead::<Avx2, F>(row, b);
+        prefetch_ahead::<Avx2, F>(row, b, 1);
         // SAFETY: bytes `b * BLOCK_BYTES..` of a whole block and floats
         // `b * per_block..` of its heads are in bounds by the choice of
         // `blocks`.
@@ -74,19 +74,15 @@ const FOUR: usize = 4;
 /// The heads `[d, offset]` of blocks `first..first + 4` of `row`, a format
 /// of one run per block whose f16 `d` (and `m`) lead the block, into
 /// `heads` (8 floats); the same values as [`BlockFormat::block_heads`].
-/// Prefetches the bytes [`PREFETCH_AHEAD`](super::PREFETCH_AHEAD) past
-/// them, one request per cache line.
+/// Prefetches the bytes ahead of the four ([`prefetch_ahead`]).
 ///
 /// # Safety
 /// The four blocks are in `row` and 8 floats are writable at `heads`; the
 /// CPU supports AVX2 and F16C.
 #[inline(always)]
 unsafe fn four_one_run_heads<F: BlockFormat>(row: &[u8], first: usize, heads: *mut f32) {
+    prefetch_ahead::<Avx2, F>(row, first, FOUR);
     let start = row.as_ptr().add(first * F::BLOCK_BYTES);
-    let ahead = start.wrapping_add(super::PREFETCH_AHEAD);
-    for line in (0..FOUR * F::BLOCK_BYTES).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-    }
     let word = |b: usize| start.add(b * F::BLOCK_BYTES).cast::<i32>().read_unaligned();
     let halves = _mm256_cvtph_ps(_mm_setr_epi32(word(0), word(1), word(2), word(3)));
     let pairs = match F::HEAD {
