@@ -1,9 +1,9 @@
 //! Paged attention of `CpuBackend` on 2 threads: one sequence whose cache
 //! holds `CONTEXT` positions, attended by 1 query row (a decode step), 5
 //! (verifying four drafted tokens) and 64 (a prefill chunk at depth), at
-//! the head shapes of SmolLM2-135M (9 query heads over 3 KV heads) and
-//! Qwen2.5-0.5B (14 over 2), head dim 64, 16-token blocks, for every
-//! cache dtype a user picks with `--kv-dtype`.
+//! the head shapes of SmolLM2-135M (9 query heads over 3 KV heads, head
+//! dim 64), Qwen2.5-0.5B (14 over 2, 64) and Gemma 3 270M (4 over 1, 256),
+//! 16-token blocks, for every cache dtype a user picks with `--kv-dtype`.
 //!
 //! Throughput is query-key pairs per second ("elements": rows × query
 //! heads × positions), so the three row counts compare directly: a step of
@@ -18,7 +18,8 @@
 //! cache; `decode_model` times a decode row's attention over every layer
 //! of the model (4k and 16k positions, every dtype), whose caches do not,
 //! so it reads them from memory as a real decode step does (and, for F16,
-//! the sparse step's over every layer).
+//! the sparse step's over every layer); not for Gemma 3, whose layers
+//! mostly attend to a window of 512 positions.
 //!
 //! Run with `cargo bench -p tandem-cpu --bench attention -- --quick`.
 
@@ -36,16 +37,45 @@ use tandem_cpu::CpuBackend;
 const THREADS: usize = 2;
 const CONTEXT: usize = 4096;
 const BLOCK: usize = 16;
-const HEAD_DIM: usize = 64;
 
-/// `(model, query heads, KV heads)`.
-const SHAPES: [(&str, usize, usize); 2] = [("smollm2", 9, 3), ("qwen2.5", 14, 2)];
+/// A model's attention: its query heads over its KV heads.
+#[derive(Clone, Copy)]
+struct Shape {
+    model: &'static str,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// Layers that attend to the whole context (`decode_model`), if all do.
+    layers: Option<usize>,
+}
+
+const SHAPES: [Shape; 3] = [
+    Shape {
+        model: "smollm2",
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        layers: Some(30),
+    },
+    Shape {
+        model: "qwen2.5",
+        heads: 14,
+        kv_heads: 2,
+        head_dim: 64,
+        layers: Some(24),
+    },
+    Shape {
+        model: "gemma3",
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 256,
+        layers: None,
+    },
+];
 const ROWS: [usize; 3] = [1, 5, 64];
 const DTYPES: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4];
 const DECODE_CONTEXTS: [usize; 4] = [2048, 8192, 16384, 32768];
 const MODEL_CONTEXTS: [usize; 2] = [4096, 16384];
-/// Layers of each of `SHAPES`' models.
-const LAYERS: [usize; 2] = [30, 24];
 
 type Tensor = <CpuBackend as Backend>::Tensor;
 type Indices = <CpuBackend as Backend>::Indices;
@@ -57,24 +87,24 @@ fn values(rng: &mut Rng, len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// A cache of `context` random positions of `kv_heads` heads (tracking key
+/// A cache of `context` random positions of `shape`'s KV heads (tracking key
 /// bounds when `bounds`), and the sequence's block table: blocks in reverse
 /// order, as a long-lived allocator hands them out.
 fn filled_cache(
     backend: &CpuBackend,
     rng: &mut Rng,
     context: usize,
-    kv_heads: usize,
+    shape: Shape,
     dtype: KvDtype,
     bounds: bool,
 ) -> (KvCache, Indices) {
     let blocks = context / BLOCK;
-    let layout = KvCacheLayout::uniform(blocks, BLOCK, kv_heads, HEAD_DIM, dtype);
+    let layout = KvCacheLayout::uniform(blocks, BLOCK, shape.kv_heads, shape.head_dim, dtype);
     let mut cache = backend.alloc_kv_cache(layout).unwrap();
     if bounds {
         backend.track_key_bounds(&mut cache).unwrap();
     }
-    let width = kv_heads * HEAD_DIM;
+    let width = shape.kv_heads * shape.head_dim;
     let (k, v) = (
         backend.upload(&values(rng, context * width)).unwrap(),
         backend.upload(&values(rng, context * width)).unwrap(),
@@ -97,16 +127,15 @@ fn query_rows(
     rng: &mut Rng,
     context: usize,
     rows: usize,
-    heads: usize,
+    shape: Shape,
 ) -> (Indices, Indices, Tensor, Tensor) {
+    let width = shape.heads * shape.head_dim;
     let positions: Vec<u32> = (context - rows..context).map(|t| t as u32).collect();
     (
         backend.upload_indices(&vec![0; rows]).unwrap(),
         backend.upload_indices(&positions).unwrap(),
-        backend
-            .upload(&values(rng, rows * heads * HEAD_DIM))
-            .unwrap(),
-        backend.alloc(rows * heads * HEAD_DIM).unwrap(),
+        backend.upload(&values(rng, rows * width)).unwrap(),
+        backend.alloc(rows * width).unwrap(),
     )
 }
 
@@ -122,15 +151,15 @@ fn indices<'a>(
     }
 }
 
-fn params(rows: usize, heads: usize, kv_heads: usize, context: usize) -> AttentionParams {
+fn params(rows: usize, shape: Shape, context: usize) -> AttentionParams {
     AttentionParams {
         rows,
-        heads,
-        kv_heads,
-        head_dim: HEAD_DIM,
+        heads: shape.heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
         block_size: BLOCK,
         max_blocks_per_seq: context / BLOCK,
-        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+        scale: 1.0 / (shape.head_dim as f32).sqrt(),
         sliding_window: None,
         per_head_tables: false,
     }
@@ -140,14 +169,15 @@ fn attention(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("paged_attention");
     let mut rng = Rng::new(5);
-    for (model, heads, kv_heads) in SHAPES {
+    for shape in SHAPES {
+        let model = shape.model;
         for dtype in DTYPES {
-            let (cache, tables) = filled_cache(&backend, &mut rng, CONTEXT, kv_heads, dtype, false);
+            let (cache, tables) = filled_cache(&backend, &mut rng, CONTEXT, shape, dtype, false);
             for rows in ROWS {
-                let p = params(rows, heads, kv_heads, CONTEXT);
+                let p = params(rows, shape, CONTEXT);
                 let (row_seq, positions, q, mut out) =
-                    query_rows(&backend, &mut rng, CONTEXT, rows, heads);
-                group.throughput(Throughput::Elements((rows * heads * CONTEXT) as u64));
+                    query_rows(&backend, &mut rng, CONTEXT, rows, shape);
+                group.throughput(Throughput::Elements((rows * shape.heads * CONTEXT) as u64));
                 group.bench_function(
                     BenchmarkId::new(format!("{model}/{dtype}"), format!("rows{rows}")),
                     |b| {
@@ -169,14 +199,15 @@ fn decode_context(c: &mut Criterion) {
     let backend = CpuBackend::new(THREADS);
     let mut group = c.benchmark_group("decode_context");
     let mut rng = Rng::new(7);
-    for (model, heads, kv_heads) in SHAPES {
+    for shape in SHAPES {
+        let model = shape.model;
         for context in DECODE_CONTEXTS {
             let (cache, tables) =
-                filled_cache(&backend, &mut rng, context, kv_heads, KvDtype::F16, true);
-            let p = params(1, heads, kv_heads, context);
+                filled_cache(&backend, &mut rng, context, shape, KvDtype::F16, true);
+            let p = params(1, shape, context);
             let (row_seq, positions, q, mut out) =
-                query_rows(&backend, &mut rng, context, 1, heads);
-            let mut selected = selected_tables(&backend, kv_heads, context);
+                query_rows(&backend, &mut rng, context, 1, shape);
+            let mut selected = selected_tables(&backend, shape.kv_heads, context);
             group.bench_function(BenchmarkId::new(format!("{model}/full"), context), |b| {
                 b.iter(|| {
                     backend
@@ -280,7 +311,10 @@ fn decode_model(c: &mut Criterion) {
     let mut group = c.benchmark_group("decode_model");
     group.sample_size(10);
     let mut rng = Rng::new(9);
-    for ((model, heads, kv_heads), layers) in SHAPES.into_iter().zip(LAYERS) {
+    for shape in SHAPES {
+        let (model, Some(layers)) = (shape.model, shape.layers) else {
+            continue;
+        };
         for (context, dtype) in MODEL_CONTEXTS
             .into_iter()
             .flat_map(|c| DTYPES.map(|d| (c, d)))
@@ -288,11 +322,11 @@ fn decode_model(c: &mut Criterion) {
             // F16 caches track key bounds, for the sparse step.
             let sparse = dtype == KvDtype::F16;
             let caches: Vec<(KvCache, Indices)> = (0..layers)
-                .map(|_| filled_cache(&backend, &mut rng, context, kv_heads, dtype, sparse))
+                .map(|_| filled_cache(&backend, &mut rng, context, shape, dtype, sparse))
                 .collect();
-            let p = params(1, heads, kv_heads, context);
+            let p = params(1, shape, context);
             let (row_seq, positions, q, mut out) =
-                query_rows(&backend, &mut rng, context, 1, heads);
+                query_rows(&backend, &mut rng, context, 1, shape);
             let id = BenchmarkId::new(format!("{model}/{dtype}"), context);
             group.bench_function(id, |b| {
                 b.iter(|| {
@@ -312,7 +346,7 @@ fn decode_model(c: &mut Criterion) {
             if !sparse {
                 continue;
             }
-            let mut selected = selected_tables(&backend, kv_heads, context);
+            let mut selected = selected_tables(&backend, shape.kv_heads, context);
             let id = BenchmarkId::new(format!("{model}/{dtype}/sparse16"), context);
             group.bench_function(id, |b| {
                 b.iter(|| {

@@ -26,6 +26,7 @@ use crate::math::Fused;
 use crate::math::Separate;
 use crate::workers::Workers;
 
+mod key_tiles;
 mod lanes;
 mod ops;
 mod scores;

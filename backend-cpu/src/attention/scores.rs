@@ -18,11 +18,12 @@ use tandem_core::backend::AttentionParams;
 use tandem_core::kv::EVICTED_BLOCK;
 use tandem_core::Result;
 
+use super::key_tiles::whole_tile_at;
 use super::lanes::few_scores;
 #[cfg(target_arch = "x86_64")]
 use super::ops::{Avx2Ops, Avx512Ops};
 use super::ops::{PortableOps, TileOps};
-use super::tile::{whole_tile_at, LANES};
+use super::tile::LANES;
 use super::{
     block_table, check_inputs, first_visible, AttentionInputs, KeyBlockRows, KvRows, QuantRows,
 };

@@ -17,20 +17,24 @@ pub mod adaptive;
 pub mod draft;
 pub mod eagle;
 pub mod ngram;
+pub mod self_draft;
 pub mod sparse;
 pub mod verify;
 
 pub use adaptive::{DraftLength, DraftLengthController, SequenceAcceptance};
-pub use draft::{choose_self_draft, DraftModel, DraftModelConfig, SelfDraftCandidate};
+pub use draft::{DraftModel, DraftModelConfig};
 pub use eagle::EagleDraft;
 pub use ngram::NgramProposer;
+pub use self_draft::{
+    choose_self_draft, estimated_speedup, parse_layers, self_draft_candidates, SelfDraftCandidate,
+};
 pub use sparse::SparseDraft;
 pub use verify::{Distribution, Verdict};
 
 use crate::kv::{KvCacheManager, SeqId};
 use crate::model::forward::Model;
 use crate::sched::SamplingParams;
-use crate::{Backend, Error, Result};
+use crate::{Backend, Result};
 
 /// One sequence that wants drafts.
 #[derive(Clone, Copy, Debug)]
@@ -190,116 +194,5 @@ impl Stopwatch {
         return self.start.elapsed().as_secs_f64();
         #[cfg(target_arch = "wasm32")]
         0.0
-    }
-}
-
-/// Parses a layer list such as `0-9,28,29` (for `--speculate self:LAYERS`).
-pub fn parse_layers(spec: &str, num_layers: usize) -> Result<Vec<usize>> {
-    let bad = |why: String| Error::InvalidRequest(format!("layer list `{spec}`: {why}"));
-    let mut layers = Vec::new();
-    for part in spec.split(',').map(str::trim) {
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (part, part),
-        };
-        let parse = |s: &str| {
-            s.parse::<usize>()
-                .map_err(|_| bad(format!("`{s}` is not a layer number")))
-        };
-        let (lo, hi) = (parse(lo)?, parse(hi)?);
-        if lo > hi {
-            return Err(bad(format!("range {lo}-{hi} is reversed")));
-        }
-        if hi >= num_layers {
-            return Err(bad(format!("the model has layers 0-{}", num_layers - 1)));
-        }
-        layers.extend(lo..=hi);
-    }
-    if layers.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(bad("layers must be increasing and distinct".into()));
-    }
-    if layers.len() == num_layers {
-        return Err(bad("a draft with every layer is the model itself".into()));
-    }
-    Ok(layers)
-}
-
-/// Candidate self-drafts for `self:auto`: the model without a block of
-/// middle layers (a quarter, a third, half of them), or without every other
-/// layer of its middle half. Early layers build the representation and the
-/// last ones map it to the head's space, so drafts that skip the middle
-/// agree with the full model far more often than early exits do.
-pub fn self_draft_candidates(num_layers: usize) -> Vec<Vec<usize>> {
-    let l = num_layers;
-    let mut out: Vec<Vec<usize>> = [4, 3, 2]
-        .iter()
-        .map(|&div| {
-            let skip = l / div;
-            let from = (l - skip) / 2;
-            (0..l)
-                .filter(|&i| i < from || i >= from + skip)
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    out.push(
-        (0..l)
-            .filter(|&i| i < l / 4 || i >= 3 * l / 4 || i % 2 == 0)
-            .collect(),
-    );
-    out.retain(|c| !c.is_empty() && c.len() < l);
-    out.dedup();
-    out
-}
-
-/// Estimated speedup of greedy self-speculation with a draft that agrees
-/// with the target on a fraction `agreement` of teacher-forced positions
-/// and costs `cost` of a target decode per token, at the best fixed k,
-/// assuming verification of k+1 rows costs `1 + verify_row_cost * k`.
-pub fn estimated_speedup(
-    agreement: f64,
-    cost: f64,
-    verify_row_cost: f64,
-    max_k: usize,
-) -> (usize, f64) {
-    (1..=max_k)
-        .map(|k| {
-            let time = cost * k as f64 + 1.0 + verify_row_cost * k as f64;
-            (k, adaptive::expected_tokens(agreement, k) / time)
-        })
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap_or((0, 1.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layer_lists_parse_and_refuse_nonsense() {
-        assert_eq!(parse_layers("0-3,7", 8).unwrap(), vec![0, 1, 2, 3, 7]);
-        for bad in ["", "3-1", "0-8", "a", "1,1", "0-7", "2,1"] {
-            let e = parse_layers(bad, 8).unwrap_err().to_string();
-            assert!(e.contains("layer list"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn self_draft_candidates_keep_the_first_and_last_layers() {
-        let c = self_draft_candidates(30);
-        assert_eq!(c.len(), 4);
-        for l in &c {
-            assert_eq!((l[0], *l.last().unwrap()), (0, 29));
-            assert!(l.len() < 30 && l.len() >= 15);
-            assert!(l.windows(2).all(|w| w[0] < w[1]));
-        }
-        assert!(self_draft_candidates(1).is_empty());
-    }
-
-    #[test]
-    fn speedup_estimate_prefers_long_drafts_when_cheap_and_accurate() {
-        let (k, s) = estimated_speedup(0.9, 0.05, 0.05, 8);
-        assert!(k >= 4 && s > 2.0);
-        let (_, s) = estimated_speedup(0.1, 0.5, 0.5, 8);
-        assert!(s < 1.0);
     }
 }
