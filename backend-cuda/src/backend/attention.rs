@@ -1,5 +1,6 @@
-//! The host side of the KV cache and attention kernels: row writes,
-//! and the decode (split over keys) and prefill paths.
+//! The host side of the KV cache and attention kernels: row writes and
+//! key bounds, block selection, the decode (split over keys) and prefill
+//! paths, and the per-block scores.
 
 use super::*;
 
@@ -101,6 +102,39 @@ impl CudaBackend {
         )
     }
 
+    /// `paged_kv_write`'s per-block key bounds, where the cache tracks them.
+    pub(super) fn write_key_bounds(
+        &self,
+        k: &CudaTensor,
+        slots: &CudaIndices,
+        rows: usize,
+        cache: &mut CudaKvCache,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        let (Some(bounds), true) = (&mut cache.bounds, rows > 0) else {
+            return Ok(());
+        };
+        let channels = layout.row_width();
+        let grid = (
+            blocks_for(rows * channels, 128, "key bound elements")?,
+            1,
+            1,
+        );
+        sig::kv_key_bounds(
+            self,
+            Which::ONE,
+            config(grid, 128, 0),
+            &k.buf,
+            &slots.buf,
+            &to_u32(rows, "rows")?,
+            &to_u32(channels, "KV width")?,
+            &to_u32(layout.head_dim, "head_dim")?,
+            &to_u32(layout.block_size, "block_size")?,
+            &to_u32(layout.num_slots(), "KV slots")?,
+            bounds,
+        )
+    }
+
     /// Split-K decode attention: a block per (head, row, split of
     /// `keys_per_split` keys), then the reduction when there is more than one
     /// split.
@@ -195,5 +229,199 @@ impl CudaBackend {
             &shape,
             &mut out.buf,
         )
+    }
+
+    /// `select_kv_blocks`: a block per sequence ranks its table entries by
+    /// the cache's key bounds.
+    pub(super) fn launch_select_kv_blocks(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut CudaIndices,
+    ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "select_kv_blocks: per-head block tables are not supported as input; \
+                 one table per sequence",
+            ));
+        }
+        let bounds = cache.bounds.as_ref().ok_or_else(|| {
+            backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
+        })?;
+        let layout = cache.layout;
+        if p.kv_heads == 0
+            || !p.heads.is_multiple_of(p.kv_heads)
+            || (p.kv_heads, p.head_dim, p.block_size)
+                != (layout.kv_heads, layout.head_dim, layout.block_size)
+            || p.head_dim > SELECT_MAX_HEAD_DIM
+            || p.max_blocks_per_seq == 0
+            || select.top_blocks == 0
+        {
+            return Err(backend_error(format!(
+                "select_kv_blocks: {} heads over {} KV heads of {} dims in blocks of {}, top {}, \
+                 do not fit a cache of {} KV heads of {} dims in blocks of {} \
+                 (at most {SELECT_MAX_HEAD_DIM} dims, one block)",
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.block_size,
+                select.top_blocks,
+                layout.kv_heads,
+                layout.head_dim,
+                layout.block_size
+            )));
+        }
+        let seqs = idx.block_tables.len() / p.max_blocks_per_seq;
+        check_len(
+            "select_kv_blocks: q",
+            q.len(),
+            p.rows * p.heads * p.head_dim,
+        )?;
+        check_len("select_kv_blocks: row_seq", idx.row_seq.len(), p.rows)?;
+        check_len("select_kv_blocks: positions", idx.positions.len(), p.rows)?;
+        // One table per sequence and KV head.
+        check_len(
+            "select_kv_blocks: out",
+            out.len(),
+            seqs * p.kv_heads * p.max_blocks_per_seq,
+        )?;
+        if seqs == 0 {
+            return Ok(());
+        }
+        let mut scratch =
+            self.partials(seqs * p.kv_heads * p.max_blocks_per_seq, "block bounds")?;
+        let scratch = scratch.slice()?;
+        sig::select_kv_blocks(
+            self,
+            Which::ONE,
+            config((to_u32(seqs, "sequences")?, 1, 1), 128, 0),
+            &q.buf,
+            &idx.row_seq.buf,
+            &idx.positions.buf,
+            &idx.block_tables.buf,
+            bounds,
+            &to_u32(p.rows, "rows")?,
+            &to_u32(p.heads, "heads")?,
+            &to_u32(p.kv_heads, "kv_heads")?,
+            &to_u32(p.head_dim, "head_dim")?,
+            &to_u32(p.block_size, "block_size")?,
+            &to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            &to_u32(select.top_blocks, "top blocks")?,
+            &to_u32(select.sink_blocks, "sink blocks")?,
+            &to_u32(select.recent_blocks, "recent blocks")?,
+            scratch,
+            &mut out.buf,
+        )
+    }
+
+    /// `paged_attention`: the quantized cache's kernel, else split-K decode or
+    /// prefill as `CudaConfig::attention` picks.
+    pub(super) fn launch_paged_attention(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let layout = cache.layout;
+        let out_len = (out.len(), p.rows * p.heads * p.head_dim);
+        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), out_len)? else {
+            return Ok(());
+        };
+        if let Some(quant) = layout.value_quant() {
+            let shape = quant_shape(&layout, quant, shape)?;
+            let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
+            return sig::paged_attention_quant(
+                self,
+                Which::ONE,
+                config(grid, WARP_THREADS, 0),
+                &q.buf,
+                &cache.k,
+                &cache.v,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &shape,
+                &mut out.buf,
+            );
+        }
+        let suffix = kv_variant(layout.values);
+        match self.config.attention {
+            AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
+                let max_context = p.max_blocks_per_seq * p.block_size;
+                let splits = decode_splits(max_context, p.heads * p.rows, self.sm_count);
+                self.attention_decode(
+                    q,
+                    cache,
+                    &idx,
+                    p,
+                    shape,
+                    suffix,
+                    max_context.div_ceil(splits),
+                    out,
+                )
+            }
+            AttentionPath::Auto | AttentionPath::Prefill => {
+                self.attention_prefill(q, cache, &idx, p, shape, suffix, out)
+            }
+            AttentionPath::DecodeSplit { keys_per_split } => {
+                self.attention_decode(q, cache, &idx, p, shape, suffix, keys_per_split.max(1), out)
+            }
+        }
+    }
+
+    /// `paged_attention_scores`: the quantized or the plain cache's kernel.
+    pub(super) fn launch_paged_attention_scores(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut CudaTensor,
+    ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "paged_attention_scores: per-head block tables are not supported; \
+                 one table per sequence",
+            ));
+        }
+        let layout = cache.layout;
+        let scores_len = (scores.len(), p.rows * p.kv_heads * p.max_blocks_per_seq);
+        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), scores_len)? else {
+            return Ok(());
+        };
+        // One warp per (KV head, row).
+        let grid = (to_u32(p.kv_heads, "kv_heads")?, grid_yz(p.rows, "rows")?, 1);
+        let cfg = config(grid, WARP_THREADS, 0);
+        match layout.value_quant() {
+            Some(quant) => sig::paged_attention_quant_scores(
+                self,
+                Which::ONE,
+                cfg,
+                &q.buf,
+                &cache.k,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &quant_shape(&layout, quant, shape)?,
+                &mut scores.buf,
+            ),
+            None => sig::paged_attention_scores(
+                self,
+                Which::variant(kv_variant(layout.values)),
+                cfg,
+                &q.buf,
+                &cache.k,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                &shape,
+                &mut scores.buf,
+            ),
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! `impl Backend for CudaBackend`: every kernel's host side, its sizes
-//! checked before the launch.
+//! `impl Backend for CudaBackend`: the trait in one place, the short
+//! kernels' host sides inline, their sizes checked before the launch; the
+//! longer paths delegate to the sibling modules of their kind.
 
 use super::*;
 
@@ -79,39 +80,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_weight(&self, w: WeightView<'_>) -> Result<CudaWeight> {
-        self.refuse_while_capturing("upload_weight")?;
-        if !w.cols.is_multiple_of(w.format.block_elems()) {
-            return Err(backend_error(format!(
-                "a {} weight needs columns in multiples of {}, got {}",
-                w.format,
-                w.format.block_elems(),
-                w.cols
-            )));
-        }
-        let expected = w.format.bytes_for(w.rows as u64, w.cols as u64);
-        if expected != Some(w.data.len() as u64) {
-            return Err(backend_error(format!(
-                "weight of {}x{} {} needs whole blocks per row and {:?} bytes, got {}",
-                w.rows,
-                w.cols,
-                w.format,
-                expected,
-                w.data.len()
-            )));
-        }
-        let mut buf = self.alloc_raw::<u8>(w.data.len())?;
-        if !w.data.is_empty() {
-            let mut view = buf.slice_mut(..w.data.len());
-            self.stream
-                .memcpy_htod(w.data, &mut view)
-                .map_err(|e| backend_error(format!("copy weight to device: {e}")))?;
-        }
-        Ok(CudaWeight {
-            format: w.format,
-            rows: w.rows,
-            cols: w.cols,
-            buf,
-        })
+        self.store_weight(w)
     }
 
     fn alloc_kv_cache(&self, layout: KvCacheLayout) -> Result<CudaKvCache> {
@@ -132,42 +101,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy_kv_blocks(&self, cache: &mut CudaKvCache, pairs: &[(u32, u32)]) -> Result<()> {
-        let layout = cache.layout;
-        // Quantized blocks carry their scales, so whole blocks copy everything.
-        let (key_bytes, value_bytes) = (layout.key_block_bytes(), layout.value_block_bytes());
-        for &(src, dst) in pairs {
-            if src as usize >= layout.num_blocks || dst as usize >= layout.num_blocks {
-                return Err(backend_error(format!(
-                    "copy_kv_blocks: block pair ({src}, {dst}) outside {} blocks",
-                    layout.num_blocks
-                )));
-            }
-        }
-        let bounds_bytes = 4 * 2 * layout.row_width();
-        let mut stores = vec![
-            (cache.k.device_ptr(&self.stream), key_bytes),
-            (cache.v.device_ptr(&self.stream), value_bytes),
-        ];
-        if let Some(bounds) = &cache.bounds {
-            stores.push((bounds.device_ptr(&self.stream), bounds_bytes));
-        }
-        for ((base, _sync), block_bytes) in &stores {
-            let (base, block_bytes) = (*base, *block_bytes);
-            for &(src, dst) in pairs {
-                // SAFETY: both ranges lie inside `buf` (checked above) and the
-                // copy is ordered on the backend's stream.
-                unsafe {
-                    driver_result::memcpy_dtod_async(
-                        base + (dst as usize * block_bytes) as u64,
-                        base + (src as usize * block_bytes) as u64,
-                        block_bytes,
-                        self.stream.cu_stream(),
-                    )
-                }
-                .map_err(|e| backend_error(format!("copy_kv_blocks: {e}")))?;
-            }
-        }
-        Ok(())
+        self.copy_cache_blocks(cache, pairs)
     }
 
     fn supports_format(&self, _format: WeightFormat) -> bool {
@@ -300,74 +234,7 @@ impl Backend for CudaBackend {
         p: MatmulParams,
         outs: &mut [SplitOut<'_, CudaTensor>],
     ) -> Result<()> {
-        let kernel = "matmul_rms_norm";
-        let (rows, n, cols) = (p.rows, w.rows, w.cols);
-        if let Some(why) = split_error(outs.iter().map(|o| o.width), n) {
-            return Err(backend_error(format!("{kernel}: {why}")));
-        }
-        check_len("matmul_rms_norm: x", x.len(), rows * cols)?;
-        for (i, o) in outs.iter().enumerate() {
-            check_len(
-                &format!("{kernel}: output {i}"),
-                o.out.len(),
-                rows * o.width,
-            )?;
-        }
-        if let Some(b) = bias {
-            check_len("matmul_rms_norm: bias", b.elems(), n)?;
-        }
-        check_norm(kernel, norm.as_ref(), cols)?;
-        if rows == 0 || n == 0 {
-            return Ok(());
-        }
-        if let Some((blas, ty)) = self.cublas_for(w, rows) {
-            return self.rms_norm_cublas(blas, ty, x, norm.as_ref(), w, bias, rows, outs);
-        }
-        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
-        let mut normed = self.separate_norm(x, norm.as_ref(), rows, cols)?;
-        let (x, norm) = match normed.as_mut() {
-            Some(normed) => (&*normed.slice()?, None),
-            None => (&x.buf, norm),
-        };
-        let (norm_fmt, eps) = norm_args(norm.as_ref());
-        let bias_fmt = bias.map_or(0, |b| format_code(b.format));
-        // Where parts 0 and 1 end (n for an absent part).
-        let mut ends = [n; MAX_SPLIT];
-        let mut end = 0;
-        for (e, o) in ends.iter_mut().zip(outs.iter()) {
-            end += o.width;
-            *e = end;
-        }
-        let (end0, end1) = (to_u32(ends[0], "split")?, to_u32(ends[1], "split")?);
-        let (tokens, n32, cols32) = (
-            to_u32(rows, "rows")?,
-            to_u32(n, "n")?,
-            to_u32(cols, "cols")?,
-        );
-        // The parts' outputs in order, null for an absent part.
-        const _: () = assert!(MAX_SPLIT == 3, "matmul_rms_norm takes three outputs");
-        let mut parts = outs.iter_mut().map(|o| &mut o.out.buf);
-        let (out0, out1, out2) = (parts.next(), parts.next(), parts.next());
-        sig::matmul_rms_norm(
-            self,
-            Which::format_variant(w.format, &variant),
-            cfg,
-            &w.buf,
-            x,
-            norm.as_ref().map(|n| &n.weight.buf),
-            &norm_fmt,
-            &eps,
-            bias.map(|b| &b.buf),
-            &bias_fmt,
-            out0,
-            out1,
-            out2,
-            &end0,
-            &end1,
-            &tokens,
-            &n32,
-            &cols32,
-        )
+        self.launch_matmul_rms_norm(x, norm, w, bias, p, outs)
     }
 
     fn matmul_glu(
@@ -379,51 +246,7 @@ impl Backend for CudaBackend {
         p: MatmulParams,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let kernel = "matmul_glu";
-        if !w.rows.is_multiple_of(2) {
-            return Err(backend_error(format!(
-                "{kernel}: a [gate; up] weight has an even number of rows, not {}",
-                w.rows
-            )));
-        }
-        let (rows, f, cols) = (p.rows, w.rows / 2, w.cols);
-        check_len("matmul_glu: x", x.len(), rows * cols)?;
-        check_len("matmul_glu: out", out.len(), rows * f)?;
-        check_norm(kernel, norm.as_ref(), cols)?;
-        if rows == 0 || f == 0 {
-            return Ok(());
-        }
-        let act = glu_code(glu);
-        if let Some((blas, ty)) = self.cublas_for(w, rows) {
-            return self.glu_cublas(blas, ty, x, norm.as_ref(), w, act, rows, out);
-        }
-        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
-        let mut normed = self.separate_norm(x, norm.as_ref(), rows, cols)?;
-        let (x, norm) = match normed.as_mut() {
-            Some(normed) => (&*normed.slice()?, None),
-            None => (&x.buf, norm),
-        };
-        let (norm_fmt, eps) = norm_args(norm.as_ref());
-        let (tokens, n32, cols32) = (
-            to_u32(rows, "rows")?,
-            to_u32(w.rows, "n")?,
-            to_u32(cols, "cols")?,
-        );
-        sig::matmul_glu(
-            self,
-            Which::format_variant(w.format, &variant),
-            cfg,
-            &w.buf,
-            x,
-            norm.as_ref().map(|n| &n.weight.buf),
-            &norm_fmt,
-            &eps,
-            &act,
-            &mut out.buf,
-            &tokens,
-            &n32,
-            &cols32,
-        )
+        self.launch_matmul_glu(x, norm, w, glu, p, out)
     }
 
     fn matmul_residual(
@@ -433,36 +256,7 @@ impl Backend for CudaBackend {
         p: MatmulParams,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows, n, cols) = (p.rows, w.rows, w.cols);
-        check_len("matmul_residual: x", x.len(), rows * cols)?;
-        check_len("matmul_residual: out", out.len(), rows * n)?;
-        if rows == 0 || n == 0 {
-            return Ok(());
-        }
-        if let Some((blas, ty)) = self.cublas_for(w, rows) {
-            // cuBLAS adds into out itself (beta = 1): no epilogue kernel.
-            let mut scratch = self.gemm_scratch(HALF_PARTS * rows * cols, 0)?;
-            let (halves, _) = scratch.halves_and_floats()?;
-            self.half_activations(ty, x, None, rows, cols, halves)?;
-            return self.half_gemms(blas, ty, halves, w, 0..n, rows, &mut out.buf, true);
-        }
-        let (variant, cfg) = matmul_variant(w.format, w.rows, w.cols, rows)?;
-        let (tokens, n32, cols32) = (
-            to_u32(rows, "rows")?,
-            to_u32(n, "n")?,
-            to_u32(cols, "cols")?,
-        );
-        sig::matmul_residual(
-            self,
-            Which::format_variant(w.format, &variant),
-            cfg,
-            &w.buf,
-            &x.buf,
-            &mut out.buf,
-            &tokens,
-            &n32,
-            &cols32,
-        )
+        self.launch_matmul_residual(x, w, p, out)
     }
 
     fn mlp_residual(
@@ -475,49 +269,7 @@ impl Backend for CudaBackend {
         p: MatmulParams,
         act: &mut CudaTensor,
     ) -> Result<()> {
-        let kernel = "mlp_residual";
-        let (rows, dim, f) = (p.rows, gate_up.cols, gate_up.rows / 2);
-        if !gate_up.rows.is_multiple_of(2) || down.rows != dim || down.cols != f {
-            return Err(backend_error(format!(
-                "{kernel}: [gate; up] of [{}, {dim}] and down of [{}, {}] (it must be [dim, f] for 2f rows of [gate; up])",
-                gate_up.rows, down.rows, down.cols
-            )));
-        }
-        check_len("mlp_residual: residual", residual.len(), rows * dim)?;
-        check_norm(kernel, Some(&norm), dim)?;
-        if rows == 0 || f == 0 || dim == 0 {
-            return Ok(());
-        }
-        let formats = [gate_up.format, down.format];
-        let one_kernel = match self.config.norm {
-            NormPath::Separate => None,
-            NormPath::Prologue => mlp_variant(formats, dim, f, rows),
-        };
-        let Some((variant, cfg)) = one_kernel else {
-            return mlp_composed(self, residual, norm, gate_up, down, glu, p, act);
-        };
-        let (norm_fmt, eps) = norm_args(Some(&norm));
-        let act = glu_code(glu);
-        let (tokens, dim32, f32_) = (to_u32(rows, "rows")?, to_u32(dim, "dim")?, to_u32(f, "f")?);
-        let mut scratch = self.mlp_scratch(f / MLP_SLICE * rows * dim)?;
-        let (partials, counter) = scratch.partials_and_counter()?;
-        sig::mlp_residual(
-            self,
-            Which::format_variant(gate_up.format, &variant),
-            cfg,
-            &gate_up.buf,
-            &down.buf,
-            &mut residual.buf,
-            &norm.weight.buf,
-            &norm_fmt,
-            &eps,
-            &act,
-            partials,
-            counter,
-            &tokens,
-            &dim32,
-            &f32_,
-        )
+        self.launch_mlp_residual(residual, norm, gate_up, down, glu, p, act)
     }
 
     fn kernel_launches(&self) -> Option<u64> {
@@ -578,29 +330,7 @@ impl Backend for CudaBackend {
         cache: &mut CudaKvCache,
     ) -> Result<()> {
         self.write_kv_rows(k, v, slots, rows, cache)?;
-        let layout = cache.layout;
-        let (Some(bounds), true) = (&mut cache.bounds, rows > 0) else {
-            return Ok(());
-        };
-        let channels = layout.row_width();
-        let grid = (
-            blocks_for(rows * channels, 128, "key bound elements")?,
-            1,
-            1,
-        );
-        sig::kv_key_bounds(
-            self,
-            Which::ONE,
-            config(grid, 128, 0),
-            &k.buf,
-            &slots.buf,
-            &to_u32(rows, "rows")?,
-            &to_u32(channels, "KV width")?,
-            &to_u32(layout.head_dim, "head_dim")?,
-            &to_u32(layout.block_size, "block_size")?,
-            &to_u32(layout.num_slots(), "KV slots")?,
-            bounds,
-        )
+        self.write_key_bounds(k, slots, rows, cache)
     }
 
     fn track_key_bounds(&self, cache: &mut CudaKvCache) -> Result<()> {
@@ -621,79 +351,7 @@ impl Backend for CudaBackend {
         select: BlockSelectParams,
         out: &mut CudaIndices,
     ) -> Result<()> {
-        if p.per_head_tables {
-            return Err(backend_error(
-                "select_kv_blocks: per-head block tables are not supported as input; \
-                 one table per sequence",
-            ));
-        }
-        let bounds = cache.bounds.as_ref().ok_or_else(|| {
-            backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
-        })?;
-        let layout = cache.layout;
-        if p.kv_heads == 0
-            || !p.heads.is_multiple_of(p.kv_heads)
-            || (p.kv_heads, p.head_dim, p.block_size)
-                != (layout.kv_heads, layout.head_dim, layout.block_size)
-            || p.head_dim > SELECT_MAX_HEAD_DIM
-            || p.max_blocks_per_seq == 0
-            || select.top_blocks == 0
-        {
-            return Err(backend_error(format!(
-                "select_kv_blocks: {} heads over {} KV heads of {} dims in blocks of {}, top {}, \
-                 do not fit a cache of {} KV heads of {} dims in blocks of {} \
-                 (at most {SELECT_MAX_HEAD_DIM} dims, one block)",
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-                p.block_size,
-                select.top_blocks,
-                layout.kv_heads,
-                layout.head_dim,
-                layout.block_size
-            )));
-        }
-        let seqs = idx.block_tables.len() / p.max_blocks_per_seq;
-        check_len(
-            "select_kv_blocks: q",
-            q.len(),
-            p.rows * p.heads * p.head_dim,
-        )?;
-        check_len("select_kv_blocks: row_seq", idx.row_seq.len(), p.rows)?;
-        check_len("select_kv_blocks: positions", idx.positions.len(), p.rows)?;
-        // One table per sequence and KV head.
-        check_len(
-            "select_kv_blocks: out",
-            out.len(),
-            seqs * p.kv_heads * p.max_blocks_per_seq,
-        )?;
-        if seqs == 0 {
-            return Ok(());
-        }
-        let mut scratch =
-            self.partials(seqs * p.kv_heads * p.max_blocks_per_seq, "block bounds")?;
-        let scratch = scratch.slice()?;
-        sig::select_kv_blocks(
-            self,
-            Which::ONE,
-            config((to_u32(seqs, "sequences")?, 1, 1), 128, 0),
-            &q.buf,
-            &idx.row_seq.buf,
-            &idx.positions.buf,
-            &idx.block_tables.buf,
-            bounds,
-            &to_u32(p.rows, "rows")?,
-            &to_u32(p.heads, "heads")?,
-            &to_u32(p.kv_heads, "kv_heads")?,
-            &to_u32(p.head_dim, "head_dim")?,
-            &to_u32(p.block_size, "block_size")?,
-            &to_u32(p.max_blocks_per_seq, "max_blocks_per_seq")?,
-            &to_u32(select.top_blocks, "top blocks")?,
-            &to_u32(select.sink_blocks, "sink blocks")?,
-            &to_u32(select.recent_blocks, "recent blocks")?,
-            scratch,
-            &mut out.buf,
-        )
+        self.launch_select_kv_blocks(q, cache, idx, p, select, out)
     }
 
     fn paged_attention(
@@ -704,51 +362,7 @@ impl Backend for CudaBackend {
         p: AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let layout = cache.layout;
-        let out_len = (out.len(), p.rows * p.heads * p.head_dim);
-        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), out_len)? else {
-            return Ok(());
-        };
-        if let Some(quant) = layout.value_quant() {
-            let shape = quant_shape(&layout, quant, shape)?;
-            let grid = (to_u32(p.heads, "heads")?, grid_yz(p.rows, "rows")?, 1);
-            return sig::paged_attention_quant(
-                self,
-                Which::ONE,
-                config(grid, WARP_THREADS, 0),
-                &q.buf,
-                &cache.k,
-                &cache.v,
-                &idx.row_seq.buf,
-                &idx.positions.buf,
-                &idx.block_tables.buf,
-                &shape,
-                &mut out.buf,
-            );
-        }
-        let suffix = kv_variant(layout.values);
-        match self.config.attention {
-            AttentionPath::Auto if p.rows <= DECODE_MAX_ROWS => {
-                let max_context = p.max_blocks_per_seq * p.block_size;
-                let splits = decode_splits(max_context, p.heads * p.rows, self.sm_count);
-                self.attention_decode(
-                    q,
-                    cache,
-                    &idx,
-                    p,
-                    shape,
-                    suffix,
-                    max_context.div_ceil(splits),
-                    out,
-                )
-            }
-            AttentionPath::Auto | AttentionPath::Prefill => {
-                self.attention_prefill(q, cache, &idx, p, shape, suffix, out)
-            }
-            AttentionPath::DecodeSplit { keys_per_split } => {
-                self.attention_decode(q, cache, &idx, p, shape, suffix, keys_per_split.max(1), out)
-            }
-        }
+        self.launch_paged_attention(q, cache, idx, p, out)
     }
 
     fn paged_attention_scores(
@@ -759,46 +373,7 @@ impl Backend for CudaBackend {
         p: AttentionParams,
         scores: &mut CudaTensor,
     ) -> Result<()> {
-        if p.per_head_tables {
-            return Err(backend_error(
-                "paged_attention_scores: per-head block tables are not supported; \
-                 one table per sequence",
-            ));
-        }
-        let layout = cache.layout;
-        let scores_len = (scores.len(), p.rows * p.kv_heads * p.max_blocks_per_seq);
-        let Some(shape) = attention_shape(&layout, &idx, p, q.len(), scores_len)? else {
-            return Ok(());
-        };
-        // One warp per (KV head, row).
-        let grid = (to_u32(p.kv_heads, "kv_heads")?, grid_yz(p.rows, "rows")?, 1);
-        let cfg = config(grid, WARP_THREADS, 0);
-        match layout.value_quant() {
-            Some(quant) => sig::paged_attention_quant_scores(
-                self,
-                Which::ONE,
-                cfg,
-                &q.buf,
-                &cache.k,
-                &idx.row_seq.buf,
-                &idx.positions.buf,
-                &idx.block_tables.buf,
-                &quant_shape(&layout, quant, shape)?,
-                &mut scores.buf,
-            ),
-            None => sig::paged_attention_scores(
-                self,
-                Which::variant(kv_variant(layout.values)),
-                cfg,
-                &q.buf,
-                &cache.k,
-                &idx.row_seq.buf,
-                &idx.positions.buf,
-                &idx.block_tables.buf,
-                &shape,
-                &mut scores.buf,
-            ),
-        }
+        self.launch_paged_attention_scores(q, cache, idx, p, scores)
     }
 
     fn swiglu(
@@ -873,38 +448,7 @@ impl Backend for CudaBackend {
         ids: &mut CudaIndices,
         weights: &mut CudaTensor,
     ) -> Result<()> {
-        if p.k == 0 || p.k > p.experts || p.k > MAX_EXPERTS_PER_TOKEN {
-            return Err(backend_error(format!(
-                "moe_route: k = {} must be 1 to {} experts (at most {MAX_EXPERTS_PER_TOKEN})",
-                p.k, p.experts
-            )));
-        }
-        check_len("moe_route: logits", logits.len(), p.rows * p.width())?;
-        check_len("moe_route: ids", ids.len(), p.rows * p.slots())?;
-        check_len("moe_route: weights", weights.len(), p.rows * p.slots())?;
-        if p.rows == 0 {
-            return Ok(());
-        }
-        let (rows, experts, k) = (
-            to_u32(p.rows, "rows")?,
-            to_u32(p.experts, "experts")?,
-            to_u32(p.k, "k")?,
-        );
-        let (normalize, shared_gate) = (u32::from(p.normalize), u32::from(p.shared_gate));
-        let grid = (blocks_for(p.rows, 64, "rows")?, 1, 1);
-        sig::moe_route(
-            self,
-            Which::ONE,
-            config(grid, 64, 0),
-            &logits.buf,
-            &rows,
-            &experts,
-            &k,
-            &normalize,
-            &shared_gate,
-            &mut ids.buf,
-            &mut weights.buf,
-        )
+        self.launch_moe_route(logits, p, ids, weights)
     }
 
     fn moe_combine(
@@ -916,33 +460,7 @@ impl Backend for CudaBackend {
         p: MoeCombineParams,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        check_len("moe_combine: y", y.len(), p.count * p.width)?;
-        check_len("moe_combine: rows", rows.len(), p.count)?;
-        check_len("moe_combine: weights", weights.len(), ids.len())?;
-        if p.count == 0 || p.width == 0 {
-            return Ok(());
-        }
-        // The rows and ids are device data: the kernel trusts them to lie in
-        // `out` and `weights`, as the CPU reference's indexing does.
-        let (width, slots) = (to_u32(p.width, "width")?, to_u32(p.slots, "slots")?);
-        let grid = (
-            blocks_for(p.width, 256, "width")?,
-            grid_yz(p.count, "rows")?,
-            1,
-        );
-        sig::moe_combine(
-            self,
-            Which::ONE,
-            config(grid, 256, 0),
-            &y.buf,
-            &rows.buf,
-            &ids.buf,
-            &weights.buf,
-            &width,
-            &p.expert,
-            &slots,
-            &mut out.buf,
-        )
+        self.launch_moe_combine(y, rows, ids, weights, p, out)
     }
 
     fn argmax(

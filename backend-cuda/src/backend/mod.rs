@@ -16,10 +16,12 @@
 //! there (see `cublas_for`).
 
 mod attention;
+mod fused;
 mod kernel_set;
 mod kernels;
 mod launch;
 mod matmul;
+mod moe;
 mod scratch;
 mod tensors;
 #[cfg(test)]
