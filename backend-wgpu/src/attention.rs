@@ -1,9 +1,41 @@
 //! The host side of the KV cache and attention kernels: row writes and
-//! the attention dispatch of every variant.
+//! their key bounds, block selection, and the attention dispatch of every
+//! variant.
 
 use super::*;
 
 impl WgpuBackend {
+    /// `Backend::paged_kv_write`: the rows, then the key bounds where tracked.
+    pub(crate) fn paged_kv_write_kernel(
+        &self,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        slots: &WgpuIndices,
+        rows: usize,
+        cache: &mut WgpuKvCache,
+    ) -> Result<()> {
+        self.write_kv_rows(k, v, slots, rows, cache)?;
+        let Some(bounds) = &cache.bounds else {
+            return Ok(());
+        };
+        let layout = &cache.layout;
+        let params = [
+            u32_of(rows, "rows")?,
+            u32_of(layout.row_width(), "KV width")?,
+            u32_of(layout.head_dim, "head_dim")?,
+            u32_of(layout.block_size, "block_size")?,
+            u32_of(layout.num_slots(), "slots")?,
+        ];
+        self.dispatch(
+            simple("kv_key_bounds"),
+            "main",
+            &[READ, READ, WRITE],
+            &[&k.buf, &slots.buf, bounds],
+            &params,
+            (rows * layout.row_width()).div_ceil(64),
+        )
+    }
+
     /// `paged_kv_write`'s K/V rows (bounds apart).
     pub(crate) fn write_kv_rows(
         &self,
@@ -75,6 +107,72 @@ impl WgpuBackend {
             &[&k.buf, &v.buf, &slots.buf, &cache.k, &cache.v],
             &params,
             (rows * cache.slot_units).div_ceil(256),
+        )
+    }
+
+    /// `Backend::select_kv_blocks`.
+    pub(crate) fn select_kv_blocks_kernel(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        select: BlockSelectParams,
+        out: &mut WgpuIndices,
+    ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "select_kv_blocks: its input is one block table per sequence \
+                 (it writes one per KV head); per-head input tables are refused",
+            ));
+        }
+        let bounds = cache.bounds.as_ref().ok_or_else(|| {
+            backend_error("select_kv_blocks: the cache keeps no key bounds (track_key_bounds)")
+        })?;
+        check_attention_shape("select_kv_blocks", p, &cache.layout)?;
+        if p.max_blocks_per_seq == 0 || select.top_blocks == 0 {
+            return Err(backend_error(format!(
+                "select_kv_blocks: {} table columns and {} top blocks: both must be positive",
+                p.max_blocks_per_seq, select.top_blocks
+            )));
+        }
+        let seqs = idx.block_tables.len / p.max_blocks_per_seq;
+        check_len("select_kv_blocks q", q.len, p.rows * p.heads * p.head_dim)?;
+        check_len("select_kv_blocks row_seq", idx.row_seq.len, p.rows)?;
+        check_len("select_kv_blocks positions", idx.positions.len, p.rows)?;
+        // One table per sequence and KV head.
+        let out_len = seqs * p.kv_heads * p.max_blocks_per_seq;
+        check_len("select_kv_blocks out", out.len, out_len)?;
+        let scratch = self
+            .gpu
+            .pooled(4 * (seqs * p.kv_heads * p.max_blocks_per_seq).max(1) as u64)?;
+        let params = [
+            u32_of(p.rows, "rows")?,
+            u32_of(p.heads, "heads")?,
+            u32_of(p.kv_heads, "kv_heads")?,
+            u32_of(p.head_dim, "head_dim")?,
+            u32_of(p.block_size, "block_size")?,
+            u32_of(p.max_blocks_per_seq, "max_blocks_per_seq")?,
+            u32_of(seqs, "sequences")?,
+            u32_of(select.top_blocks, "top blocks")?,
+            u32_of(select.sink_blocks, "sink blocks")?,
+            u32_of(select.recent_blocks, "recent blocks")?,
+        ];
+        self.dispatch(
+            simple("select_kv_blocks"),
+            "main",
+            &[READ, READ, READ, READ, READ, WRITE, WRITE],
+            &[
+                &q.buf,
+                &idx.row_seq.buf,
+                &idx.positions.buf,
+                &idx.block_tables.buf,
+                bounds,
+                &scratch,
+                &out.buf,
+            ],
+            &params,
+            seqs,
         )
     }
 
@@ -179,5 +277,22 @@ impl WgpuBackend {
             &params,
             workgroups,
         )
+    }
+    /// `Backend::paged_attention_scores`: one table per sequence only.
+    pub(crate) fn attention_scores_kernel(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        idx: AttentionIndices<'_, Self>,
+        p: AttentionParams,
+        scores: &mut WgpuTensor,
+    ) -> Result<()> {
+        if p.per_head_tables {
+            return Err(backend_error(
+                "paged_attention_scores: per-head block tables are not supported; \
+                 one table per sequence",
+            ));
+        }
+        self.attention_kernel(q, cache, idx, p, scores, true)
     }
 }

@@ -10,15 +10,18 @@
 //! released while commands are pending is only reused after they are
 //! submitted (so no upload can overwrite data an earlier command still reads).
 
+mod memory;
+mod readback;
+
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tandem_core::{Error, Result};
 
 use crate::shader::{self, ShaderTarget, ShaderVariant};
+
+pub(crate) use memory::GpuBuffer;
+use memory::Pool;
 
 pub(crate) fn backend_error(message: impl Into<String>) -> Error {
     Error::backend("wgpu", message)
@@ -35,59 +38,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) enum Access {
     Read,
     ReadWrite,
-}
-
-/// A device buffer with a process-unique id (the key of cached bind groups).
-/// Pooled buffers go back to their pool when dropped, keeping their id.
-pub(crate) struct GpuBuffer {
-    pub id: u64,
-    pub buffer: wgpu::Buffer,
-    pool: Option<(Weak<Mutex<Pool>>, u64)>,
-}
-
-impl Drop for GpuBuffer {
-    fn drop(&mut self) {
-        if let Some((pool, class)) = &self.pool {
-            if let Some(pool) = pool.upgrade() {
-                lock(&pool).release(*class, self.id, self.buffer.clone());
-            }
-        }
-    }
-}
-
-/// Free storage buffers by size class.
-#[derive(Default)]
-pub(crate) struct Pool {
-    free: HashMap<u64, Vec<(u64, wgpu::Buffer)>>,
-    /// Released while commands were pending; free once they are submitted.
-    held: Vec<(u64, u64, wgpu::Buffer)>,
-    /// Commands are recorded and not yet submitted.
-    recording: bool,
-}
-
-impl Pool {
-    fn release(&mut self, class: u64, id: u64, buffer: wgpu::Buffer) {
-        if self.recording {
-            self.held.push((class, id, buffer));
-        } else {
-            self.free.entry(class).or_default().push((id, buffer));
-        }
-    }
-
-    fn submitted(&mut self) {
-        self.recording = false;
-        for (class, id, buffer) in self.held.drain(..) {
-            self.free.entry(class).or_default().push((id, buffer));
-        }
-    }
-}
-
-/// Sizes round up to a quarter of their power of two, so that a reused buffer
-/// wastes at most a fifth of itself.
-fn size_class(bytes: u64) -> u64 {
-    let bytes = bytes.max(16);
-    let quarter = (bytes.next_power_of_two() / 4).max(16);
-    bytes.div_ceil(quarter) * quarter
 }
 
 /// Bytes of one parameter slot: the largest dynamic-offset alignment WebGPU
@@ -220,87 +170,6 @@ impl Gpu {
         }
         let all = log.pending.drain(..).collect::<Vec<_>>().join("; ");
         Err(backend_error(format!("{during}: {all}")))
-    }
-
-    fn create_buffer(
-        &self,
-        bytes: u64,
-        usage: wgpu::BufferUsages,
-        label: &str,
-    ) -> Result<wgpu::Buffer> {
-        if bytes > self.limits.max_buffer_size {
-            return Err(backend_error(format!(
-                "{label}: {bytes} bytes exceed the adapter's largest buffer ({} bytes)",
-                self.limits.max_buffer_size
-            )));
-        }
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes.max(4).next_multiple_of(4),
-            usage,
-            mapped_at_creation: false,
-        });
-        self.check(label)?;
-        Ok(buffer)
-    }
-
-    /// A storage buffer of at least `bytes` from the pool; its content is
-    /// whatever its last user left.
-    pub fn pooled(&self, bytes: u64) -> Result<GpuBuffer> {
-        if bytes > self.limits.max_storage_buffer_binding_size {
-            return Err(backend_error(format!(
-                "a tensor of {bytes} bytes exceeds the adapter's storage binding limit ({} bytes)",
-                self.limits.max_storage_buffer_binding_size
-            )));
-        }
-        let class = size_class(bytes).min(self.limits.max_storage_buffer_binding_size);
-        let reused = lock(&self.pool).free.get_mut(&class).and_then(Vec::pop);
-        let (id, buffer) = match reused {
-            Some(found) => found,
-            None => {
-                let usage = wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST;
-                (self.fresh_id(), self.create_buffer(class, usage, "tensor")?)
-            }
-        };
-        Ok(GpuBuffer {
-            id,
-            buffer,
-            pool: Some((Arc::downgrade(&self.pool), class)),
-        })
-    }
-
-    /// A buffer of its own (weights, KV caches), zero-filled by wgpu.
-    pub fn dedicated(&self, bytes: u64, label: &str) -> Result<GpuBuffer> {
-        if bytes > self.limits.max_storage_buffer_binding_size {
-            return Err(backend_error(format!(
-                "{label}: {bytes} bytes exceed the adapter's storage binding limit ({} bytes)",
-                self.limits.max_storage_buffer_binding_size
-            )));
-        }
-        let usage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
-        Ok(GpuBuffer {
-            id: self.fresh_id(),
-            buffer: self.create_buffer(bytes, usage, label)?,
-            pool: None,
-        })
-    }
-
-    /// Queues `bytes` to be written at the start of `buffer` (padded to 4 bytes).
-    pub fn write(&self, buffer: &GpuBuffer, bytes: &[u8]) {
-        if bytes.is_empty() {
-            return;
-        }
-        if bytes.len().is_multiple_of(4) {
-            self.queue.write_buffer(&buffer.buffer, 0, bytes);
-        } else {
-            let mut padded = bytes.to_vec();
-            padded.resize(bytes.len().next_multiple_of(4), 0);
-            self.queue.write_buffer(&buffer.buffer, 0, &padded);
-        }
     }
 
     /// Runs `record` on the pending encoder (created when there is none).
@@ -537,49 +406,6 @@ impl Gpu {
         lock(&self.pool).submitted();
         self.check("running kernels")
     }
-
-    /// Submits pending work, then reads the first `bytes` (a multiple of 4) of `src`.
-    pub async fn read(&self, src: &GpuBuffer, bytes: u64) -> Result<Vec<u8>> {
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let reused = lock(&self.readback).take();
-        let staging = match reused {
-            Some(buffer) if buffer.size() >= bytes => buffer,
-            _ => self.create_buffer(
-                bytes
-                    .next_power_of_two()
-                    .min(self.limits.max_buffer_size.max(bytes)),
-                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                "readback",
-            )?,
-        };
-        {
-            let mut state = lock(&self.state);
-            self.record(&mut state, |e| {
-                e.copy_buffer_to_buffer(&src.buffer, 0, &staging, 0, bytes)
-            });
-            self.submit_locked(&mut state)?;
-        }
-        let mapped = Oneshot::default();
-        let done = mapped.clone();
-        staging.map_async(wgpu::MapMode::Read, 0..bytes, move |r| done.set(r));
-        #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| backend_error(format!("waiting for the device: {e}")))?;
-        mapped
-            .await
-            .map_err(|e| backend_error(format!("mapping a readback buffer: {e}")))?;
-        self.check("reading back")?;
-        let data = staging
-            .get_mapped_range(0..bytes)
-            .map_err(|e| backend_error(format!("reading a mapped buffer: {e}")))?
-            .to_vec();
-        staging.unmap();
-        *lock(&self.readback) = Some(staging);
-        Ok(data)
-    }
 }
 
 /// A wgpu error with its description and the chain of its sources (its
@@ -600,55 +426,4 @@ fn describe(e: &wgpu::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// A value set once by a callback and awaited by one reader (the map_async
-/// callback; natively it is already set when awaited, in the browser it
-/// arrives from the event loop).
-struct Oneshot<T> {
-    slot: Arc<Mutex<(Option<T>, Option<Waker>)>>,
-}
-
-impl<T> Default for Oneshot<T> {
-    fn default() -> Self {
-        Oneshot {
-            slot: Arc::new(Mutex::new((None, None))),
-        }
-    }
-}
-
-impl<T> Clone for Oneshot<T> {
-    fn clone(&self) -> Self {
-        Oneshot {
-            slot: self.slot.clone(),
-        }
-    }
-}
-
-impl<T> Oneshot<T> {
-    fn set(&self, value: T) {
-        let waker = {
-            let mut slot = lock(&self.slot);
-            slot.0 = Some(value);
-            slot.1.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-impl<T> Future for Oneshot<T> {
-    type Output = T;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let mut slot = lock(&self.slot);
-        match slot.0.take() {
-            Some(v) => Poll::Ready(v),
-            None => {
-                slot.1 = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
 }

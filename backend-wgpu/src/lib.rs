@@ -25,6 +25,8 @@ mod buffers;
 mod gpu;
 mod kernels;
 mod matmul;
+mod moe;
+mod rows;
 pub mod shader;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -48,9 +50,8 @@ use tandem_core::{Error, Result};
 use gpu::{backend_error, Access, Dispatch, Gpu, GpuBuffer};
 use shader::{ShaderTarget, ShaderVariant};
 
-// The parts of this crate see each other's items through these.
+// The parts of this crate see each other's items through this.
 use buffers::*;
-use matmul::*;
 
 /// Largest head the attention kernel holds (`src/wgsl/attention.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
@@ -122,6 +123,21 @@ impl WgpuBackend {
     /// Whether the shaders use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
         self.gpu.target.subgroups
+    }
+
+    /// `Backend::info`: the adapter and the shader features in use.
+    fn backend_info(&self) -> BackendInfo {
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        BackendInfo {
+            name: "wgpu".into(),
+            device: format!(
+                "{} ({}, f16 {}, subgroups {})",
+                self.adapter.name,
+                self.adapter.backend,
+                on_off(self.uses_f16()),
+                on_off(self.uses_subgroups())
+            ),
+        }
     }
 
     /// Submits the work recorded so far without waiting for it.

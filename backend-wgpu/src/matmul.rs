@@ -1,5 +1,6 @@
-//! The host side of the matmul family: one launch over every chunk of a
-//! weight, the norm prologue, and the gated product of a chunked weight.
+//! The host side of the matmul family: the plain and fused entry points,
+//! one launch over every chunk of a weight, the norm prologue, and the
+//! gated product of a chunked weight.
 
 use super::*;
 
@@ -30,6 +31,180 @@ pub(crate) struct MatmulLaunch<'a> {
 }
 
 impl WgpuBackend {
+    /// `Backend::matmul`.
+    pub(crate) fn matmul_kernel(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        bias: Option<&WgpuWeight>,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("matmul x", x.len, p.rows * w.cols)?;
+        check_len("matmul out", out.len, p.rows * w.rows)?;
+        let bias = bias.map(|b| b.vector(w.rows, "matmul bias")).transpose()?;
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel: matmul_kernel_name(w.format),
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE],
+            x,
+            w,
+            bias,
+            rows: p.rows,
+            pair: 1,
+            tail: &[&out.buf],
+            extra: &[],
+        })
+    }
+
+    /// `Backend::matmul_rms_norm`: the output split into up to three parts.
+    pub(crate) fn matmul_rms_norm_kernel(
+        &self,
+        x: &WgpuTensor,
+        norm: Option<NormPrologue<'_, WgpuWeight>>,
+        w: &WgpuWeight,
+        bias: Option<&WgpuWeight>,
+        p: MatmulParams,
+        outs: &mut [SplitOut<'_, WgpuTensor>],
+    ) -> Result<()> {
+        let kernel = "matmul_rms_norm";
+        if let Some(why) = split_error(outs.iter().map(|o| o.width), w.rows) {
+            return Err(backend_error(format!("{kernel}: {why}")));
+        }
+        check_len("matmul_rms_norm x", x.len, p.rows * w.cols)?;
+        for o in outs.iter() {
+            check_len("matmul_rms_norm out", o.out.len, p.rows * o.width)?;
+        }
+        let bias = bias
+            .map(|b| b.vector(w.rows, "matmul_rms_norm bias"))
+            .transpose()?;
+        let (normed, norm, [has_norm, eps]) = self.prologue(kernel, x, norm, p.rows, w.cols)?;
+        let x = normed.as_ref().unwrap_or(x);
+        // The first features of the second and third parts (n where absent:
+        // the widths sum to n).
+        let mut splits = [w.rows; MAX_SPLIT - 1];
+        let mut start = 0;
+        for (split, o) in splits.iter_mut().zip(outs.iter()) {
+            start += o.width;
+            *split = start;
+        }
+        let part = |i: usize| match outs.get(i) {
+            Some(o) => &o.out.buf,
+            None => &self.spare_outs[i - 1],
+        };
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel,
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE, READ, WRITE, WRITE],
+            x,
+            w,
+            bias,
+            rows: p.rows,
+            pair: 1,
+            tail: &[part(0), norm, part(1), part(2)],
+            extra: &[
+                has_norm,
+                eps,
+                u32_of(splits[0], "split")?,
+                u32_of(splits[1], "split")?,
+            ],
+        })
+    }
+
+    /// `Backend::matmul_glu`: fused on one chunk, split then gated on several.
+    pub(crate) fn matmul_glu_kernel(
+        &self,
+        x: &WgpuTensor,
+        norm: Option<NormPrologue<'_, WgpuWeight>>,
+        w: &WgpuWeight,
+        glu: Glu,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        let kernel = "matmul_glu";
+        if !w.rows.is_multiple_of(2) {
+            return Err(backend_error(format!(
+                "{kernel}: a [gate; up] weight has an even number of rows, not {}",
+                w.rows
+            )));
+        }
+        let f = w.rows / 2;
+        check_len("matmul_glu x", x.len, p.rows * w.cols)?;
+        check_len("matmul_glu out", out.len, p.rows * f)?;
+        if w.chunks.len() > 1 {
+            // A gate row and its up row may lie in different chunks, which
+            // one dispatch cannot read together: the halves are split into
+            // scratch, then the unfused activation runs.
+            let mut gate = self.scratch(p.rows * f)?;
+            let mut up = self.scratch(p.rows * f)?;
+            let mut halves = [
+                SplitOut {
+                    out: &mut gate,
+                    width: f,
+                },
+                SplitOut {
+                    out: &mut up,
+                    width: f,
+                },
+            ];
+            self.matmul_rms_norm(x, norm, w, None, p, &mut halves)?;
+            return match glu {
+                Glu::SwiGlu => self.swiglu(&gate, &up, p.rows * f, out),
+                Glu::GeGlu => self.geglu(&gate, &up, p.rows * f, out),
+            };
+        }
+        let (normed, norm, [has_norm, eps]) = self.prologue(kernel, x, norm, p.rows, w.cols)?;
+        let x = normed.as_ref().unwrap_or(x);
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel,
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE, READ],
+            x,
+            w,
+            bias: None,
+            rows: p.rows,
+            pair: 2,
+            tail: &[&out.buf, norm],
+            extra: &[has_norm, eps, u32::from(glu == Glu::GeGlu)],
+        })
+    }
+
+    /// `Backend::matmul_residual`.
+    pub(crate) fn matmul_residual_kernel(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        p: MatmulParams,
+        out: &mut WgpuTensor,
+    ) -> Result<()> {
+        check_len("matmul_residual x", x.len, p.rows * w.cols)?;
+        check_len("matmul_residual out", out.len, p.rows * w.rows)?;
+        self.launch_matmul(MatmulLaunch {
+            variant: ShaderVariant {
+                kernel: "matmul_residual",
+                format: Some(w.format),
+                kv_f16: false,
+            },
+            access: &[READ, READ, READ, WRITE],
+            x,
+            w,
+            bias: None,
+            rows: p.rows,
+            pair: 1,
+            tail: &[&out.buf],
+            extra: &[],
+        })
+    }
+
     /// Records `l`, one dispatch per weight chunk, each on the entry point
     /// that suits its row count and the adapter.
     pub(crate) fn launch_matmul(&self, l: MatmulLaunch<'_>) -> Result<()> {
