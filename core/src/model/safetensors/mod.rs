@@ -27,6 +27,7 @@
 pub mod file;
 pub mod hf;
 pub mod hf_config;
+mod hf_config_write;
 mod hf_moe;
 mod json_fields;
 pub mod model_dir;
@@ -37,7 +38,7 @@ pub mod writer;
 pub use file::SafetensorsFile;
 #[cfg(not(target_arch = "wasm32"))]
 pub use hf::load_hf_dir;
-pub use hf_config::hf_config_json;
+pub use hf_config_write::hf_config_json;
 pub use model_dir::OutputTensor;
 #[cfg(not(target_arch = "wasm32"))]
 pub use model_dir::{rows_from_interleaved, write_model_dir, write_tokenizer_files};
