@@ -20,6 +20,7 @@ mod block_table;
 pub mod eviction;
 mod manager;
 pub mod plan;
+mod prefix_cache;
 #[cfg(test)]
 mod props;
 pub mod quant;
@@ -27,8 +28,9 @@ pub mod quant;
 pub use allocator::{BlockHash, BlockKey, ContentId, KvBlockAllocator};
 pub use block_table::BlockTable;
 pub use eviction::{EvictionConfig, EvictionPlan, EvictionPolicy, KvBudget, EVICTED_BLOCK};
-pub use manager::{BlockHasher, KvCacheManager, SeqId, SlotReservation};
+pub use manager::{KvCacheManager, SeqId, SlotReservation};
 pub use plan::{KvPlan, KvPrecision, KvShape, LayerKvDtypes};
+pub use prefix_cache::BlockHasher;
 
 /// Tokens per KV block unless configured otherwise (vLLM's default too).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

@@ -29,6 +29,8 @@ mod token_model;
 #[cfg(test)]
 mod chat_tests;
 #[cfg(test)]
+mod hf_dir_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tools_tests;
