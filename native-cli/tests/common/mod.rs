@@ -1,5 +1,6 @@
 //! Helpers shared by the CLI test binaries: running `tandem` and checking
 //! that a failure is one clear error line.
+#![allow(dead_code)] // each test binary uses its own part
 
 use std::process::{Command, Output};
 
