@@ -19,6 +19,8 @@ use std::fmt;
 // where a bare `mod moe;` would be looked for beside it.
 #[path = "conformance/attention.rs"]
 mod attention;
+#[path = "conformance/calls.rs"]
+mod calls;
 #[path = "conformance/fused.rs"]
 mod fused;
 #[path = "conformance/moe.rs"]
@@ -31,12 +33,17 @@ mod select;
 mod weights;
 
 use tandem_core::backend::{
-    AttentionIndices, AttentionParams, Backend, Glu, KvCacheLayout, KvDtype, MatmulParams,
-    RmsNormParams, RopeParams, RopeStyle,
+    AttentionIndices, AttentionParams, Backend, KvCacheLayout, KvDtype, RmsNormParams, RopeParams,
+    RopeStyle,
 };
 use tandem_core::kernels::{spec, MANIFEST};
 use tandem_core::quant::{quantize_row, WeightFormat, WeightView};
 use tandem_cpu::CpuBackend;
+
+use calls::{
+    argmax, embedding, gather_rows, geglu, matmul, rms_norm, rms_norm_residual, rope, scale,
+    swiglu, swiglu_or_geglu, vector,
+};
 
 /// The manifest entry of a KV kernel (`paged_kv_write`, `paged_attention`)
 /// for a cache dtype: quantized caches have entries of their own.
@@ -518,105 +525,4 @@ impl<X: Backend> IndexBuffers<X> {
             block_tables: &self.block_tables,
         }
     }
-}
-
-fn vector<X: Backend>(be: &X, values: &[f32]) -> tandem_core::Result<X::Weight> {
-    HostWeight::new(WeightFormat::F32, 1, values.len(), values).upload(be)
-}
-
-fn embedding<X: Backend>(be: &X, table: &HostWeight, tokens: &[u32]) -> Out {
-    let w = table.upload(be)?;
-    let ids = be.upload_indices(tokens)?;
-    let mut out = be.alloc(tokens.len() * table.cols)?;
-    be.embedding(&w, &ids, tokens.len(), &mut out)?;
-    be.download(&out, tokens.len() * table.cols)
-}
-
-fn rms_norm<X: Backend>(be: &X, x: &[f32], weight: &[f32], p: RmsNormParams) -> Out {
-    let xs = be.upload(x)?;
-    let w = vector(be, weight)?;
-    let mut out = be.alloc(x.len())?;
-    be.rms_norm(&xs, &w, p, &mut out)?;
-    be.download(&out, x.len())
-}
-
-/// The normalized rows followed by the updated residual.
-fn rms_norm_residual<X: Backend>(
-    be: &X,
-    residual: &[f32],
-    delta: &[f32],
-    weight: &[f32],
-    p: RmsNormParams,
-) -> Out {
-    let mut res = be.upload(residual)?;
-    let d = be.upload(delta)?;
-    let w = vector(be, weight)?;
-    let mut out = be.alloc(residual.len())?;
-    be.rms_norm_residual(&mut res, &d, &w, p, &mut out)?;
-    let mut all = be.download(&out, residual.len())?;
-    all.extend(be.download(&res, residual.len())?);
-    Ok(all)
-}
-
-fn matmul<X: Backend>(be: &X, x: &[f32], w: &HostWeight, bias: Option<&[f32]>, rows: usize) -> Out {
-    let xs = be.upload(x)?;
-    let weight = w.upload(be)?;
-    let b = bias.map(|b| vector(be, b)).transpose()?;
-    let mut out = be.alloc(rows * w.rows)?;
-    be.matmul(&xs, &weight, b.as_ref(), MatmulParams { rows }, &mut out)?;
-    be.download(&out, rows * w.rows)
-}
-
-fn rope<X: Backend>(be: &X, x: &[f32], positions: &[u32], inv_freq: &[f32], p: RopeParams) -> Out {
-    let mut xs = be.upload(x)?;
-    let pos = be.upload_indices(positions)?;
-    let freq = be.upload(inv_freq)?;
-    be.rope(&mut xs, &pos, &freq, p)?;
-    be.download(&xs, x.len())
-}
-
-fn swiglu<X: Backend>(be: &X, gate: &[f32], up: &[f32]) -> Out {
-    let (g, u) = (be.upload(gate)?, be.upload(up)?);
-    let mut out = be.alloc(gate.len())?;
-    be.swiglu(&g, &u, gate.len(), &mut out)?;
-    be.download(&out, gate.len())
-}
-
-fn geglu<X: Backend>(be: &X, gate: &[f32], up: &[f32]) -> Out {
-    let (g, u) = (be.upload(gate)?, be.upload(up)?);
-    let mut out = be.alloc(gate.len())?;
-    be.geglu(&g, &u, gate.len(), &mut out)?;
-    be.download(&out, gate.len())
-}
-
-fn swiglu_or_geglu<X: Backend>(be: &X, glu: Glu, gate: &[f32], up: &[f32]) -> Out {
-    match glu {
-        Glu::SwiGlu => swiglu(be, gate, up),
-        Glu::GeGlu => geglu(be, gate, up),
-    }
-}
-
-fn scale<X: Backend>(be: &X, x: &[f32], len: usize, factor: f32) -> Out {
-    let mut xs = be.upload(x)?;
-    be.scale(&mut xs, len, factor)?;
-    be.download(&xs, x.len())
-}
-
-fn gather_rows<X: Backend>(be: &X, x: &[f32], picks: &[u32], width: usize) -> Out {
-    let xs = be.upload(x)?;
-    let rows = be.upload_indices(picks)?;
-    let mut out = be.alloc(picks.len() * width)?;
-    be.gather_rows(&xs, &rows, picks.len(), width, &mut out)?;
-    be.download(&out, picks.len() * width)
-}
-
-fn argmax<X: Backend>(be: &X, x: &[f32], rows: usize, width: usize) -> Out {
-    let xs = be.upload(x)?;
-    let mut out = be.upload_indices(&vec![u32::MAX; rows])?;
-    be.argmax(&xs, rows, width, &mut out)?;
-    Ok(be
-        .download_indices(&out, rows)?
-        .into_iter()
-        .map(|i| i as f32)
-        .collect())
 }

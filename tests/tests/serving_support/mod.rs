@@ -184,6 +184,25 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     )
 }
 
+/// The body of a 200 answer to `body` at `path`.
+pub fn ok(addr: SocketAddr, path: &str, body: Value) -> Value {
+    let (status, v) = post(addr, path, &body);
+    assert_eq!(status, 200, "{body}: {v}");
+    v
+}
+
+/// A completion request for `prompt` with `extra` fields, greedy, token ids in logprobs.
+pub fn completion(prompt: Value, extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+        "logprobs": 0, "return_tokens_as_token_ids": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
 pub fn metric(addr: SocketAddr, name: &str) -> f64 {
     let (_, text) = http(addr, "GET", "/metrics", None, b"");
     text.lines()
