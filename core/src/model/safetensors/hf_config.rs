@@ -1,6 +1,6 @@
 //! Hugging Face `config.json`: read into a [`ModelConfig`] for the families
-//! of [`arch::FAMILIES`], and written back ([`hf_config_json`]) in the form
-//! it is read.
+//! of [`arch::FAMILIES`] (`hf_config_write` writes it back in the form it
+//! is read).
 //!
 //! Gemma 3 (text-only `Gemma3ForCausalLM`, `model_type` `gemma3_text`) is
 //! read as Hugging Face's `modeling_gemma3.py` runs it: layer `i` is local
@@ -25,9 +25,6 @@ use crate::model::arch::{self, Activation, Family, LayerSpec, Rope};
 use crate::model::config::{ModelConfig, RopeScaling, MAX_LAYERS};
 use crate::model::TensorStore;
 use crate::{Error, Result};
-
-// The writer, still at the public path it had when it lived here.
-pub use super::hf_config_write::hf_config_json;
 
 /// The fields of `config.json` Tandem reads.
 pub(super) struct HfConfig {
@@ -375,6 +372,7 @@ fn rope_scaling(scaling: Option<&HfRopeScaling>, config_path: &Path) -> Result<R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::safetensors::hf_config_json;
 
     fn config_json(extra: &str) -> String {
         format!(
