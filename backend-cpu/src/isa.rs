@@ -11,11 +11,14 @@ pub(crate) struct Isa(IsaKind);
 /// Instruction sets of the matmul micro-kernels, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IsaKind {
-    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL, VNNI and VBMI: the
-    /// quantized matmul kernels on 512-bit vectors (`vpmaddwd` and
-    /// `vpdpwssd` per pair of 32-element runs, whose codes one VBMI byte
-    /// permute puts in place), byte masks, and 32 vector registers. CPUs
-    /// with VNNI but not VBMI (Cascade Lake) take the AVX2 kernels.
+    /// x86-64 AVX2 + FMA + F16C, plus AVX-512 F, BW, VL, VNNI, VBMI and
+    /// BITALG: the quantized matmul kernels on 512-bit vectors (`vpmaddwd`
+    /// and `vpdpwssd` per pair of 32-element runs, whose codes one VBMI
+    /// byte permute puts in place; `vpdpbusd` over the nibble formats'
+    /// codes, their fifth bits picked by BITALG's bit shuffle), byte masks,
+    /// and 32 vector registers. CPUs with VNNI but not VBMI (Cascade Lake)
+    /// take the AVX2 kernels; every CPU with VBMI has BITALG but Cannon
+    /// Lake.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
     /// x86-64 AVX2 + FMA + F16C.
@@ -37,7 +40,7 @@ pub(crate) enum IsaKind {
 pub enum CpuIsa {
     #[default]
     Best,
-    /// AVX2 + FMA + F16C with AVX-512 F, BW, VL, VNNI and VBMI.
+    /// AVX2 + FMA + F16C with AVX-512 F, BW, VL, VNNI, VBMI and BITALG.
     Avx512,
     /// AVX2 + FMA + F16C.
     Avx2,
@@ -95,6 +98,7 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vbmi")
+                && is_x86_feature_detected!("avx512bitalg")
             {
                 isas.push(Isa(IsaKind::Avx512Vnni));
             }

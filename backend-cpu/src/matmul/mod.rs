@@ -30,8 +30,9 @@
 //!    tokens: each weight block is decoded once per `T` tokens and each
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
 //!    instruction set ([`tiles::MicroKernels`]): AVX2 and AVX-512 (runs in quads,
-//!    `avx512` says how; on both, with two tokens or more a row tile's codes
-//!    are unpacked once into scratch for all of them), wasm SIMD128 (the
+//!    `avx512` says how, the nibble formats' codes kept bytes against byte
+//!    planes of the activations; on both, with two tokens or more a row
+//!    tile's codes are unpacked once into scratch for all of them), wasm SIMD128 (the
 //!    integer block formats; `simd128`), and portable Rust. Within one
 //!    instruction set every output element is computed with the same
 //!    arithmetic in the same order whatever tile it falls in, so results do
@@ -67,7 +68,8 @@ use crate::isa::{Isa, IsaKind};
 use crate::workers::Workers;
 use formats::BlockKind;
 use quantize::{
-    quantize_activations, quantize_activations_i8, I8Activations, QuantizedActivations,
+    quantize_activations, quantize_activations_i8, ActivationForm, I8Activations,
+    QuantizedActivations,
 };
 
 /// A call with at least this many tokens per thread splits tokens across
@@ -121,10 +123,10 @@ pub(crate) fn matmuls(
     let Some(cols) = targets.first().map(|(w, _, _)| w.cols()) else {
         return Ok(());
     };
-    let quantized = [OnceCell::new(), OnceCell::new()];
-    let quantize = |half_sums: bool| {
-        quantized[half_sums as usize]
-            .get_or_init(|| quantize_activations(workers, isa, x, rows, cols, half_sums))
+    let quantized: [OnceCell<QuantizedActivations>; ActivationForm::COUNT] = Default::default();
+    let quantize = |form: ActivationForm| {
+        quantized[form.index()]
+            .get_or_init(|| quantize_activations(workers, isa, x, rows, cols, form))
     };
     let quantized_i8 = OnceCell::new();
     for (w, bias, out) in targets.iter_mut() {
@@ -164,7 +166,7 @@ pub(crate) fn matmuls(
                 Operands::Blocks {
                     kind,
                     w: w.rows(),
-                    x: quantize(kind.needs_half_sums()),
+                    x: quantize(activation_form(isa, kind)),
                 }
             }
         };
@@ -177,6 +179,20 @@ pub(crate) fn matmuls(
         run_tasks(workers, &job, rows, n, out);
     }
     Ok(())
+}
+
+/// The form `isa`'s kernels take the activations of `kind`'s weights in.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn activation_form(isa: Isa, kind: BlockKind) -> ActivationForm {
+    #[cfg(target_arch = "x86_64")]
+    if isa.kind() == IsaKind::Avx512Vnni
+        && formats::with_block_format!(kind, F => avx512::takes_nibble_kernel::<F>())
+    {
+        return ActivationForm::Planes;
+    }
+    ActivationForm::Blocks {
+        half_sums: kind.needs_half_sums(),
+    }
 }
 
 /// The weight matrix with the activations in the form its kernels take.

@@ -17,7 +17,9 @@
 //! The AVX-512 kernel reads the quants of each group of four (or, at the
 //! end of a row, two) blocks permuted into its group layout (`avx512`
 //! defines it), a row being padded with a zero block where a group lacks
-//! one; the statistics stay per block in row order.
+//! one; its nibble formats' kernel reads them as byte planes, per four
+//! blocks (`avx512::to_planes`). The statistics stay per block in row
+//! order.
 
 use tandem_core::quant::{quantize_activation_row_i8, QK};
 
@@ -32,13 +34,40 @@ pub(super) struct BlockQuants(pub(super) [i16; QK]);
 /// The largest quant magnitude.
 const QUANT_MAX: f32 = 32767.0;
 
+/// The form a kernel takes quantized activations in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ActivationForm {
+    /// 16-bit blocks (in the group layout for the AVX-512 kernel), with
+    /// the statistics per half when `half_sums`.
+    Blocks { half_sums: bool },
+    /// The byte planes of the AVX-512 nibble formats' kernel.
+    #[cfg(target_arch = "x86_64")]
+    Planes,
+}
+
+impl ActivationForm {
+    /// Every form.
+    pub(super) const COUNT: usize = 3;
+
+    /// A distinct index per form, below [`ActivationForm::COUNT`].
+    pub(super) fn index(self) -> usize {
+        match self {
+            ActivationForm::Blocks { half_sums } => half_sums as usize,
+            #[cfg(target_arch = "x86_64")]
+            ActivationForm::Planes => 2,
+        }
+    }
+}
+
 /// The activation matrix `[rows, blocks_per_row * 32]` in 16-bit blocks.
 pub(super) struct QuantizedActivations {
     blocks_per_row: usize,
-    /// Blocks stored per row: `blocks_per_row`, with the padding of the
-    /// group layout.
+    /// Blocks per row of statistics: `blocks_per_row`, with the padding of
+    /// the group layout or the planes.
     stride: usize,
-    /// `[rows, stride]`.
+    /// Entries of `quants` per row: `stride`, or the planes' blocks.
+    quant_stride: usize,
+    /// `[rows, quant_stride]`.
     quants: Vec<BlockQuants>,
     /// `[rows, stride, 2]`: `[scale, sum]` per block.
     stats: Vec<f32>,
@@ -52,7 +81,8 @@ pub(super) struct QuantizedActivations {
 pub(super) struct QuantRow<'a> {
     /// The row's blocks (the padding blocks of the group layout excluded).
     blocks: usize,
-    /// One entry per block, in the group layout for the AVX-512 kernel.
+    /// One entry per block, in the group layout for the AVX-512 kernel;
+    /// or the planes.
     pub(super) quants: &'a [BlockQuants],
     /// `[scale, sum]` per block, where `sum` is `scale * sum(quants)`:
     /// multiplied by a 4-bit weight block's offset (`m`, or `-8 * d` for
@@ -70,10 +100,10 @@ impl QuantRow<'_> {
 
 impl QuantizedActivations {
     pub(super) fn row(&self, t: usize) -> QuantRow<'_> {
-        let nb = self.stride;
+        let (nb, qs) = (self.stride, self.quant_stride);
         QuantRow {
             blocks: self.blocks_per_row,
-            quants: &self.quants[t * nb..(t + 1) * nb],
+            quants: &self.quants[t * qs..(t + 1) * qs],
             stats: &self.stats[2 * t * nb..2 * (t + 1) * nb],
             half_stats: self
                 .half_stats
@@ -86,22 +116,26 @@ impl QuantizedActivations {
 /// Fewest values worth a task of their own.
 const MIN_CHUNK_VALUES: usize = 32 * 1024;
 
-/// Quantizes `rows` rows of `cols` values (`cols` a multiple of 32), with
-/// the statistics per half block when `half_sums`.
+/// Quantizes `rows` rows of `cols` values (`cols` a multiple of 32) into
+/// `form`.
 pub(super) fn quantize_activations(
     workers: &Workers,
     isa: Isa,
     x: &[f32],
     rows: usize,
     cols: usize,
-    half_sums: bool,
+    form: ActivationForm,
 ) -> QuantizedActivations {
     let nb = cols / QK;
-    // The AVX-512 kernel's group layout, whose groups of blocks pad each row.
+    let half_sums = form == ActivationForm::Blocks { half_sums: true };
+    // The AVX-512 kernel's group layout, whose groups of blocks pad each
+    // row, and the planes, whose quads do.
     #[cfg(target_arch = "x86_64")]
-    let grouped = isa.kind() == IsaKind::Avx512Vnni;
+    let grouped = isa.kind() == IsaKind::Avx512Vnni && form != ActivationForm::Planes;
     #[cfg(target_arch = "x86_64")]
-    let stride = if grouped {
+    let stride = if form == ActivationForm::Planes {
+        nb.next_multiple_of(super::avx512::QUAD)
+    } else if grouped {
         super::avx512::stored_runs(nb)
     } else {
         nb
@@ -150,15 +184,34 @@ pub(super) fn quantize_activations(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if grouped {
+    let (quants, quant_stride) = if grouped {
         workers.for_each_chunk(&mut quants, rows_per_chunk * stride, |_, quants| {
             // SAFETY: the group layout is only asked for with AVX-512.
             unsafe { super::avx512::to_group_layout(quants, stride) }
         });
-    }
+        (quants, stride)
+    } else if form == ActivationForm::Planes && nb > 0 {
+        let quads = stride / super::avx512::QUAD;
+        let quant_stride = super::avx512::plane_blocks(nb);
+        let mut planes = vec![BlockQuants([0; QK]); rows * quant_stride];
+        workers.for_each_chunk(&mut planes, rows_per_chunk * quant_stride, |i, planes| {
+            let rows = planes.len() / quant_stride;
+            let first = i * rows_per_chunk;
+            let blocks = &quants[first * stride..][..rows * stride];
+            let stats = &stats[2 * first * stride..][..2 * rows * stride];
+            // SAFETY: planes are only asked for with AVX-512.
+            unsafe { super::avx512::to_planes(blocks, stats, planes, quads) }
+        });
+        (planes, quant_stride)
+    } else {
+        (quants, stride)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let quant_stride = stride;
     QuantizedActivations {
         blocks_per_row: nb,
         stride,
+        quant_stride,
         quants,
         stats,
         half_stats,

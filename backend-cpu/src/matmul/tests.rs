@@ -5,7 +5,7 @@ use tandem_core::kernels::{matmul_kernel_name, spec};
 use tandem_core::quant::{quantize_matrix, quantize_row, WeightFormat, WeightView, QK};
 
 use super::formats::BlockFormat;
-use super::quantize::{quantize_activations, BlockQuants, QuantRow};
+use super::quantize::{quantize_activations, ActivationForm, BlockQuants, QuantRow};
 use super::tiles::{decode_block_heads_scalar, MicroKernels};
 use super::*;
 use crate::reference;
@@ -76,7 +76,7 @@ fn every_instruction_set_matches_the_reference() {
             for format in WeightFormat::ALL {
                 let block = format.block_elems();
                 let cols_set: &[usize] = if format.is_quantized() {
-                    &[block, 5 * block, 6 * block]
+                    &[block, 3 * block, 5 * block, 6 * block, 8 * block]
                 } else {
                     &[3, 8, 45]
                 };
@@ -95,13 +95,28 @@ fn every_instruction_set_matches_the_reference() {
 }
 
 /// Element `i` of block `b` of a quantized row, in the layout `isa`'s
-/// kernels read.
-fn element(isa: Isa, row: &QuantRow<'_>, b: usize, i: usize) -> i16 {
-    match isa.kind() {
+/// kernels read in `form`.
+fn element(isa: Isa, form: ActivationForm, row: &QuantRow<'_>, b: usize, i: usize) -> i16 {
+    match (isa.kind(), form) {
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx512Vnni => avx512::element_at(row.quants, b, i),
+        (IsaKind::Avx512Vnni, ActivationForm::Planes) => avx512::plane_element(row.quants, b, i),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx512Vnni, _) => avx512::element_at(row.quants, b, i),
         _ => row.quants[b].0[i],
     }
+}
+
+/// The forms `isa`'s kernels take activations in.
+fn forms(isa: Isa) -> Vec<ActivationForm> {
+    let mut forms = vec![
+        ActivationForm::Blocks { half_sums: false },
+        ActivationForm::Blocks { half_sums: true },
+    ];
+    #[cfg(target_arch = "x86_64")]
+    if isa.kind() == IsaKind::Avx512Vnni {
+        forms.push(ActivationForm::Planes);
+    }
+    forms
 }
 
 /// The group layout holds every element of a row once, where `element_at`
@@ -229,25 +244,53 @@ fn matmuls_over_one_input_give_the_bits_of_separate_matmuls() {
     assert!(err.to_string().contains("512 and 64 columns"), "{err}");
 }
 
+/// Every form holds each activation rounded to the nearest step of its
+/// block's scale, with the block's `[scale, sum]`; the planes also each
+/// lane's negated sum (a row of five blocks: a quad and a padded one).
 #[test]
 fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);
-    let x = Values(7).take(3 * 64, 4.0);
-    for isa in Isa::available() {
-        let q = quantize_activations(&workers, isa, &x, 3, 64, true);
-        for t in 0..3 {
-            let row = q.row(t);
-            for b in 0..2 {
-                let block = &x[t * 64 + b * QK..][..QK];
-                let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = row.stats[2 * b];
-                assert_eq!(scale, max_abs / 32767.0);
-                let quants: Vec<i16> = (0..QK).map(|i| element(isa, &row, b, i)).collect();
-                for (v, &q) in block.iter().zip(&quants) {
-                    assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
+    for cols in [64, 160] {
+        let blocks = cols / QK;
+        let x = Values(7).take(3 * cols, 4.0);
+        for isa in Isa::available() {
+            for form in forms(isa) {
+                let q = quantize_activations(&workers, isa, &x, 3, cols, form);
+                for t in 0..3 {
+                    let row = q.row(t);
+                    let quants: Vec<Vec<i16>> = (0..blocks)
+                        .map(|b| (0..QK).map(|i| element(isa, form, &row, b, i)).collect())
+                        .collect();
+                    for (b, quants) in quants.iter().enumerate() {
+                        let block = &x[t * cols + b * QK..][..QK];
+                        let max_abs = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let scale = row.stats[2 * b];
+                        assert_eq!(scale, max_abs / 32767.0);
+                        for (v, &q) in block.iter().zip(quants) {
+                            assert!((v - scale * q as f32).abs() <= scale * 0.5 + 1e-6);
+                        }
+                        let sum: i32 = quants.iter().map(|&q| q as i32).sum();
+                        assert_eq!(row.stats[2 * b + 1], scale * sum as f32);
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if form == ActivationForm::Planes {
+                        for k in 0..16 * blocks.div_ceil(4) {
+                            let (b, m) = (k / 4, k % 4);
+                            let lane_sum = quants.get(b).map_or(0, |q| {
+                                (0..4)
+                                    .map(|i| q[4 * m + i] as i32 + q[16 + 4 * m + i] as i32)
+                                    .sum()
+                            });
+                            let stats = |i: usize| row.stats.get(2 * b + i).copied().unwrap_or(0.0);
+                            let scaled_sum = if m == 0 { stats(1) } else { 0.0 };
+                            assert_eq!(
+                                avx512::plane_lane(row.quants, b / 4, k % 16),
+                                (-lane_sum, stats(0), scaled_sum),
+                                "lane {k}"
+                            );
+                        }
+                    }
                 }
-                let sum: i32 = quants.iter().map(|&q| q as i32).sum();
-                assert_eq!(row.stats[2 * b + 1], scale * sum as f32);
             }
         }
     }
@@ -255,7 +298,8 @@ fn quantized_activations_round_to_the_nearest_step() {
 
 #[test]
 fn an_all_zero_block_quantizes_to_zeros() {
-    let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32, true);
+    let form = ActivationForm::Blocks { half_sums: true };
+    let q = quantize_activations(&Workers::new(1), Isa::detect(), &[0.0; 32], 1, 32, form);
     assert_eq!(q.row(0).stats[..2], [0.0, 0.0]);
     assert_eq!(q.row(0).quants[0].0, [0; 32]);
 }

@@ -71,14 +71,21 @@ pub(super) trait MicroKernels {
     /// (`F::HEAD_FLOATS` values per run).
     unsafe fn decode_block_heads<F: BlockFormat>(row: &[u8], heads: &mut [f32]);
 
+    /// Whether [`MicroKernels::block_tile`] decodes `F`'s heads itself, with
+    /// its codes: then it takes no `w_heads`, and no pass decodes them (a
+    /// pass touches the rows all the same, `touch_row`).
+    fn heads_in_kernel<F: BlockFormat>() -> bool {
+        false
+    }
+
     /// Whether [`MicroKernels::block_tile`] can read a row tile's weight
     /// codes as [`MicroKernels::repack_codes`] wrote them (when its
     /// `w_codes` are not empty), rather than the rows' bytes, with the same
     /// results.
     const REPACKS_CODES: bool = false;
 
-    /// The blocks of repacked codes a row of `runs` runs takes.
-    fn repacked_blocks(runs: usize) -> usize {
+    /// The blocks of repacked codes a row of `runs` runs of `F` takes.
+    fn repacked_blocks<F: BlockFormat>(runs: usize) -> usize {
         runs
     }
 
@@ -175,6 +182,24 @@ pub(super) unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(
     }
 }
 
+/// Loads a byte of each cache line of `row` and prefetches the bytes
+/// [`PREFETCH_AHEAD`] past each: the heads pass's memory traffic, for the
+/// kernels that decode their heads themselves. Their loads interleave a
+/// tile's rows with much work between; without this pass's loads running
+/// ahead of them, a matrix streamed from memory (decode) took 10-25%
+/// longer, prefetches from the kernel or alone notwithstanding (the
+/// `decode_step` bench).
+///
+/// # Safety
+/// The CPU supports `K`'s instruction set.
+#[inline(always)]
+unsafe fn touch_row<K: MicroKernels>(row: &[u8]) {
+    for line in (0..row.len()).step_by(64) {
+        K::prefetch(row.as_ptr().wrapping_add(line + PREFETCH_AHEAD));
+        std::ptr::read_volatile(row.as_ptr().add(line));
+    }
+}
+
 /// A task on `K`'s micro-kernels: float weights in tiles of `FR` rows ×
 /// `FT` tokens, the block formats in `QR` × `QT`, W8A8 in `WR` × `WT`.
 ///
@@ -222,10 +247,14 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
 ) {
     let blocks = cols / QK;
     let row_bytes = F::row_bytes(blocks);
-    let row_heads = F::HEAD_FLOATS * blocks;
+    let row_heads = if K::heads_in_kernel::<F>() {
+        0
+    } else {
+        F::HEAD_FLOATS * blocks
+    };
     let mut heads = vec![0f32; R * row_heads];
     let row_codes = if K::REPACKS_CODES && task.tokens.len() >= REPACK_MIN_TOKENS {
-        K::repacked_blocks(blocks)
+        K::repacked_blocks::<F>(blocks)
     } else {
         0
     };
@@ -235,7 +264,11 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
         let height = if task.rows.end - r >= R { R } else { 1 };
         for i in 0..height {
             let row = w.row(r + i, row_bytes);
-            K::decode_block_heads::<F>(row, &mut heads[i * row_heads..][..row_heads]);
+            if row_heads > 0 {
+                K::decode_block_heads::<F>(row, &mut heads[i * row_heads..][..row_heads]);
+            } else if row_codes == 0 {
+                touch_row::<K>(row);
+            }
             if row_codes > 0 {
                 K::repack_codes::<F>(row, blocks, &mut codes[i * row_codes..][..row_codes]);
             }
@@ -243,9 +276,9 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
         let rows = QuantRowTile {
             w,
             row_bytes,
-            blocks,
             first: r,
             heads: &heads,
+            row_heads,
             codes: &codes,
             row_codes,
         };
@@ -262,10 +295,11 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
 struct QuantRowTile<'a> {
     w: RowBytes<'a>,
     row_bytes: usize,
-    blocks: usize,
     first: usize,
-    /// Per row, `F::HEAD_FLOATS` per run.
+    /// Per row, `row_heads`: `F::HEAD_FLOATS` per run (none where the
+    /// kernels decode them).
     heads: &'a [f32],
+    row_heads: usize,
     /// Per row, `row_codes` repacked codes (none unless the kernels repack).
     codes: &'a [BlockQuants],
     row_codes: usize,
@@ -279,7 +313,7 @@ unsafe fn quant_row_tile<K: MicroKernels, F: BlockFormat, const R: usize, const 
     x: &QuantizedActivations,
     task: &mut Task<'_>,
 ) {
-    let row_heads = F::HEAD_FLOATS * rows.blocks;
+    let row_heads = rows.row_heads;
     let w: [&[u8]; R] = std::array::from_fn(|i| rows.w.row(rows.first + i, rows.row_bytes));
     let w_heads: [&[f32]; R] = std::array::from_fn(|i| &rows.heads[i * row_heads..][..row_heads]);
     let w_codes: [&[BlockQuants]; R] =

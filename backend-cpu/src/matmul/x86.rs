@@ -1,5 +1,5 @@
 //! x86-64 micro-kernels: AVX2, and a variant with AVX-512 (F, BW, VL,
-//! VNNI and VBMI).
+//! VNNI, VBMI and BITALG).
 //!
 //! The block kernels follow llama.cpp with 16-bit activations: a run's 32
 //! weight codes are widened to i16 (a 4-bit block's 16 bytes spread to
@@ -17,14 +17,16 @@
 //! - AVX-512 has its own block kernel (`avx512`): runs taken four at a
 //!   time (a row's last one or two in a pair) in a layout that sums eight
 //!   products per i32 lane, one conversion and one multiply-add per 128
-//!   elements. The AVX2 kernel's
+//!   elements; the nibble formats (Q4_0, Q4_1, Q5_0, Q5_1) keep their
+//!   codes bytes against byte planes of the activations (`vpdpbusd`,
+//!   `avx512/nibbles`). The AVX2 kernel's
 //!   lanes are folded to eight before the offset term. AVX-512 VNNI itself
 //!   serves W8A8 (`vpdpbusd`, on 256-bit vectors).
 //!
 //! Both decode the block heads with vectors (`x86_heads`: all of a
 //! k-quant super-block's sub-block scales in one conversion), and prefetch
 //! the weight bytes `PREFETCH_AHEAD` past the blocks whose heads they
-//! decode.
+//! decode; the AVX-512 nibble kernel decodes its heads with its codes.
 //!
 //! The kernels are `#[inline(always)]` generic code; `run_avx2` and
 //! `run_vnni` instantiate them inside functions compiled with the target
@@ -34,7 +36,10 @@ use std::arch::x86_64::*;
 
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
-use super::avx512::{block_tile_512, repack_codes, stored_runs};
+use super::avx512::{
+    block_tile_512, code_blocks, repack_codes, repack_nibble_codes, stored_runs,
+    takes_nibble_kernel,
+};
 use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
 use super::tiles::{run_tiles, FloatElem, FloatKind, MicroKernels};
@@ -57,8 +62,11 @@ pub(super) unsafe fn run_avx2(operands: Operands<'_>, cols: usize, task: Task<'_
 }
 
 /// # Safety
-/// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI and VBMI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+/// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI, VBMI and
+/// BITALG.
+#[target_feature(
+    enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg"
+)]
 pub(super) unsafe fn run_vnni(operands: Operands<'_>, cols: usize, task: Task<'_>) {
     // AVX-512 gives 32 vector registers: 4×4 accumulators fit, but a block
     // tile also holds four vectors of activations per token and four of
@@ -159,12 +167,24 @@ delegate_micro_kernels!(
     block_tile_512,
     const REPACKS_CODES: bool = true;,
     #[inline(always)]
-    fn repacked_blocks(runs: usize) -> usize {
-        stored_runs(runs)
+    fn heads_in_kernel<F: BlockFormat>() -> bool {
+        takes_nibble_kernel::<F>()
+    },
+    #[inline(always)]
+    fn repacked_blocks<F: BlockFormat>(runs: usize) -> usize {
+        if takes_nibble_kernel::<F>() {
+            code_blocks::<F>(runs)
+        } else {
+            stored_runs(runs)
+        }
     },
     #[inline(always)]
     unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
-        repack_codes::<F>(row, runs, codes)
+        if takes_nibble_kernel::<F>() {
+            repack_nibble_codes::<F>(row, runs, codes)
+        } else {
+            repack_codes::<F>(row, runs, codes)
+        }
     }
 );
 

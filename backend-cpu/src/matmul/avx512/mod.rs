@@ -18,6 +18,7 @@
 //! segment its own; the others the run's to both of its halves.
 
 mod layout;
+mod nibbles;
 
 use std::arch::x86_64::*;
 
@@ -27,6 +28,12 @@ use super::quantize::{BlockQuants, QuantRow};
 pub(super) use layout::element_at;
 use layout::{group_codes, group_runs, zero_point, PAIR};
 pub(super) use layout::{repack_codes, stored_runs, to_group_layout, QUAD};
+use nibbles::nibble_tile_512;
+pub(super) use nibbles::{
+    code_blocks, plane_blocks, repack_nibble_codes, takes_nibble_kernel, to_planes,
+};
+#[cfg(test)]
+pub(super) use nibbles::{plane_element, plane_lane};
 
 /// Whether `F`'s runs take an offset term in this kernel: not those whose
 /// codes lose their zero point as they are unpacked.
@@ -145,6 +152,9 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
+    if takes_nibble_kernel::<F>() {
+        return nibble_tile_512::<F, R, T>(w, w_codes, x);
+    }
     let runs = x[0].blocks();
     // Groups: quads, the last perhaps a pair, each at a multiple of 4 runs.
     let groups = runs.div_ceil(QUAD);
@@ -165,37 +175,7 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
     }
     let run_scales = _mm512_loadu_si512(RUN_SCALES.as_ptr().cast());
     let half_scales = _mm512_loadu_si512(HALF_SCALES.as_ptr().cast());
-    // The offset terms first, `offset * x_sum` per run (or half), into the
-    // odd lanes of the accumulators: the odd lanes of `[scale, offset]`
-    // heads times `[scale, sum]` stats. A pass of their own, so that the
-    // products' loop keeps every accumulator in a register.
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    if offsets::<F>() {
-        const ODD: __mmask16 = 0xaaaa;
-        // Heads (and stats) of 8 runs, or of 4 runs' halves, per vector.
-        let per_vector = if F::HALVES { 4 } else { 8 };
-        let mut b = 0;
-        while b < runs {
-            let n = F::HEAD_FLOATS * (runs - b).min(per_vector);
-            for t in 0..T {
-                // SAFETY: `n` floats from `b`'s lie within the lengths
-                // asserted above.
-                let stats = if F::HALVES {
-                    _mm512_maskz_loadu_ps(floats(n), x[t].half_stats.as_ptr().add(4 * b))
-                } else {
-                    _mm512_maskz_loadu_ps(floats(n), x[t].stats.as_ptr().add(2 * b))
-                };
-                for r in 0..R {
-                    let heads = _mm512_maskz_loadu_ps(
-                        floats(n),
-                        w_heads[r].as_ptr().add(F::HEAD_FLOATS * b),
-                    );
-                    acc[r][t] = _mm512_mask3_fmadd_ps(heads, stats, acc[r][t], ODD);
-                }
-            }
-            b += per_vector;
-        }
-    }
+    let mut acc = offset_terms::<F, R, T>(w_heads, x, runs);
     // Per row and token, the segment scales of a chunk's groups.
     let mut scales = [[[0f32; 16]; T]; R];
     let mut q = 0;
@@ -272,6 +252,51 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
         }
     }
     sums
+}
+
+/// The offset terms of a tile, `offset * x_sum` per run (or half), in the
+/// odd lanes of its accumulators: the odd lanes of `[scale, offset]` heads
+/// times `[scale, sum]` stats; zeros for the formats without them. A pass
+/// of their own, so that the products' loop keeps every accumulator in a
+/// register.
+///
+/// # Safety
+/// The heads and stats hold `runs` runs (their halves with `F::HALVES`);
+/// the CPU supports AVX-512 F.
+#[inline(always)]
+unsafe fn offset_terms<F: BlockFormat, const R: usize, const T: usize>(
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+    runs: usize,
+) -> [[__m512; T]; R] {
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    if offsets::<F>() {
+        const ODD: __mmask16 = 0xaaaa;
+        // Heads (and stats) of 8 runs, or of 4 runs' halves, per vector.
+        let per_vector = if F::HALVES { 4 } else { 8 };
+        let mut b = 0;
+        while b < runs {
+            let n = F::HEAD_FLOATS * (runs - b).min(per_vector);
+            for t in 0..T {
+                // SAFETY: `n` floats from `b`'s lie within the heads and
+                // stats.
+                let stats = if F::HALVES {
+                    _mm512_maskz_loadu_ps(floats(n), x[t].half_stats.as_ptr().add(4 * b))
+                } else {
+                    _mm512_maskz_loadu_ps(floats(n), x[t].stats.as_ptr().add(2 * b))
+                };
+                for r in 0..R {
+                    let heads = _mm512_maskz_loadu_ps(
+                        floats(n),
+                        w_heads[r].as_ptr().add(F::HEAD_FLOATS * b),
+                    );
+                    acc[r][t] = _mm512_mask3_fmadd_ps(heads, stats, acc[r][t], ODD);
+                }
+            }
+            b += per_vector;
+        }
+    }
+    acc
 }
 
 /// A tile's products with a row's closing pair, the `j`th group of the
