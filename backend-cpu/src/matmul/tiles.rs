@@ -184,7 +184,8 @@ pub(super) unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(
 
 /// Loads a byte of each cache line of `row` and prefetches the bytes
 /// [`PREFETCH_AHEAD`] past each: the heads pass's memory traffic, for the
-/// kernels that decode their heads themselves. Their loads interleave a
+/// kernels that decode their heads themselves (and the repacking of their
+/// codes, which reads the rows the same way). Their loads interleave a
 /// tile's rows with much work between; without this pass's loads running
 /// ahead of them, a matrix streamed from memory (decode) took 10-25%
 /// longer, prefetches from the kernel or alone notwithstanding (the
@@ -266,7 +267,7 @@ unsafe fn quant_task<K: MicroKernels, F: BlockFormat, const R: usize, const T: u
             let row = w.row(r + i, row_bytes);
             if row_heads > 0 {
                 K::decode_block_heads::<F>(row, &mut heads[i * row_heads..][..row_heads]);
-            } else if row_codes == 0 {
+            } else {
                 touch_row::<K>(row);
             }
             if row_codes > 0 {
