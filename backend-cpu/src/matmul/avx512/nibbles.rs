@@ -82,72 +82,46 @@ pub(in super::super) fn code_blocks<F: BlockFormat>(runs: usize) -> usize {
     quad_blocks::<F>() * quads(runs)
 }
 
+/// A 64-byte table whose byte `$j` is `$entry` (a loop: `const` contexts
+/// have no iterators).
+macro_rules! byte_table {
+    ($j:ident => $entry:expr) => {{
+        let mut table = [0u8; 64];
+        let mut $j = 0;
+        while $j < 64 {
+            table[$j] = $entry as u8;
+            $j += 1;
+        }
+        table
+    }};
+}
+
 /// The byte permutes that unpack a quad of `F`'s blocks from two 64-byte
 /// loads of their bytes (indices from 64 pick from the second).
 struct Tables<F>(PhantomData<F>);
 
 impl<F: BlockFormat> Tables<F> {
     /// Byte `16 r + i`: byte `i` of run `r`'s nibbles.
-    const NIBBLES: [u8; 64] = {
-        let mut index = [0u8; 64];
-        let mut j = 0;
-        while j < 64 {
-            index[j] = ((j / 16) * F::BLOCK_BYTES + F::QUANTS_AT + j % 16) as u8;
-            j += 1;
-        }
-        index
-    };
+    const NIBBLES: [u8; 64] = byte_table!(j => (j / 16) * F::BLOCK_BYTES + F::QUANTS_AT + j % 16);
     /// Quadwords `2 r` and `2 r + 1`: run `r`'s fifth bits (the `u32` just
-    /// before its nibbles) in their low half.
-    const FIFTH_BITS: [u8; 64] = {
-        let mut index = [0u8; 64];
-        let mut j = 0;
-        while j < 64 {
-            // (Saturating: the table is built for every format, used for
-            // those with fifth bits.)
-            let at = (j / 16) * F::BLOCK_BYTES + F::QUANTS_AT.saturating_sub(4) + j % 4;
-            index[j] = if j % 8 < 4 { at as u8 } else { 0 };
-            j += 1;
-        }
-        index
-    };
+    /// before its nibbles) in their low half. (Saturating: the table is
+    /// built for every format, used for those with fifth bits.)
+    const FIFTH_BITS: [u8; 64] = byte_table!(j => if j % 8 < 4 {
+        (j / 16) * F::BLOCK_BYTES + F::QUANTS_AT.saturating_sub(4) + j % 4
+    } else {
+        0
+    });
     /// Words `0..16`: `d` of run `k / 4` for word `k`; words `16..32`: `m`,
     /// the f16 after it.
-    const HEADS: [u8; 64] = {
-        let mut index = [0u8; 64];
-        let mut j = 0;
-        while j < 64 {
-            let (word, byte) = (j / 2 % 16, j % 2);
-            let half = j / 32;
-            index[j] = ((word / 4) * F::BLOCK_BYTES + 2 * half + byte) as u8;
-            j += 1;
-        }
-        index
-    };
+    const HEADS: [u8; 64] =
+        byte_table!(j => (j / 2 % 16 / 4) * F::BLOCK_BYTES + 2 * (j / 32) + j % 2);
 }
 
 /// Per mask bit `16 r + i`, the bit of run `r`'s fifth bits (in quadwords
 /// `2 r` and `2 r + 1`) that `c0`'s byte takes: bit `i`.
-const C0_BITS: [u8; 64] = {
-    let mut index = [0u8; 64];
-    let mut j = 0;
-    while j < 64 {
-        index[j] = (j % 16) as u8;
-        j += 1;
-    }
-    index
-};
-
+const C0_BITS: [u8; 64] = byte_table!(j => j % 16);
 /// The same for `c1`'s bytes: bit `16 + i`.
-const C1_BITS: [u8; 64] = {
-    let mut index = [0u8; 64];
-    let mut j = 0;
-    while j < 64 {
-        index[j] = (16 + j % 16) as u8;
-        j += 1;
-    }
-    index
-};
+const C1_BITS: [u8; 64] = byte_table!(j => 16 + j % 16);
 
 /// A quad's weights as the kernel reads them.
 #[derive(Clone, Copy)]
