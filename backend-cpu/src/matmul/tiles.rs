@@ -187,9 +187,9 @@ pub(super) unsafe fn prefetch_ahead<K: MicroKernels, F: BlockFormat>(
 /// kernels that decode their heads themselves (and the repacking of their
 /// codes, which reads the rows the same way). Their loads interleave a
 /// tile's rows with much work between; without this pass's loads running
-/// ahead of them, a matrix streamed from memory (decode) took 10-25%
-/// longer, prefetches from the kernel or alone notwithstanding (the
-/// `decode_step` bench).
+/// ahead of them, a matrix streamed from memory (decode) measured slower
+/// in the `decode_step` bench, with prefetches from the kernel or a pass
+/// of prefetches alone.
 ///
 /// # Safety
 /// The CPU supports `K`'s instruction set.

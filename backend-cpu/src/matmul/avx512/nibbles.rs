@@ -422,14 +422,14 @@ pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: us
         // blocks are 64-byte aligned. No closures here: they would not
         // inherit the target features, and the intrinsics would not inline
         // into them.
-        let mut quads = [Quad {
+        let mut weights = [Quad {
             c0: _mm512_setzero_si512(),
             c1: _mm512_setzero_si512(),
             scales: _mm512_setzero_ps(),
             offsets: _mm512_setzero_ps(),
         }; R];
         for r in 0..R {
-            quads[r] = if repacked {
+            weights[r] = if repacked {
                 repacked_quad::<F>(w_codes[r], q)
             } else {
                 unpack.quad(w[r], runs, QUAD * q)
@@ -451,13 +451,18 @@ pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: us
                 None => _mm512_setzero_si512(),
             };
             let x_scales = _mm512_load_ps(at.add(5).cast());
+            let x_sums = if stored_offsets::<F>() {
+                _mm512_load_ps(at.add(6).cast())
+            } else {
+                _mm512_setzero_ps()
+            };
             for r in 0..R {
                 let Quad {
                     c0,
                     c1,
                     scales,
                     offsets,
-                } = quads[r];
+                } = weights[r];
                 let zero = _mm512_setzero_si512();
                 let high = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, c0, high0), c1, high1);
                 let low = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, low0, c0), low1, c1);
@@ -465,7 +470,6 @@ pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: us
                 let scales = _mm512_mul_ps(scales, x_scales);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scales, acc[r][t]);
                 if stored_offsets::<F>() {
-                    let x_sums = _mm512_load_ps(at.add(6).cast());
                     acc[r][t] = _mm512_fmadd_ps(offsets, x_sums, acc[r][t]);
                 }
             }
