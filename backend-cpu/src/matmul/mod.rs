@@ -30,7 +30,7 @@
 //!    tokens: each weight block is decoded once per `T` tokens and each
 //!    activation block loaded once per `R` rows. The micro-kernels exist per
 //!    instruction set ([`tiles::MicroKernels`]): AVX2 and AVX-512 (runs in quads,
-//!    `avx512` says how, the nibble formats' codes kept bytes against byte
+//!    `avx512` says how, the nibble formats' and Q8_0's codes kept bytes against byte
 //!    planes of the activations; on both, with two tokens or more a row
 //!    tile's codes are unpacked once into scratch for all of them), wasm SIMD128 (the
 //!    integer block formats; `simd128`), and portable Rust. Within one
@@ -186,7 +186,7 @@ pub(crate) fn matmuls(
 fn activation_form(isa: Isa, kind: BlockKind) -> ActivationForm {
     #[cfg(target_arch = "x86_64")]
     if isa.kind() == IsaKind::Avx512Vnni
-        && formats::with_block_format!(kind, F => avx512::takes_nibble_kernel::<F>())
+        && formats::with_block_format!(kind, F => avx512::takes_plane_kernel::<F>())
     {
         return ActivationForm::Planes;
     }

@@ -17,7 +17,7 @@
 //! The AVX-512 kernel reads the quants of each group of four (or, at the
 //! end of a row, two) blocks permuted into its group layout (`avx512`
 //! defines it), a row being padded with a zero block where a group lacks
-//! one; its nibble formats' kernel reads them as byte planes, per four
+//! one; its byte-plane kernel (nibble formats, Q8_0) reads them as byte planes, per four
 //! blocks (`avx512::to_planes`). The statistics stay per block in row
 //! order.
 
@@ -40,7 +40,8 @@ pub(super) enum ActivationForm {
     /// 16-bit blocks (in the group layout for the AVX-512 kernel), with
     /// the statistics per half when `half_sums`.
     Blocks { half_sums: bool },
-    /// The byte planes of the AVX-512 nibble formats' kernel.
+    /// The byte planes of the AVX-512 byte-plane kernel (nibble formats,
+    /// Q8_0).
     #[cfg(target_arch = "x86_64")]
     Planes,
 }

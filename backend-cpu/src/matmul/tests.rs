@@ -246,7 +246,8 @@ fn matmuls_over_one_input_give_the_bits_of_separate_matmuls() {
 
 /// Every form holds each activation rounded to the nearest step of its
 /// block's scale, with the block's `[scale, sum]`; the planes also each
-/// lane's negated sum (a row of five blocks: a quad and a padded one).
+/// lane's negated sum and negated high-byte sum (a row of five blocks: a
+/// quad and a padded one).
 #[test]
 fn quantized_activations_round_to_the_nearest_step() {
     let workers = Workers::new(1);
@@ -276,16 +277,22 @@ fn quantized_activations_round_to_the_nearest_step() {
                     if form == ActivationForm::Planes {
                         for k in 0..16 * blocks.div_ceil(4) {
                             let (b, m) = (k / 4, k % 4);
-                            let lane_sum = quants.get(b).map_or(0, |q| {
-                                (0..4)
-                                    .map(|i| q[4 * m + i] as i32 + q[16 + 4 * m + i] as i32)
-                                    .sum()
-                            });
+                            // The lane's sum of `f(q)` over its eight elements.
+                            let lane_sum = |f: fn(i16) -> i32| {
+                                quants.get(b).map_or(0, |q| {
+                                    (0..4).map(|i| f(q[4 * m + i]) + f(q[16 + 4 * m + i])).sum()
+                                })
+                            };
                             let stats = |i: usize| row.stats.get(2 * b + i).copied().unwrap_or(0.0);
                             let scaled_sum = if m == 0 { stats(1) } else { 0.0 };
                             assert_eq!(
                                 avx512::plane_lane(row.quants, b / 4, k % 16),
-                                (-lane_sum, stats(0), scaled_sum),
+                                (
+                                    -lane_sum(|q| q as i32),
+                                    stats(0),
+                                    scaled_sum,
+                                    -lane_sum(|q| (q >> 8) as i32)
+                                ),
                                 "lane {k}"
                             );
                         }

@@ -17,16 +17,17 @@
 //! - AVX-512 has its own block kernel (`avx512`): runs taken four at a
 //!   time (a row's last one or two in a pair) in a layout that sums eight
 //!   products per i32 lane, one conversion and one multiply-add per 128
-//!   elements; the nibble formats (Q4_0, Q4_1, Q5_0, Q5_1) keep their
-//!   codes bytes against byte planes of the activations (`vpdpbusd`,
-//!   `avx512/nibbles`). The AVX2 kernel's
+//!   elements; the nibble formats (Q4_0, Q4_1, Q5_0, Q5_1) and Q8_0 keep
+//!   their codes bytes against byte planes of the activations
+//!   (`vpdpbusd`, `avx512/planes`). The AVX2 kernel's
 //!   lanes are folded to eight before the offset term. AVX-512 VNNI itself
 //!   serves W8A8 (`vpdpbusd`, on 256-bit vectors).
 //!
 //! Both decode the block heads with vectors (`x86_heads`: all of a
 //! k-quant super-block's sub-block scales in one conversion), and prefetch
 //! the weight bytes `PREFETCH_AHEAD` past the blocks whose heads they
-//! decode; the AVX-512 nibble kernel decodes its heads with its codes.
+//! decode; the AVX-512 byte-plane kernel decodes its heads with its codes,
+//! after a pass that loads its rows in order (`tiles::touch_row`).
 //!
 //! The kernels are `#[inline(always)]` generic code; `run_avx2` and
 //! `run_vnni` instantiate them inside functions compiled with the target
@@ -37,8 +38,7 @@ use std::arch::x86_64::*;
 use tandem_core::quant::{IQ4NL_VALUES, QK};
 
 use super::avx512::{
-    block_tile_512, code_blocks, repack_codes, repack_nibble_codes, stored_runs,
-    takes_nibble_kernel,
+    block_tile_512, code_blocks, repack_codes, repack_plane_codes, stored_runs, takes_plane_kernel,
 };
 use super::formats::{BlockFormat, Codes};
 use super::quantize::{BlockQuants, QuantRow};
@@ -168,11 +168,11 @@ delegate_micro_kernels!(
     const REPACKS_CODES: bool = true;,
     #[inline(always)]
     fn heads_in_kernel<F: BlockFormat>() -> bool {
-        takes_nibble_kernel::<F>()
+        takes_plane_kernel::<F>()
     },
     #[inline(always)]
     fn repacked_blocks<F: BlockFormat>(runs: usize) -> usize {
-        if takes_nibble_kernel::<F>() {
+        if takes_plane_kernel::<F>() {
             code_blocks::<F>(runs)
         } else {
             stored_runs(runs)
@@ -180,8 +180,8 @@ delegate_micro_kernels!(
     },
     #[inline(always)]
     unsafe fn repack_codes<F: BlockFormat>(row: &[u8], runs: usize, codes: &mut [BlockQuants]) {
-        if takes_nibble_kernel::<F>() {
-            repack_nibble_codes::<F>(row, runs, codes)
+        if takes_plane_kernel::<F>() {
+            repack_plane_codes::<F>(row, runs, codes)
         } else {
             repack_codes::<F>(row, runs, codes)
         }

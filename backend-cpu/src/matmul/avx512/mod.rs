@@ -18,7 +18,7 @@
 //! segment its own; the others the run's to both of its halves.
 
 mod layout;
-mod nibbles;
+mod planes;
 
 use std::arch::x86_64::*;
 
@@ -28,12 +28,12 @@ use super::quantize::{BlockQuants, QuantRow};
 pub(super) use layout::element_at;
 use layout::{group_codes, group_runs, zero_point, PAIR};
 pub(super) use layout::{repack_codes, stored_runs, to_group_layout, QUAD};
-use nibbles::nibble_tile_512;
-pub(super) use nibbles::{
-    code_blocks, plane_blocks, repack_nibble_codes, takes_nibble_kernel, to_planes,
+use planes::plane_tile_512;
+pub(super) use planes::{
+    code_blocks, plane_blocks, repack_plane_codes, takes_plane_kernel, to_planes,
 };
 #[cfg(test)]
-pub(super) use nibbles::{plane_element, plane_lane};
+pub(super) use planes::{plane_element, plane_lane};
 
 /// Whether `F`'s runs take an offset term in this kernel: not those whose
 /// codes lose their zero point as they are unpacked.
@@ -152,8 +152,8 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
     w_heads: [&[f32]; R],
     x: [QuantRow<'_>; T],
 ) -> [[f32; T]; R] {
-    if takes_nibble_kernel::<F>() {
-        return nibble_tile_512::<F, R, T>(w, w_codes, x);
+    if takes_plane_kernel::<F>() {
+        return plane_tile_512::<F, R, T>(w, w_codes, x);
     }
     let runs = x[0].blocks();
     // Groups: quads, the last perhaps a pair, each at a multiple of 4 runs.

@@ -1,33 +1,40 @@
-//! The AVX-512 kernel of the one-block-per-run nibble formats (Q4_0,
-//! Q4_1, Q5_0, Q5_1: the Q4_K_M files of Qwen2.5 and Gemma 3 hold most of
-//! their layers' weights in Q5_0, SmolLM2's file is Q4_1).
+//! The AVX-512 byte-plane kernel, for the one-block-per-run formats whose
+//! codes are bytes or less: the nibble formats (Q4_0, Q4_1, Q5_0, Q5_1:
+//! the Q4_K_M files of Qwen2.5 and Gemma 3 hold most of their layers'
+//! weights in Q5_0, SmolLM2's file is Q4_1) and Q8_0 (their output
+//! matrices, a third of what a decode step reads).
 //!
-//! Their codes are small unsigned integers (below 16, or 32 with the fifth
-//! bit), so they stay bytes: the 16-bit activations are split into byte
+//! The codes stay bytes: the 16-bit activations are split into byte
 //! planes, the low bytes (unsigned) and the high bytes (signed), and
 //! `vpdpbusd` sums four products of the codes with each:
-//! `a · u = 256 (hi · u) + lo · u`, exact in i32. A quad of blocks then
-//! unpacks from two loads with three byte permutes (nibbles, fifth bits,
-//! `d` and `m`) and a few bitwise operations, where the i16 kernel
-//! ([`super::block_tile_512`]) widens the codes and permutes them into its
-//! group layout and a pass of its own decodes the heads. The single-token
-//! (decode) kernel, which unpacks every block it reads, does about half
-//! the vector work per block.
+//! `a · u = 256 (hi · u) + lo · u`, exact in i32. `vpdpbusd` takes one
+//! unsigned and one signed operand: the nibble formats' codes (below 16,
+//! or 32 with the fifth bit) are both; Q8_0's signed bytes meet the low
+//! plane as they are and the high plane flipped to unsigned, `c + 128`,
+//! whose products' excess `128 hi` the lane's high-plane sum takes off.
+//! A quad of nibble blocks unpacks from two loads with three byte
+//! permutes (nibbles, fifth bits, `d` and `m`) and a few bitwise
+//! operations, a quad of Q8_0 blocks from four loads and three permutes,
+//! where the i16 kernel ([`super::block_tile_512`]) widens the codes and
+//! permutes them into its group layout and a pass of its own decodes the
+//! heads. The single-token (decode) kernel, which unpacks every block it
+//! reads, does about half the vector work per block.
 //!
 //! Layout. Runs are taken four at a time, a quad, a row's last quad padded
-//! with zero runs. Code vector `c0` holds the low nibbles of the quad's
-//! four blocks as they lie in them, byte `16 r + i` element `i` of run `r`;
-//! `c1` the high nibbles, byte `16 r + i` element `16 + i`. So i32 lane `k`
-//! of either sums products of run `k / 4` alone (elements `4 m..4 m + 4`
-//! and `16 + 4 m..16 + 4 m + 4`, `m = k % 4`), and one multiply-add by the
-//! runs' scales, each repeated over its four lanes, applies them; the
-//! offsets (`m`, Q4_1 and Q5_1) are added in lane `4 r`. Activations come
-//! in the same order ([`to_planes`]): per quad, the low-byte planes of
-//! `c0`'s and `c1`'s elements, their high-byte planes, each lane's
-//! activation sum negated, which times the zero point (Q4_0's 8, Q5_0's
-//! 16) starts the lane's sum so that it is `sum (u - zero) a` (at most
-//! 8 * 16 * 32767 in magnitude), then the blocks' scales over their lanes
-//! and their scaled sums in lane `4 r`.
+//! with zero runs. Code vector `c0` holds the low nibbles (Q8_0: the first
+//! 16 codes) of the quad's four blocks as they lie in them, byte `16 r + i`
+//! element `i` of run `r`; `c1` the high nibbles (the last 16 codes), byte
+//! `16 r + i` element `16 + i`. So i32 lane `k` of either sums products of
+//! run `k / 4` alone (elements `4 m..4 m + 4` and `16 + 4 m..16 + 4 m + 4`,
+//! `m = k % 4`), and one multiply-add by the runs' scales, each repeated
+//! over its four lanes, applies them; the offsets (`m`, Q4_1 and Q5_1) are
+//! added in lane `4 r`. Activations come in the same order
+//! ([`to_planes`]): per quad, the low-byte planes of `c0`'s and `c1`'s
+//! elements, their high-byte planes, each lane's activation sum negated,
+//! which times the zero point (Q4_0's 8, Q5_0's 16) starts the lane's sum
+//! so that it is `sum (u - zero) a` (at most 8 * 16 * 32767 in magnitude),
+//! the blocks' scales over their lanes, their scaled sums in lane `4 r`,
+//! and each lane's high-plane sum negated (Q8_0's correction).
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -38,19 +45,30 @@ use super::layout::zero_point;
 use super::QUAD;
 
 /// Activation blocks per quad in the plane form: four byte planes, the
-/// lanes' negated sums, the scales and the scaled sums.
-pub(in super::super) const PLANES: usize = 7;
+/// lanes' negated sums, the scales, the scaled sums and the lanes' negated
+/// high-plane sums.
+pub(in super::super) const PLANES: usize = 8;
 
 /// Whether format `F` takes this kernel: 32-element blocks of nibbles
 /// (and fifth bits) behind their f16 `d` (and `m`), at most 24 bytes each
-/// so that a quad's lie within two 64-byte loads.
-pub(in super::super) fn takes_nibble_kernel<F: BlockFormat>() -> bool {
-    matches!(F::CODES, Codes::Nibbles | Codes::Nibbles5)
-        && F::RUNS == 1
-        && F::ROW_HEAD == 0
+/// so that a quad's lie within two 64-byte loads, and Q8_0's.
+pub(in super::super) fn takes_plane_kernel<F: BlockFormat>() -> bool {
+    let nibbles = matches!(F::CODES, Codes::Nibbles | Codes::Nibbles5)
         && F::BLOCK_BYTES <= 24
-        && matches!(F::HEAD, Head::Scaled(_) | Head::Stored)
+        && matches!(F::HEAD, Head::Scaled(_) | Head::Stored);
+    let bytes = F::CODES == Codes::Bytes
+        && F::BLOCK_BYTES == BYTES_BLOCK
+        && F::QUANTS_AT == 2
+        && F::HEAD == Head::Scaled(0.0);
+    (nibbles || bytes) && F::RUNS == 1 && F::ROW_HEAD == 0
 }
+
+/// Bytes of a Q8_0 block: its f16 `d`, then 32 signed bytes.
+const BYTES_BLOCK: usize = 34;
+
+/// Where the second pair of loads of a quad of Q8_0 blocks starts: the
+/// high halves of its four runs' codes lie in the 128 bytes from there.
+const SECOND_LOADS_AT: usize = 8;
 
 /// Whether `F`'s blocks store an offset `m` (Q4_1, Q5_1).
 fn stored_offsets<F: BlockFormat>() -> bool {
@@ -97,12 +115,18 @@ macro_rules! byte_table {
 }
 
 /// The byte permutes that unpack a quad of `F`'s blocks from two 64-byte
-/// loads of their bytes (indices from 64 pick from the second).
+/// loads of their bytes (indices from 64 pick from the second), and
+/// Q8_0's last 16 codes of each run from two more, [`SECOND_LOADS_AT`]
+/// further (its quad of 136 bytes does not fit two).
 struct Tables<F>(PhantomData<F>);
 
 impl<F: BlockFormat> Tables<F> {
-    /// Byte `16 r + i`: byte `i` of run `r`'s nibbles.
-    const NIBBLES: [u8; 64] = byte_table!(j => (j / 16) * F::BLOCK_BYTES + F::QUANTS_AT + j % 16);
+    /// Byte `16 r + i`: byte `i` of run `r`'s codes (nibbles, or Q8_0's
+    /// low half).
+    const CODES: [u8; 64] = byte_table!(j => (j / 16) * F::BLOCK_BYTES + F::QUANTS_AT + j % 16);
+    /// Byte `16 r + i`: Q8_0's code `16 + i` of run `r`, from the loads at
+    /// [`SECOND_LOADS_AT`]. (Saturating, as `FIFTH_BITS`.)
+    const HIGH_BYTES: [u8; 64] = byte_table!(j => ((j / 16) * F::BLOCK_BYTES + F::QUANTS_AT + 16 + j % 16).saturating_sub(SECOND_LOADS_AT));
     /// Quadwords `2 r` and `2 r + 1`: run `r`'s fifth bits (the `u32` just
     /// before its nibbles) in their low half. (Saturating: the table is
     /// built for every format, used for those with fifth bits.)
@@ -137,7 +161,8 @@ struct Quad {
 
 /// The unpacking of `F`'s blocks, its tables loaded once per tile.
 struct Unpack<F> {
-    nibbles: __m512i,
+    codes: __m512i,
+    high_bytes: __m512i,
     fifth_bits: __m512i,
     heads: __m512i,
     c0_bits: __m512i,
@@ -151,7 +176,8 @@ impl<F: BlockFormat> Unpack<F> {
     #[inline(always)]
     unsafe fn new() -> Self {
         Unpack {
-            nibbles: _mm512_loadu_si512(Tables::<F>::NIBBLES.as_ptr().cast()),
+            codes: _mm512_loadu_si512(Tables::<F>::CODES.as_ptr().cast()),
+            high_bytes: _mm512_loadu_si512(Tables::<F>::HIGH_BYTES.as_ptr().cast()),
             fifth_bits: _mm512_loadu_si512(Tables::<F>::FIFTH_BITS.as_ptr().cast()),
             heads: _mm512_loadu_si512(Tables::<F>::HEADS.as_ptr().cast()),
             c0_bits: _mm512_loadu_si512(C0_BITS.as_ptr().cast()),
@@ -184,7 +210,21 @@ impl<F: BlockFormat> Unpack<F> {
         } else {
             _mm512_setzero_ps()
         };
-        let packed = _mm512_permutex2var_epi8(low, self.nibbles, high);
+        let packed = _mm512_permutex2var_epi8(low, self.codes, high);
+        if F::CODES == Codes::Bytes {
+            // Signed codes: the kernel flips them for the high plane.
+            let rest = len.saturating_sub(SECOND_LOADS_AT);
+            let at = at.wrapping_add(SECOND_LOADS_AT);
+            let low = _mm512_maskz_loadu_epi8(bytes(rest), at.cast());
+            let high =
+                _mm512_maskz_loadu_epi8(bytes(rest.saturating_sub(64)), at.wrapping_add(64).cast());
+            return Quad {
+                c0: packed,
+                c1: _mm512_permutex2var_epi8(low, self.high_bytes, high),
+                scales,
+                offsets,
+            };
+        }
         let nibble = _mm512_set1_epi8(0x0f);
         let high_nibbles = _mm512_srli_epi16::<4>(packed);
         if F::CODES == Codes::Nibbles {
@@ -237,7 +277,7 @@ fn bytes(n: usize) -> __mmask64 {
 /// `row` holds `runs` runs; the CPU supports AVX-512 F, BW, VBMI and
 /// BITALG and F16C.
 #[inline(always)]
-pub(in super::super) unsafe fn repack_nibble_codes<F: BlockFormat>(
+pub(in super::super) unsafe fn repack_plane_codes<F: BlockFormat>(
     row: &[u8],
     runs: usize,
     codes: &mut [BlockQuants],
@@ -256,7 +296,7 @@ pub(in super::super) unsafe fn repack_nibble_codes<F: BlockFormat>(
     }
 }
 
-/// Quad `q` of `codes` as [`repack_nibble_codes`] stored it.
+/// Quad `q` of `codes` as [`repack_plane_codes`] stored it.
 ///
 /// # Safety
 /// `codes` holds quad `q`; the CPU supports AVX-512 F.
@@ -344,6 +384,7 @@ pub(in super::super) unsafe fn to_planes(
         }
         _mm512_store_ps(out.add(5).cast(), _mm512_loadu_ps(scales.as_ptr()));
         _mm512_store_ps(out.add(6).cast(), _mm512_loadu_ps(scaled_sums.as_ptr()));
+        _mm512_store_si512(out.add(7).cast(), _mm512_sub_epi32(zero, high_sum));
     }
 }
 
@@ -374,9 +415,13 @@ pub(in super::super) fn plane_element(row: &[BlockQuants], b: usize, i: usize) -
 }
 
 /// Lane `k` of quad `q` of `row` in the plane form: the negated activation
-/// sum, the scale, the scaled sum.
+/// sum, the scale, the scaled sum, the negated high-byte sum.
 #[cfg(test)]
-pub(in super::super) fn plane_lane(row: &[BlockQuants], q: usize, k: usize) -> (i32, f32, f32) {
+pub(in super::super) fn plane_lane(
+    row: &[BlockQuants],
+    q: usize,
+    k: usize,
+) -> (i32, f32, f32, i32) {
     let word = |plane: usize| {
         let block = &row[PLANES * q + plane].0;
         let [a, b] = block[2 * k].to_le_bytes();
@@ -387,19 +432,20 @@ pub(in super::super) fn plane_lane(row: &[BlockQuants], q: usize, k: usize) -> (
         i32::from_le_bytes(word(4)),
         f32::from_le_bytes(word(5)),
         f32::from_le_bytes(word(6)),
+        i32::from_le_bytes(word(7)),
     )
 }
 
 /// The nibble formats' block kernel: [`super::block_tile_512`]'s contract,
 /// with activations in the plane form, weights from the rows (whose heads
 /// it decodes itself: `w_heads` are not read) or repacked by
-/// [`repack_nibble_codes`].
+/// [`repack_plane_codes`].
 ///
 /// # Safety
 /// The CPU supports AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI, VBMI and
 /// BITALG.
 #[inline(always)]
-pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: usize>(
+pub(super) unsafe fn plane_tile_512<F: BlockFormat, const R: usize, const T: usize>(
     w: [&[u8]; R],
     w_codes: [&[BlockQuants]; R],
     x: [QuantRow<'_>; T],
@@ -450,6 +496,14 @@ pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: us
                 ),
                 None => _mm512_setzero_si512(),
             };
+            // Q8_0's high-plane products take its codes flipped to
+            // unsigned, `c + 128`: `-128` times the lane's high-plane sum
+            // starts them.
+            let high_start = if F::CODES == Codes::Bytes {
+                _mm512_slli_epi32::<7>(_mm512_load_si512(at.add(7).cast()))
+            } else {
+                _mm512_setzero_si512()
+            };
             let x_scales = _mm512_load_ps(at.add(5).cast());
             let x_sums = if stored_offsets::<F>() {
                 _mm512_load_ps(at.add(6).cast())
@@ -463,8 +517,14 @@ pub(super) unsafe fn nibble_tile_512<F: BlockFormat, const R: usize, const T: us
                     scales,
                     offsets,
                 } = weights[r];
-                let zero = _mm512_setzero_si512();
-                let high = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, c0, high0), c1, high1);
+                let [u0, u1] = if F::CODES == Codes::Bytes {
+                    let flip = _mm512_set1_epi8(i8::MIN);
+                    [_mm512_xor_si512(c0, flip), _mm512_xor_si512(c1, flip)]
+                } else {
+                    [c0, c1]
+                };
+                let high =
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(high_start, u0, high0), u1, high1);
                 let low = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, low0, c0), low1, c1);
                 let sums = _mm512_add_epi32(_mm512_slli_epi32::<8>(high), low);
                 let scales = _mm512_mul_ps(scales, x_scales);
