@@ -155,12 +155,33 @@ pub(super) unsafe fn block_tile_512<F: BlockFormat, const R: usize, const T: usi
     if takes_plane_kernel::<F>() {
         return plane_tile_512::<F, R, T>(w, w_codes, x);
     }
+    // Without repacked codes, each group's are unpacked from the rows. Two
+    // loops: the unpacking's constants would otherwise hold registers in
+    // the repacked one too.
+    if w_codes[0].is_empty() {
+        group_tile_512::<F, R, T, false>(w, w_codes, w_heads, x)
+    } else {
+        group_tile_512::<F, R, T, true>(w, w_codes, w_heads, x)
+    }
+}
+
+/// [`block_tile_512`] for the group layout, over repacked codes or the
+/// rows' as `REPACKED` says.
+///
+/// # Safety
+/// As [`block_tile_512`]'s.
+#[inline(always)]
+unsafe fn group_tile_512<F: BlockFormat, const R: usize, const T: usize, const REPACKED: bool>(
+    w: [&[u8]; R],
+    w_codes: [&[BlockQuants]; R],
+    w_heads: [&[f32]; R],
+    x: [QuantRow<'_>; T],
+) -> [[f32; T]; R] {
     let runs = x[0].blocks();
     // Groups: quads, the last perhaps a pair, each at a multiple of 4 runs.
     let groups = runs.div_ceil(QUAD);
     let stored = stored_runs(runs);
-    // Without repacked codes, each group's are unpacked from the rows.
-    let repacked = !w_codes[0].is_empty();
+    let repacked = REPACKED;
     if repacked {
         assert!(w_codes.iter().all(|c| c.len() >= stored));
     } else {
