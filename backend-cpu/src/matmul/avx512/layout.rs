@@ -267,7 +267,7 @@ unsafe fn quad_bytes<F: BlockFormat>(
     runs: usize,
     first: usize,
 ) -> Option<[__m512i; 2]> {
-    if first + QUAD > runs || first % QUAD != 0 {
+    if first + QUAD > runs || !first.is_multiple_of(QUAD) {
         return None;
     }
     let block = row.as_ptr().add(F::block_at(first));
