@@ -436,7 +436,7 @@ pub(in super::super) fn plane_lane(
     )
 }
 
-/// The nibble formats' block kernel: [`super::block_tile_512`]'s contract,
+/// The byte-plane kernel: [`super::block_tile_512`]'s contract,
 /// with activations in the plane form, weights from the rows (whose heads
 /// it decodes itself: `w_heads` are not read) or repacked by
 /// [`repack_plane_codes`].
@@ -474,11 +474,21 @@ pub(super) unsafe fn plane_tile_512<F: BlockFormat, const R: usize, const T: usi
             scales: _mm512_setzero_ps(),
             offsets: _mm512_setzero_ps(),
         }; R];
+        // The codes the high plane meets: Q8_0's flipped to unsigned, once
+        // per row for the tile's tokens.
+        let mut unsigned = [[_mm512_setzero_si512(); 2]; R];
         for r in 0..R {
             weights[r] = if repacked {
                 repacked_quad::<F>(w_codes[r], q)
             } else {
                 unpack.quad(w[r], runs, QUAD * q)
+            };
+            let Quad { c0, c1, .. } = weights[r];
+            unsigned[r] = if F::CODES == Codes::Bytes {
+                let flip = _mm512_set1_epi8(i8::MIN);
+                [_mm512_xor_si512(c0, flip), _mm512_xor_si512(c1, flip)]
+            } else {
+                [c0, c1]
             };
         }
         for t in 0..T {
@@ -517,12 +527,7 @@ pub(super) unsafe fn plane_tile_512<F: BlockFormat, const R: usize, const T: usi
                     scales,
                     offsets,
                 } = weights[r];
-                let [u0, u1] = if F::CODES == Codes::Bytes {
-                    let flip = _mm512_set1_epi8(i8::MIN);
-                    [_mm512_xor_si512(c0, flip), _mm512_xor_si512(c1, flip)]
-                } else {
-                    [c0, c1]
-                };
+                let [u0, u1] = unsigned[r];
                 let high =
                     _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(high_start, u0, high0), u1, high1);
                 let low = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, low0, c0), low1, c1);
